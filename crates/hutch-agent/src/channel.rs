@@ -1,0 +1,129 @@
+//! The agent channel: a virtio-serial port carrying HTTP/2 from the host.
+//!
+//! There is no udev in the guest, so the port is found by name in sysfs. While no host
+//! is connected, reads return EOF at once; the agent then closes the port and opens it
+//! again shortly after, so a host that reconnects (say, after a restart of hutch) gets a
+//! fresh HTTP/2 session.
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use nix::fcntl::OFlag;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// Delay before reopening the port after a session ended without a host.
+const REOPEN_DELAY: Duration = Duration::from_millis(10);
+
+/// Finds `/dev/vportNpM` whose sysfs name is `name`; the name appears shortly after the
+/// driver loads, so this polls.
+pub fn find_port(name: &str, limit: Duration) -> Option<PathBuf> {
+    let start = Instant::now();
+    loop {
+        if let Ok(dir) = std::fs::read_dir("/sys/class/virtio-ports") {
+            for port in dir.flatten() {
+                let port_name = std::fs::read_to_string(port.path().join("name")).unwrap_or_default();
+                if port_name.trim() == name {
+                    return Some(PathBuf::from("/dev").join(port.file_name()));
+                }
+            }
+        }
+        if start.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub struct Port {
+    fd: AsyncFd<OwnedFd>,
+}
+
+impl Port {
+    pub fn open(path: &PathBuf) -> io::Result<Port> {
+        let fd = nix::fcntl::open(path, OFlag::O_RDWR | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
+        // SAFETY: `open` just returned this fd and nothing else owns it.
+        let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        Ok(Port { fd: register(owned)? })
+    }
+}
+
+impl AsyncRead for Port {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        loop {
+            let mut guard = ready!(self.fd.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match guard.try_io(|fd| nix::unistd::read(fd.as_raw_fd(), unfilled).map_err(io::Error::from)) {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Port {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        loop {
+            let mut guard = ready!(self.fd.poll_write_ready(cx))?;
+            match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(io::Error::from)) {
+                Ok(result) => return Poll::Ready(result),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Registers an owned fd with the reactor.
+pub fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is a valid open descriptor that stays open, and always returns the
+    // same raw fd, until the AsyncFd that owns it is dropped.
+    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
+}
+
+pub fn http2() -> hyper::server::conn::http2::Builder<TokioExecutor> {
+    let mut b = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    b.initial_stream_window_size(4 << 20)
+        .initial_connection_window_size(16 << 20)
+        .max_frame_size(1 << 20)
+        .max_concurrent_streams(1024);
+    b
+}
+
+/// Serves the agent API on the port forever, one host session after another.
+pub async fn serve(path: PathBuf, app: axum::Router) {
+    loop {
+        let port = match Port::open(&path) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!("opening {}: {e}", path.display());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let started = Instant::now();
+        let service = TowerToHyperService::new(app.clone());
+        if let Err(e) = http2().serve_connection(TokioIo::new(port), service).await {
+            tracing::debug!("agent session ended: {e}");
+        }
+        if started.elapsed() < Duration::from_millis(100) {
+            tokio::time::sleep(REOPEN_DELAY).await;
+        }
+    }
+}

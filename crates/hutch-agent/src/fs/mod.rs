@@ -1,0 +1,6 @@
+//! The guest filesystem API: paths, entry info, `filesystem.Filesystem` RPCs, watchers.
+
+pub mod entry;
+pub mod path;
+pub mod rpc;
+pub mod watch;

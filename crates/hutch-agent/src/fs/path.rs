@@ -1,0 +1,73 @@
+//! Path resolution as envd does it: relative paths and `~` are under the user's home.
+
+use crate::process::user::GuestUser;
+use std::path::{Component, Path, PathBuf};
+
+pub fn resolve(path: &str, user: &GuestUser) -> PathBuf {
+    let joined = if let Some(rest) = path.strip_prefix("~/") {
+        user.home.join(rest)
+    } else if path == "~" {
+        user.home.clone()
+    } else if Path::new(path).is_absolute() {
+        PathBuf::from(path)
+    } else {
+        user.home.join(path)
+    };
+    normalize(&joined)
+}
+
+/// Removes `.` and `..` lexically, so reported paths are clean.
+fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for c in path.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(p) => out.push(p),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+/// Creates missing parent directories of `path`, owned by `user`.
+pub fn create_parents(path: &Path, user: &GuestUser) -> std::io::Result<()> {
+    match path.parent() {
+        Some(parent) => create_dirs(parent, user),
+        None => Ok(()),
+    }
+}
+
+/// `mkdir -p` where every directory created is owned by `user`.
+pub fn create_dirs(dir: &Path, user: &GuestUser) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent() {
+        create_dirs(parent, user)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => chown(dir, user),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+pub fn chown(path: &Path, user: &GuestUser) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_like_envd() {
+        let u = GuestUser { home: "/home/user".into(), ..GuestUser::root() };
+        assert_eq!(resolve("a.txt", &u), PathBuf::from("/home/user/a.txt"));
+        assert_eq!(resolve("~/x/../y", &u), PathBuf::from("/home/user/y"));
+        assert_eq!(resolve("/etc/./hosts", &u), PathBuf::from("/etc/hosts"));
+        assert_eq!(resolve("/../..", &u), PathBuf::from("/"));
+    }
+}

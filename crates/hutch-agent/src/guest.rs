@@ -1,0 +1,207 @@
+//! Being PID 1: the early boot (mounts, modules, switching into the root disk), the
+//! clock, the hostname, the loopback interface, power-off and resource metrics.
+
+use nix::mount::{mount, MsFlags};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const ROOT_DEVICE: &str = "/dev/vda";
+const NEW_ROOT: &str = "/newroot";
+/// Module load order written by hutch-image (dependencies first).
+const MODULE_ORDER: &str = "/lib/modules/hutch.order";
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootError {
+    #[error("mounting {what} on {target}")]
+    Mount { what: String, target: String, #[source] source: nix::Error },
+    #[error("loading kernel module {module}")]
+    Module { module: String, #[source] source: std::io::Error },
+    #[error("the root disk {0} did not appear within 10 s (is the virtio-blk module in the initramfs?)")]
+    NoRootDisk(String),
+    #[error("switching into the root disk")]
+    SwitchRoot(#[source] nix::Error),
+}
+
+fn mount_fs(src: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> Result<(), BootError> {
+    let _ = std::fs::create_dir_all(target);
+    mount(Some(src), target, Some(fstype), flags, data).map_err(|source| BootError::Mount {
+        what: format!("{fstype} ({src})"),
+        target: target.to_string(),
+        source,
+    })
+}
+
+/// Everything between the kernel starting us and serving the agent channel.
+pub fn boot() -> Result<(), BootError> {
+    let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC | MsFlags::MS_NODEV;
+    mount_fs("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, Some("mode=0755"))?;
+    reopen_console();
+    mount_fs("proc", "/proc", "proc", nodev, None)?;
+    mount_fs("sysfs", "/sys", "sysfs", nodev, None)?;
+    load_modules()?;
+    wait_for(ROOT_DEVICE, Duration::from_secs(10)).then_some(()).ok_or_else(|| BootError::NoRootDisk(ROOT_DEVICE.into()))?;
+    mount_fs(ROOT_DEVICE, NEW_ROOT, "ext4", MsFlags::empty(), None)?;
+    for dir in ["/dev", "/proc", "/sys"] {
+        let target = format!("{NEW_ROOT}{dir}");
+        let _ = std::fs::create_dir_all(&target);
+        mount(Some(dir), target.as_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+            .map_err(|source| BootError::Mount { what: dir.into(), target, source })?;
+    }
+    switch_root()?;
+    mount_fs("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("gid=5,mode=620,ptmxmode=666"))?;
+    mount_fs("tmpfs", "/dev/shm", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+    mount_fs("tmpfs", "/tmp", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+    mount_fs("tmpfs", "/run", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755"))?;
+    for (link, target) in [("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2")] {
+        let _ = std::os::unix::fs::symlink(target, link);
+    }
+    set_hostname("hutch");
+    if let Err(e) = loopback_up() {
+        eprintln!("hutch-agent: cannot bring up lo: {e}");
+    }
+    Ok(())
+}
+
+fn reopen_console() {
+    use std::os::fd::AsRawFd;
+    if let Ok(console) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/console") {
+        for fd in 0..3 {
+            let _ = nix::unistd::dup2(console.as_raw_fd(), fd);
+        }
+    }
+}
+
+fn load_modules() -> Result<(), BootError> {
+    let order = std::fs::read_to_string(MODULE_ORDER).unwrap_or_default();
+    for name in order.lines().filter(|l| !l.trim().is_empty()) {
+        let path = format!("/lib/modules/{name}");
+        let file = std::fs::File::open(&path).map_err(|source| BootError::Module { module: name.into(), source })?;
+        match nix::kmod::finit_module(&file, c"", nix::kmod::ModuleInitFlags::empty()) {
+            Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+            Err(e) => return Err(BootError::Module { module: name.into(), source: e.into() }),
+        }
+        // The module stays in the kernel; its file in RAM is no longer needed.
+        let _ = std::fs::remove_file(&path);
+    }
+    Ok(())
+}
+
+pub fn wait_for(path: &str, limit: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if Path::new(path).exists() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
+/// `switch_root` while staying PID 1: move the new root over `/` and chroot into it.
+fn switch_root() -> Result<(), BootError> {
+    std::env::set_current_dir(NEW_ROOT).map_err(|e| BootError::SwitchRoot(nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(0))))?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>).map_err(BootError::SwitchRoot)?;
+    nix::unistd::chroot(".").map_err(BootError::SwitchRoot)?;
+    nix::unistd::chdir("/").map_err(BootError::SwitchRoot)
+}
+
+pub fn set_clock(unix_ns: u128) {
+    let ts = nix::sys::time::TimeSpec::new((unix_ns / 1_000_000_000) as i64, (unix_ns % 1_000_000_000) as i64);
+    if let Err(e) = nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts) {
+        tracing::warn!("cannot set the clock: {e}");
+    }
+}
+
+pub fn set_hostname(name: &str) {
+    if nix::unistd::getpid().as_raw() == 1 {
+        let _ = nix::unistd::sethostname(name);
+        let _ = std::fs::write("/etc/hostname", format!("{name}\n"));
+    }
+}
+
+pub fn power_off() {
+    nix::unistd::sync();
+    if nix::unistd::getpid().as_raw() == 1 {
+        // QEMU runs with -no-reboot, so a reset ends the VM at once.
+        let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);
+    }
+    std::process::exit(0);
+}
+
+fn loopback_up() -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| {
+        // lo is down, so binding an address fails; any AF_INET socket serves for the ioctl.
+        nix::sys::socket::socket(
+            nix::sys::socket::AddressFamily::Inet,
+            nix::sys::socket::SockType::Datagram,
+            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map(std::net::UdpSocket::from)
+        .map_err(std::io::Error::from)
+    })?;
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own, on an open socket.
+    unsafe {
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
+        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+fn cpu_times() -> Option<(u64, u64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let fields: Vec<u64> = stat.lines().next()?.split_whitespace().skip(1).filter_map(|v| v.parse().ok()).collect();
+    let idle = fields.get(3)? + fields.get(4).unwrap_or(&0);
+    Some((fields.iter().sum(), idle))
+}
+
+pub fn metrics() -> hutch_proto::agent::Metrics {
+    let before = cpu_times();
+    std::thread::sleep(Duration::from_millis(100));
+    let after = cpu_times();
+    let cpu_used_pct = match (before, after) {
+        (Some((t0, i0)), Some((t1, i1))) if t1 > t0 => 100.0 * (1.0 - (i1 - i0) as f32 / (t1 - t0) as f32),
+        _ => 0.0,
+    };
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let kib = |key: &str| -> u64 {
+        meminfo
+            .lines()
+            .find(|l| l.starts_with(key))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+            * 1024
+    };
+    let (total, avail, cache) = (kib("MemTotal:"), kib("MemAvailable:"), kib("Cached:"));
+    let (disk_total, disk_used) = match nix::sys::statvfs::statvfs("/") {
+        Ok(s) => {
+            let frag = s.fragment_size();
+            (s.blocks() * frag, (s.blocks() - s.blocks_free()) * frag)
+        }
+        Err(_) => (0, 0),
+    };
+    hutch_proto::agent::Metrics {
+        ts: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0),
+        cpu_count: std::thread::available_parallelism().map(|n| n.get() as u32).unwrap_or(1),
+        cpu_used_pct,
+        mem_total: total,
+        mem_used: total.saturating_sub(avail),
+        mem_cache: cache,
+        mem_total_mib: total >> 20,
+        mem_used_mib: total.saturating_sub(avail) >> 20,
+        disk_used,
+        disk_total,
+    }
+}

@@ -1,0 +1,180 @@
+//! envd's plain-HTTP `/files`: streaming upload (multipart or octet-stream) and download.
+
+use crate::fs::path::{create_parents, resolve};
+use crate::fs::rpc::own;
+use crate::process::user::GuestUser;
+use crate::state::AgentState;
+use axum::body::Body;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::{Stream, StreamExt};
+use hutch_proto::agent::HttpError;
+use hutch_proto::filesystem::WrittenFile;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncWriteExt;
+
+#[derive(Debug, Deserialize)]
+pub struct FileQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+pub fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(HttpError { code: status.as_u16(), message: message.into() })).into_response()
+}
+
+fn user_for(st: &AgentState, q: &FileQuery) -> Result<GuestUser, Response> {
+    st.user(q.username.as_deref()).map_err(|e| http_error(StatusCode::UNAUTHORIZED, e.message))
+}
+
+fn io_response(path: &Path, e: std::io::Error) -> Response {
+    let p = path.display();
+    match e.kind() {
+        std::io::ErrorKind::NotFound => http_error(StatusCode::NOT_FOUND, format!("path '{p}' does not exist")),
+        std::io::ErrorKind::PermissionDenied => http_error(StatusCode::FORBIDDEN, format!("permission denied: '{p}'")),
+        _ if e.raw_os_error() == Some(libc::ENOSPC) => {
+            http_error(StatusCode::INSUFFICIENT_STORAGE, format!("not enough disk space to write '{p}'"))
+        }
+        _ if e.raw_os_error() == Some(libc::EISDIR) => {
+            http_error(StatusCode::BAD_REQUEST, format!("path '{p}' is a directory"))
+        }
+        _ if e.raw_os_error() == Some(libc::ENOTDIR) => {
+            http_error(StatusCode::BAD_REQUEST, format!("a component of '{p}' is not a directory"))
+        }
+        _ => http_error(StatusCode::INTERNAL_SERVER_ERROR, format!("'{p}': {e}")),
+    }
+}
+
+pub async fn download(State(st): State<AgentState>, Query(q): Query<FileQuery>) -> Response {
+    let user = match user_for(&st, &q) {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let Some(raw) = q.path.as_deref().filter(|p| !p.is_empty()) else {
+        return http_error(StatusCode::BAD_REQUEST, "the 'path' query parameter is required");
+    };
+    let path = resolve(raw, &user);
+    let file = match tokio::fs::File::open(&path).await {
+        Ok(f) => f,
+        Err(e) => return io_response(&path, e),
+    };
+    let meta = match file.metadata().await {
+        Ok(m) => m,
+        Err(e) => return io_response(&path, e),
+    };
+    if meta.is_dir() {
+        return http_error(StatusCode::BAD_REQUEST, format!("path '{}' is a directory", path.display()));
+    }
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let stream = tokio_util_like::reader_stream(file);
+    Response::builder()
+        .header(header::CONTENT_TYPE, "application/octet-stream")
+        .header(header::CONTENT_LENGTH, meta.len())
+        .header(header::CONTENT_DISPOSITION, format!("inline; filename=\"{}\"", name.replace('"', "")))
+        .header(header::VARY, "Accept-Encoding")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|e| http_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+mod tokio_util_like {
+    use bytes::Bytes;
+    use futures::Stream;
+    use tokio::io::AsyncReadExt;
+
+    pub fn reader_stream(file: tokio::fs::File) -> impl Stream<Item = std::io::Result<Bytes>> {
+        futures::stream::unfold(Some(file), |file| async move {
+            let mut file = file?;
+            let mut buf = vec![0u8; 256 * 1024];
+            match file.read(&mut buf).await {
+                Ok(0) => None,
+                Ok(n) => {
+                    buf.truncate(n);
+                    Some((Ok(Bytes::from(buf)), Some(file)))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+    }
+}
+
+/// Writes a body stream to `path` as `user`, creating parent directories.
+async fn write_file<S, E>(path: &Path, user: &GuestUser, mut data: S) -> Result<WrittenFile, Response>
+where
+    S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    if path.is_dir() {
+        return Err(http_error(StatusCode::BAD_REQUEST, format!("path '{}' is a directory", path.display())));
+    }
+    create_parents(path, user).map_err(|e| io_response(path, e))?;
+    let mut file = tokio::fs::File::create(path).await.map_err(|e| io_response(path, e))?;
+    own(path, user).map_err(|e| http_error(StatusCode::INTERNAL_SERVER_ERROR, e.message))?;
+    while let Some(chunk) = data.next().await {
+        let chunk = chunk.map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("reading upload: {e}")))?;
+        file.write_all(&chunk).await.map_err(|e| io_response(path, e))?;
+    }
+    file.flush().await.map_err(|e| io_response(path, e))?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    Ok(WrittenFile { path: path.display().to_string(), name, kind: "file".into() })
+}
+
+pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, headers: HeaderMap, body: Body) -> Response {
+    let user = match user_for(&st, &q) {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v.as_bytes() != b"identity") {
+        return http_error(StatusCode::BAD_REQUEST, "compressed uploads are not supported; send the file uncompressed");
+    }
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let result = if content_type.starts_with("multipart/form-data") {
+        upload_multipart(&user, q.path.as_deref(), content_type, body).await
+    } else {
+        let Some(raw) = q.path.as_deref().filter(|p| !p.is_empty()) else {
+            return http_error(StatusCode::BAD_REQUEST, "the 'path' query parameter is required for a raw upload");
+        };
+        let path = resolve(raw, &user);
+        write_file(&path, &user, body.into_data_stream()).await.map(|w| vec![w])
+    };
+    match result {
+        Ok(written) => Json(written).into_response(),
+        Err(resp) => resp,
+    }
+}
+
+async fn upload_multipart(
+    user: &GuestUser,
+    query_path: Option<&str>,
+    content_type: &str,
+    body: Body,
+) -> Result<Vec<WrittenFile>, Response> {
+    let boundary = multer::parse_boundary(content_type)
+        .map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}")))?;
+    let mut parts = multer::Multipart::new(body.into_data_stream(), boundary);
+    let mut written = Vec::new();
+    loop {
+        let field = match parts.next_field().await {
+            Ok(Some(f)) => f,
+            Ok(None) => break,
+            Err(e) => return Err(http_error(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}"))),
+        };
+        if field.name() != Some("file") {
+            continue;
+        }
+        let target: PathBuf = match (query_path.filter(|p| !p.is_empty()), field.file_name()) {
+            (Some(p), _) => resolve(p, user),
+            (None, Some(name)) if !name.is_empty() => resolve(name, user),
+            _ => {
+                return Err(http_error(
+                    StatusCode::BAD_REQUEST,
+                    "each 'file' part needs a filename (the destination path) when no 'path' is given",
+                ))
+            }
+        };
+        written.push(write_file(&target, user, field).await?);
+    }
+    Ok(written)
+}

@@ -1,0 +1,52 @@
+//! Small envd endpoints (`/health`, `/envs`, `/metrics`) and hutch's `/init`, `/shutdown`.
+
+use crate::http::files::http_error;
+use crate::state::AgentState;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hutch_proto::agent::{InitRequest, Metrics};
+use std::collections::BTreeMap;
+
+pub async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+pub async fn envs(State(st): State<AgentState>) -> Json<BTreeMap<String, String>> {
+    Json(st.config().env_vars.clone())
+}
+
+pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
+    let req: InitRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("invalid init request: {e}")),
+    };
+    if let Some(ns) = req.timestamp_ns {
+        crate::guest::set_clock(ns);
+    }
+    if let Some(name) = &req.hostname {
+        crate::guest::set_hostname(name);
+    }
+    let mut cfg = st.config.write().unwrap_or_else(|e| e.into_inner());
+    cfg.env_vars = req.env_vars;
+    cfg.access_token = req.access_token.filter(|t| !t.is_empty());
+    if let Some(user) = req.default_user {
+        cfg.default_user = user;
+    }
+    StatusCode::NO_CONTENT.into_response()
+}
+
+pub async fn shutdown() -> StatusCode {
+    tokio::spawn(async {
+        // Let the response reach the host first.
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        crate::guest::power_off();
+    });
+    StatusCode::ACCEPTED
+}
+
+pub async fn metrics() -> Json<Metrics> {
+    Json(tokio::task::spawn_blocking(crate::guest::metrics).await.unwrap_or_default())
+}

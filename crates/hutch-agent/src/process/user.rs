@@ -1,0 +1,81 @@
+//! Guest users from /etc/passwd and /etc/group, parsed directly so no NSS is needed and
+//! any Linux root filesystem works.
+
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestUser {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+    pub shell: String,
+    /// Supplementary groups, including the primary one.
+    pub groups: Vec<u32>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("user '{0}' does not exist in the sandbox")]
+pub struct UnknownUser(pub String);
+
+impl GuestUser {
+    pub fn root() -> Self {
+        GuestUser {
+            name: "root".into(),
+            uid: 0,
+            gid: 0,
+            home: "/root".into(),
+            shell: "/bin/sh".into(),
+            groups: vec![0],
+        }
+    }
+
+    pub fn lookup(name: &str) -> Result<Self, UnknownUser> {
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+        match parse(&passwd, &group, name) {
+            Some(u) => Ok(u),
+            None if name == "root" => Ok(Self::root()),
+            None => Err(UnknownUser(name.to_string())),
+        }
+    }
+}
+
+fn parse(passwd: &str, group: &str, name: &str) -> Option<GuestUser> {
+    let line = passwd.lines().find(|l| l.split(':').next() == Some(name))?;
+    let f: Vec<&str> = line.split(':').collect();
+    if f.len() < 7 {
+        return None;
+    }
+    let uid = f[2].parse().ok()?;
+    let gid = f[3].parse().ok()?;
+    let mut groups = vec![gid];
+    for g in group.lines() {
+        let gf: Vec<&str> = g.split(':').collect();
+        if gf.len() >= 4 && gf[3].split(',').any(|m| m == name) {
+            if let Ok(id) = gf[2].parse::<u32>() {
+                if !groups.contains(&id) {
+                    groups.push(id);
+                }
+            }
+        }
+    }
+    let shell = if f[6].is_empty() { "/bin/sh" } else { f[6] };
+    Some(GuestUser { name: name.into(), uid, gid, home: f[5].into(), shell: shell.into(), groups })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_passwd_and_groups() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/bash\n";
+        let group = "root:x:0:\nsudo:x:27:user\nuser:x:1000:\n";
+        let u = parse(passwd, group, "user").expect("user");
+        assert_eq!((u.uid, u.gid), (1000, 1000));
+        assert_eq!(u.home, PathBuf::from("/home/user"));
+        assert_eq!(u.groups, vec![1000, 27]);
+        assert!(parse(passwd, group, "nobody").is_none());
+    }
+}

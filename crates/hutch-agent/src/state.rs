@@ -1,0 +1,69 @@
+//! Agent-wide state shared by every request.
+
+use crate::fs::watch::Watchers;
+use crate::http::connect::ConnectError;
+use crate::process::reaper::Reaper;
+use crate::process::user::GuestUser;
+use crate::process::ProcessTable;
+use base64_lite::decode_basic_user;
+use hutch_proto::connect::Code;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+pub struct Config {
+    /// Sandbox-wide environment, visible to every process.
+    pub env_vars: BTreeMap<String, String>,
+    /// When set, data-plane requests must carry it in `X-Access-Token`.
+    pub access_token: Option<String>,
+    pub default_user: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { env_vars: BTreeMap::new(), access_token: None, default_user: "user".into() }
+    }
+}
+
+#[derive(Clone, Default)]
+pub struct AgentState {
+    pub processes: ProcessTable,
+    pub reaper: Reaper,
+    pub watchers: Watchers,
+    pub config: Arc<RwLock<Config>>,
+}
+
+impl AgentState {
+    pub fn config(&self) -> std::sync::RwLockReadGuard<'_, Config> {
+        self.config.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The user a request acts as: the named one, else the default user, else root
+    /// (so root filesystems without a `user` account still work).
+    pub fn user(&self, name: Option<&str>) -> Result<GuestUser, ConnectError> {
+        match name.filter(|n| !n.is_empty()) {
+            Some(n) => GuestUser::lookup(n).map_err(|e| ConnectError::new(Code::Unauthenticated, e)),
+            None => {
+                let default = self.config().default_user.clone();
+                Ok(GuestUser::lookup(&default).unwrap_or_else(|_| GuestUser::root()))
+            }
+        }
+    }
+
+    /// The user named by `Authorization: Basic base64("<user>:")`, as envd reads it.
+    pub fn rpc_user(&self, headers: &axum::http::HeaderMap) -> Result<GuestUser, ConnectError> {
+        let name = headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(decode_basic_user);
+        self.user(name.as_deref())
+    }
+}
+
+mod base64_lite {
+    pub fn decode_basic_user(header: &str) -> Option<String> {
+        let encoded = header.strip_prefix("Basic ")?.trim();
+        let raw = hutch_proto::b64::decode(encoded).ok()?;
+        let text = String::from_utf8(raw).ok()?;
+        Some(text.split(':').next().unwrap_or_default().to_string())
+    }
+}
