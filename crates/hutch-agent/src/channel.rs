@@ -1,24 +1,30 @@
 //! The agent channel: a virtio-serial port carrying HTTP/2 from the host.
 //!
 //! There is no udev in the guest, so the port is found by name in sysfs. While no host
-//! is connected, reads return EOF at once; the agent then closes the port and opens it
-//! again shortly after, so a host that reconnects (say, after a restart of hutch) gets a
-//! fresh HTTP/2 session.
+//! is connected, reads return EOF at once. The port is never closed between sessions:
+//! closing it discards whatever the host already sent, and a host that connects while
+//! the guest closes and reopens would lose its HTTP/2 preface and hang. Instead the agent
+//! keeps the port open, polls until the first bytes of a session arrive, serves that
+//! session until EOF (the host disconnected), and waits for the next one.
 
+use hutch_proto::agent::{find_hello, hello_line, HELLO_PREFIX};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use nix::fcntl::OFlag;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// Delay before reopening the port after a session ended without a host.
-const REOPEN_DELAY: Duration = Duration::from_millis(10);
+/// How often an idle agent looks for a host connecting.
+const IDLE_POLL: Duration = Duration::from_millis(10);
+/// Bytes kept while looking for a hello line.
+const MAX_GARBAGE: usize = 4096;
 
 /// Finds `/dev/vportNpM` whose sysfs name is `name`; the name appears shortly after the
 /// driver loads, so this polls.
@@ -51,10 +57,8 @@ impl Port {
         let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
         Ok(Port { fd: register(owned)? })
     }
-}
 
-impl AsyncRead for Port {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         loop {
             let mut guard = ready!(self.fd.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
@@ -68,10 +72,8 @@ impl AsyncRead for Port {
             }
         }
     }
-}
 
-impl AsyncWrite for Port {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
         loop {
             let mut guard = ready!(self.fd.poll_write_ready(cx))?;
             match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(io::Error::from)) {
@@ -79,6 +81,68 @@ impl AsyncWrite for Port {
                 Err(_would_block) => continue,
             }
         }
+    }
+
+    async fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
+        let mut rb = ReadBuf::new(buf);
+        std::future::poll_fn(|cx| self.poll_read(cx, &mut rb)).await?;
+        Ok(rb.filled().len())
+    }
+
+    async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
+        while !data.is_empty() {
+            let n = std::future::poll_fn(|cx| self.poll_write(cx, data)).await?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Waits for a host's hello line, echoes it, and returns the bytes that followed it
+    /// (the start of the HTTP/2 session). EOF means no host is connected yet.
+    async fn accept(&self) -> io::Result<Vec<u8>> {
+        let mut pending = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = self.read_some(&mut buf).await?;
+            if n == 0 {
+                pending.clear();
+                tokio::time::sleep(IDLE_POLL).await;
+                continue;
+            }
+            pending.extend_from_slice(&buf[..n]);
+            if let Some((end, nonce)) = find_hello(&pending) {
+                self.write_all(&hello_line(nonce)).await?;
+                return Ok(pending.split_off(end));
+            }
+            if pending.len() > MAX_GARBAGE {
+                pending.drain(..pending.len() - HELLO_PREFIX.len());
+            }
+        }
+    }
+}
+
+/// One host session on the shared port: the bytes already read, then the port.
+struct Session {
+    port: Arc<Port>,
+    prefix: Vec<u8>,
+    offset: usize,
+}
+
+impl AsyncRead for Session {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.offset < self.prefix.len() {
+            let n = buf.remaining().min(self.prefix.len() - self.offset);
+            buf.put_slice(&self.prefix[self.offset..self.offset + n]);
+            self.offset += n;
+            return Poll::Ready(Ok(()));
+        }
+        self.port.poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Session {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        self.port.poll_write(cx, data)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -110,20 +174,26 @@ pub fn http2() -> hyper::server::conn::http2::Builder<TokioExecutor> {
 pub async fn serve(path: PathBuf, app: axum::Router) {
     loop {
         let port = match Port::open(&path) {
-            Ok(p) => p,
+            Ok(p) => Arc::new(p),
             Err(e) => {
                 tracing::warn!("opening {}: {e}", path.display());
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 continue;
             }
         };
-        let started = Instant::now();
-        let service = TowerToHyperService::new(app.clone());
-        if let Err(e) = http2().serve_connection(TokioIo::new(port), service).await {
-            tracing::debug!("agent session ended: {e}");
-        }
-        if started.elapsed() < Duration::from_millis(100) {
-            tokio::time::sleep(REOPEN_DELAY).await;
+        loop {
+            let prefix = match port.accept().await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!("reading {}: {e}; reopening it", path.display());
+                    break;
+                }
+            };
+            let session = Session { port: port.clone(), prefix, offset: 0 };
+            let service = TowerToHyperService::new(app.clone());
+            if let Err(e) = http2().serve_connection(TokioIo::new(session), service).await {
+                tracing::debug!("agent session ended: {e}");
+            }
         }
     }
 }

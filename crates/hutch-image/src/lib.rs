@@ -1,0 +1,18 @@
+//! Guest artifacts: the Debian cloud kernel, the initramfs that carries hutch-agent as
+//! `/init`, and template root filesystems as raw ext4 images, all cached under
+//! `$HUTCH_HOME`.
+//!
+//! This crate builds and finds files; it never starts VMs and never installs anything
+//! into the host system (packages are downloaded and unpacked, not installed).
+
+pub mod cpio;
+pub mod file_error;
+pub mod home;
+pub mod initramfs;
+pub mod kernel;
+pub mod progress;
+pub mod rootfs;
+mod run;
+
+pub use home::HutchHome;
+pub use progress::Progress;

@@ -41,3 +41,41 @@ pub struct Metrics {
     pub disk_used: u64,
     pub disk_total: u64,
 }
+
+/// Every host session on the agent channel starts with a hello line, which the agent
+/// echoes before HTTP/2 begins. The channel is a byte stream that outlives host
+/// connections: QEMU hands guest output that no host read (a GOAWAY written after the
+/// previous host left, say) to the next host that connects. The host skips everything
+/// up to its own echoed nonce, so each HTTP/2 session starts on a clean boundary.
+pub const HELLO_PREFIX: &[u8] = b"HUTCH-HELLO ";
+
+pub fn hello_line(nonce: u64) -> Vec<u8> {
+    let mut line = HELLO_PREFIX.to_vec();
+    line.extend_from_slice(format!("{nonce:016x}\n").as_bytes());
+    line
+}
+
+/// Finds a hello line in `buf`: returns the index just past it and its nonce.
+pub fn find_hello(buf: &[u8]) -> Option<(usize, u64)> {
+    let start = buf.windows(HELLO_PREFIX.len()).position(|w| w == HELLO_PREFIX)?;
+    let rest = &buf[start + HELLO_PREFIX.len()..];
+    let nl = rest.iter().position(|b| *b == b'\n')?;
+    let nonce = u64::from_str_radix(std::str::from_utf8(&rest[..nl]).ok()?, 16).ok()?;
+    Some((start + HELLO_PREFIX.len() + nl + 1, nonce))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_is_found_after_stale_bytes() {
+        let mut buf = b"\x00\x00\x08\x07stale goaway".to_vec();
+        buf.extend_from_slice(&hello_line(0xabc));
+        buf.extend_from_slice(b"PRI * HTTP/2.0");
+        let (end, nonce) = find_hello(&buf).expect("hello");
+        assert_eq!(nonce, 0xabc);
+        assert_eq!(&buf[end..], b"PRI * HTTP/2.0");
+        assert_eq!(find_hello(&buf[..end - 1]), None);
+    }
+}

@@ -111,7 +111,7 @@ pub fn spawn(req: SpawnRequest, reaper: &Reaper) -> Result<Spawned, SpawnError> 
             if libc::setsid() < 0 {
                 return Err(io::Error::last_os_error());
             }
-            if with_tty && libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+            if with_tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(io::Error::last_os_error());
             }
             let gids: Vec<libc::gid_t> = groups.iter().map(|g| *g as libc::gid_t).collect();

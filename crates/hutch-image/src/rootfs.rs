@@ -1,0 +1,179 @@
+//! Template root filesystems: a Debian bookworm tree made by mmdebstrap, written as a
+//! raw ext4 image with `mkfs.ext4 -d` (no loop mounts). The agent is not in the image: it
+//! comes from the initramfs, so any Linux root filesystem can be a template.
+
+use crate::progress::human_bytes;
+use crate::run::{run, ToolError};
+use crate::file_error::{at, FileError};
+use crate::{HutchHome, Progress};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+pub const BASE: &str = "base";
+pub const SUITE: &str = "bookworm";
+pub const MIRROR: &str = "http://deb.debian.org/debian";
+/// Virtual size of a template disk; ext4 written by `-d` only occupies what it holds.
+pub const DISK_SIZE: u64 = 4 << 30;
+
+/// Packages of the `base` template.
+pub const BASE_PACKAGES: &[&str] = &[
+    "bash", "coreutils", "python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
+    "procps", "sudo", "less", "iproute2", "file",
+];
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Template {
+    pub name: String,
+    pub suite: String,
+    pub packages: Vec<String>,
+    pub built_at: String,
+    pub disk_size: u64,
+    /// A content id of the image, so snapshots can tell when it changed.
+    pub build_id: String,
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+impl Template {
+    pub fn image(&self) -> PathBuf {
+        self.dir.join("rootfs.ext4")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("unknown template '{name}'; templates here: {known}")]
+    Unknown { name: String, known: String },
+    #[error(transparent)]
+    Tool(#[from] ToolError),
+    #[error("building a root filesystem needs root (mmdebstrap keeps owners and setuid bits); run as root")]
+    NotRoot,
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("reading {path}")]
+    Manifest { path: PathBuf, #[source] source: serde_json::Error },
+}
+
+
+const MANIFEST: &str = "template.json";
+
+/// Templates hutch knows how to build.
+pub fn buildable() -> &'static [&'static str] {
+    &[BASE]
+}
+
+pub fn cached(home: &HutchHome, name: &str) -> Result<Option<Template>, TemplateError> {
+    let dir = home.template(name);
+    let manifest = dir.join(MANIFEST);
+    let text = match std::fs::read_to_string(&manifest) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(at("reading", &manifest)(e).into()),
+    };
+    let mut t: Template = serde_json::from_str(&text).map_err(|source| TemplateError::Manifest { path: manifest, source })?;
+    t.dir = dir;
+    Ok(t.image().is_file().then_some(t))
+}
+
+/// Names of the templates built under this home.
+pub fn list(home: &HutchHome) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(home.templates())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join(MANIFEST).is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// The template, built first if hutch knows how and it is not cached.
+pub fn ensure(home: &HutchHome, name: &str, progress: &dyn Progress) -> Result<Template, TemplateError> {
+    if let Some(t) = cached(home, name)? {
+        return Ok(t);
+    }
+    if !buildable().contains(&name) {
+        let mut known: Vec<String> = list(home);
+        known.extend(buildable().iter().map(|s| s.to_string()));
+        known.sort();
+        known.dedup();
+        return Err(TemplateError::Unknown { name: name.into(), known: known.join(", ") });
+    }
+    build_debian(home, name, BASE_PACKAGES, progress)
+}
+
+fn build_debian(home: &HutchHome, name: &str, packages: &[&str], progress: &dyn Progress) -> Result<Template, TemplateError> {
+    if !nix_is_root() {
+        return Err(TemplateError::NotRoot);
+    }
+    let work = home.tmp().join(format!("template-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).map_err(at("creating", &work))?;
+    let result = build_in(home, name, packages, &work, progress);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn nix_is_root() -> bool {
+    std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
+}
+
+fn build_in(home: &HutchHome, name: &str, packages: &[&str], work: &Path, progress: &dyn Progress) -> Result<Template, TemplateError> {
+    let tree = work.join("tree");
+    let started = Instant::now();
+    progress.step(&format!("building template '{name}': Debian {SUITE} with {} (mmdebstrap)", packages.join(", ")));
+    let mut cmd = Command::new("mmdebstrap");
+    cmd.args(["--variant=apt", "--mode=root", "--format=directory"])
+        .arg(format!("--include={}", packages.join(",")))
+        .arg("--customize-hook=chroot \"$1\" useradd --create-home --uid 1000 --user-group --shell /bin/bash --groups sudo user")
+        .arg("--customize-hook=echo 'user ALL=(ALL) NOPASSWD:ALL' > \"$1/etc/sudoers.d/user\" && chmod 0440 \"$1/etc/sudoers.d/user\"")
+        .arg("--customize-hook=echo hutch > \"$1/etc/hostname\" && printf '127.0.0.1 localhost hutch\\n::1 localhost\\n' > \"$1/etc/hosts\"")
+        .arg("--customize-hook=rm -rf \"$1/var/cache/apt/archives\"/*.deb \"$1/var/lib/apt/lists\"/*_Packages")
+        .arg(SUITE)
+        .arg(&tree)
+        .arg(MIRROR);
+    run(cmd, None, progress)?;
+    let tree_bytes = crate::progress::tree_size(&tree);
+    progress.done(&format!("{} unpacked", human_bytes(tree_bytes)), started.elapsed());
+
+    let started = Instant::now();
+    progress.step(&format!("writing the ext4 image ({} virtual)", human_bytes(DISK_SIZE)));
+    let image = work.join("rootfs.ext4");
+    let file = std::fs::File::create(&image).map_err(at("creating", &image))?;
+    file.set_len(DISK_SIZE).map_err(at("sizing", &image))?;
+    drop(file);
+    let mut mkfs = Command::new("mkfs.ext4");
+    mkfs.args(["-q", "-F", "-L", "hutch-root", "-E", "root_owner=0:0", "-d"]).arg(&tree).arg(&image);
+    run(mkfs, None, progress)?;
+    let on_disk = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image).map_err(at("reading", &image))?) * 512;
+    progress.done(&format!("{} on disk", human_bytes(on_disk)), started.elapsed());
+
+    let dir = home.template(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).map_err(at("creating", &dir))?;
+    std::fs::rename(&image, dir.join("rootfs.ext4")).map_err(at("moving the image to", &dir))?;
+    let built_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let template = Template {
+        name: name.into(),
+        suite: SUITE.into(),
+        packages: packages.iter().map(|s| s.to_string()).collect(),
+        build_id: format!("{:016x}", rand_id()),
+        built_at,
+        disk_size: DISK_SIZE,
+        dir: dir.clone(),
+    };
+    let manifest = dir.join(MANIFEST);
+    let json = serde_json::to_vec_pretty(&template).map_err(|source| TemplateError::Manifest { path: manifest.clone(), source })?;
+    std::fs::write(&manifest, json).map_err(at("writing", &manifest))?;
+    Ok(template)
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}

@@ -1,0 +1,75 @@
+//! The backend seam: what the sandbox manager needs from a VM, whatever runs it.
+
+use crate::accel::Accel;
+use std::path::PathBuf;
+
+/// Everything needed to start one VM. All of its files live in `dir`.
+#[derive(Debug, Clone)]
+pub struct VmSpec {
+    pub id: String,
+    pub dir: PathBuf,
+    pub kernel: PathBuf,
+    pub initrd: PathBuf,
+    /// The root disk (a qcow2 overlay), attached as the first virtio-blk device.
+    pub disk: PathBuf,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub accel: Accel,
+    /// Kill the VM when the process that started it dies (no daemon to adopt it).
+    pub die_with_parent: bool,
+}
+
+impl VmSpec {
+    pub fn agent_socket(&self) -> PathBuf {
+        self.dir.join("agent.sock")
+    }
+    pub fn qmp_socket(&self) -> PathBuf {
+        self.dir.join("qmp.sock")
+    }
+    pub fn console_log(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("QEMU ({binary}) is not installed; install it with: apt-get install qemu-system-x86")]
+    QemuMissing { binary: String },
+    #[error("starting QEMU")]
+    Spawn(#[source] std::io::Error),
+    #[error("QEMU exited while starting ({status}): {stderr}")]
+    Exited { status: String, stderr: String },
+    #[error("QEMU did not open its QMP socket within {secs} s")]
+    QmpTimeout { secs: u64 },
+    #[error("connecting to QEMU's QMP socket")]
+    Qmp(#[source] crate::qmp::QmpError),
+    #[error("the socket path {0} is longer than a unix socket allows (108 bytes); use a shorter HUTCH_HOME")]
+    PathTooLong(String),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StopError {
+    #[error("killing QEMU (pid {pid})")]
+    Kill { pid: u32, #[source] source: std::io::Error },
+}
+
+/// A running VM. Dropping it kills the VM (a panic must not leak QEMU).
+#[async_trait::async_trait]
+pub trait VmHandle: Send + Sync {
+    fn pid(&self) -> Option<u32>;
+    /// The host end of the agent channel (a unix socket).
+    fn agent_socket(&self) -> PathBuf;
+    fn console_log(&self) -> PathBuf;
+    /// Whether the VM has ended, and how.
+    fn exit_status(&mut self) -> Option<String>;
+    /// Asks the VM to end (QMP `quit`), killing it if it does not within `grace`.
+    async fn stop(&mut self, grace: std::time::Duration) -> Result<(), StopError>;
+    /// Ends the VM at once.
+    async fn kill(&mut self) -> Result<(), StopError>;
+}
+
+#[async_trait::async_trait]
+pub trait VmBackend: Send + Sync {
+    fn name(&self) -> &'static str;
+    async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError>;
+}
