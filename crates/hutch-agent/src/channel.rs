@@ -1,30 +1,31 @@
 //! The agent channel: a virtio-serial port carrying HTTP/2 from the host.
 //!
-//! There is no udev in the guest, so the port is found by name in sysfs. While no host
-//! is connected, reads return EOF at once. The port is never closed between sessions:
-//! closing it discards whatever the host already sent, and a host that connects while
-//! the guest closes and reopens would lose its HTTP/2 preface and hang. Instead the agent
-//! keeps the port open, polls until the first bytes of a session arrive, serves that
-//! session until EOF (the host disconnected), and waits for the next one.
+//! There is no udev in the guest, so the port is found by name in sysfs. The port is
+//! driven by two plain threads doing blocking reads and writes: non-blocking mode with
+//! epoll lost wake-ups for writes on this driver (a reply would sit in the guest until
+//! the next event). While no host is connected a read returns EOF at once.
+//!
+//! The port is never closed between sessions: closing it discards what the host already
+//! sent. Each host session starts with a hello line (see `hutch_proto::agent`), which
+//! the agent echoes before HTTP/2 starts, so leftovers of older sessions in either
+//! direction cannot corrupt a new one.
 
+use bytes::Bytes;
 use hutch_proto::agent::{find_hello, hello_line, HELLO_PREFIX};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
-use nix::fcntl::OFlag;
-use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
-use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
 
 /// How often an idle agent looks for a host connecting.
 const IDLE_POLL: Duration = Duration::from_millis(10);
 /// Bytes kept while looking for a hello line.
 const MAX_GARBAGE: usize = 4096;
+/// Buffer between the port threads and HTTP/2.
+const PIPE: usize = 1 << 20;
 
 /// Finds `/dev/vportNpM` whose sysfs name is `name`; the name appears shortly after the
 /// driver loads, so this polls.
@@ -46,119 +47,68 @@ pub fn find_port(name: &str, limit: Duration) -> Option<PathBuf> {
     }
 }
 
-pub struct Port {
-    fd: AsyncFd<OwnedFd>,
+enum Inbound {
+    Data(Bytes),
+    /// A read saw EOF: no host is connected (any more).
+    HostGone,
 }
 
-impl Port {
-    pub fn open(path: &PathBuf) -> io::Result<Port> {
-        let fd = nix::fcntl::open(path, OFlag::O_RDWR | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty())?;
-        // SAFETY: `open` just returned this fd and nothing else owns it.
-        let owned = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        Ok(Port { fd: register(owned)? })
-    }
-
-    fn poll_read(&self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        loop {
-            let mut guard = ready!(self.fd.poll_read_ready(cx))?;
-            let unfilled = buf.initialize_unfilled();
-            match guard.try_io(|fd| nix::unistd::read(fd.as_raw_fd(), unfilled).map_err(io::Error::from)) {
-                Ok(Ok(n)) => {
-                    buf.advance(n);
-                    return Poll::Ready(Ok(()));
-                }
-                Ok(Err(e)) => return Poll::Ready(Err(e)),
-                Err(_would_block) => continue,
-            }
-        }
-    }
-
-    fn poll_write(&self, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        loop {
-            let mut guard = ready!(self.fd.poll_write_ready(cx))?;
-            match guard.try_io(|fd| nix::unistd::write(fd.get_ref(), data).map_err(io::Error::from)) {
-                Ok(result) => return Poll::Ready(result),
-                Err(_would_block) => continue,
-            }
-        }
-    }
-
-    async fn read_some(&self, buf: &mut [u8]) -> io::Result<usize> {
-        let mut rb = ReadBuf::new(buf);
-        std::future::poll_fn(|cx| self.poll_read(cx, &mut rb)).await?;
-        Ok(rb.filled().len())
-    }
-
-    async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
-        while !data.is_empty() {
-            let n = std::future::poll_fn(|cx| self.poll_write(cx, data)).await?;
-            data = &data[n..];
-        }
-        Ok(())
-    }
-
-    /// Waits for a host's hello line, echoes it, and returns the bytes that followed it
-    /// (the start of the HTTP/2 session). EOF means no host is connected yet.
-    async fn accept(&self) -> io::Result<Vec<u8>> {
-        let mut pending = Vec::new();
+/// Starts the reader and writer threads of an open port.
+fn start_port_threads(path: &PathBuf) -> std::io::Result<(mpsc::Receiver<Inbound>, mpsc::Sender<Bytes>)> {
+    let mut reader = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    let mut writer = reader.try_clone()?;
+    let (in_tx, in_rx) = mpsc::channel::<Inbound>(16);
+    let (out_tx, mut out_rx) = mpsc::channel::<Bytes>(16);
+    std::thread::spawn(move || {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
-            let n = self.read_some(&mut buf).await?;
-            if n == 0 {
-                pending.clear();
-                tokio::time::sleep(IDLE_POLL).await;
-                continue;
+            let msg = match reader.read(&mut buf) {
+                Ok(0) => Inbound::HostGone,
+                Ok(n) => Inbound::Data(Bytes::copy_from_slice(&buf[..n])),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    eprintln!("hutch-agent: reading the agent port: {e}");
+                    std::thread::sleep(Duration::from_millis(100));
+                    continue;
+                }
+            };
+            let idle = matches!(msg, Inbound::HostGone);
+            if in_tx.blocking_send(msg).is_err() {
+                return;
             }
-            pending.extend_from_slice(&buf[..n]);
-            if let Some((end, nonce)) = find_hello(&pending) {
-                self.write_all(&hello_line(nonce)).await?;
-                return Ok(pending.split_off(end));
-            }
-            if pending.len() > MAX_GARBAGE {
-                pending.drain(..pending.len() - HELLO_PREFIX.len());
+            if idle {
+                std::thread::sleep(IDLE_POLL);
             }
         }
-    }
-}
-
-/// One host session on the shared port: the bytes already read, then the port.
-struct Session {
-    port: Arc<Port>,
-    prefix: Vec<u8>,
-    offset: usize,
-}
-
-impl AsyncRead for Session {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if self.offset < self.prefix.len() {
-            let n = buf.remaining().min(self.prefix.len() - self.offset);
-            buf.put_slice(&self.prefix[self.offset..self.offset + n]);
-            self.offset += n;
-            return Poll::Ready(Ok(()));
+    });
+    std::thread::spawn(move || {
+        while let Some(chunk) = out_rx.blocking_recv() {
+            // Blocks while no host is connected; the hello protocol makes whatever
+            // is delivered late harmless.
+            if let Err(e) = writer.write_all(&chunk) {
+                eprintln!("hutch-agent: writing the agent port: {e}");
+            }
         }
-        self.port.poll_read(cx, buf)
-    }
+    });
+    Ok((in_rx, out_tx))
 }
 
-impl AsyncWrite for Session {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
-        self.port.poll_write(cx, data)
+/// Waits for a host's hello, echoes it, and returns the bytes that followed it.
+async fn accept(inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>) -> Option<Vec<u8>> {
+    let mut pending = Vec::new();
+    loop {
+        match inbound.recv().await? {
+            Inbound::HostGone => pending.clear(),
+            Inbound::Data(d) => pending.extend_from_slice(&d),
+        }
+        if let Some((end, nonce)) = find_hello(&pending) {
+            outbound.send(Bytes::from(hello_line(nonce))).await.ok()?;
+            return Some(pending.split_off(end));
+        }
+        if pending.len() > MAX_GARBAGE {
+            pending.drain(..pending.len() - HELLO_PREFIX.len());
+        }
     }
-
-    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Poll::Ready(Ok(()))
-    }
-}
-
-/// Registers an owned fd with the reactor.
-pub fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
-    // SAFETY: an OwnedFd is a valid open descriptor that stays open, and always returns the
-    // same raw fd, until the AsyncFd that owns it is dropped.
-    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
 }
 
 pub fn http2() -> hyper::server::conn::http2::Builder<TokioExecutor> {
@@ -172,28 +122,57 @@ pub fn http2() -> hyper::server::conn::http2::Builder<TokioExecutor> {
 
 /// Serves the agent API on the port forever, one host session after another.
 pub async fn serve(path: PathBuf, app: axum::Router) {
-    loop {
-        let port = match Port::open(&path) {
-            Ok(p) => Arc::new(p),
+    let (mut inbound, outbound) = loop {
+        match start_port_threads(&path) {
+            Ok(t) => break t,
             Err(e) => {
-                tracing::warn!("opening {}: {e}", path.display());
+                eprintln!("hutch-agent: opening {}: {e}", path.display());
                 tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        loop {
-            let prefix = match port.accept().await {
-                Ok(p) => p,
-                Err(e) => {
-                    tracing::warn!("reading {}: {e}; reopening it", path.display());
-                    break;
-                }
-            };
-            let session = Session { port: port.clone(), prefix, offset: 0 };
-            let service = TowerToHyperService::new(app.clone());
-            if let Err(e) = http2().serve_connection(TokioIo::new(session), service).await {
-                tracing::debug!("agent session ended: {e}");
             }
         }
+    };
+    while let Some(first) = accept(&mut inbound, &outbound).await {
+        session(first, &mut inbound, &outbound, app.clone()).await;
     }
+}
+
+/// One HTTP/2 session, until the host goes away or the session ends.
+async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>, app: axum::Router) {
+    let (server_io, bridge) = tokio::io::duplex(PIPE);
+    let (mut from_http, mut to_http) = tokio::io::split(bridge);
+    let service = TowerToHyperService::new(app);
+    let http = http2().serve_connection(TokioIo::new(server_io), service);
+    tokio::pin!(http);
+    let into_http = async {
+        if to_http.write_all(&first).await.is_ok() {
+            while let Some(Inbound::Data(d)) = inbound.recv().await {
+                if to_http.write_all(&d).await.is_err() {
+                    break;
+                }
+            }
+        }
+        // The host left: HTTP/2 sees EOF and ends the session.
+        let _ = to_http.shutdown().await;
+    };
+    let out_of_http = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match from_http.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if outbound.send(Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    let started = Instant::now();
+    tokio::select! {
+        r = &mut http => if let Err(e) = r { tracing::debug!("agent session ended: {e}") },
+        _ = async { tokio::join!(into_http, out_of_http) } => {
+            let _ = tokio::time::timeout(Duration::from_secs(1), &mut http).await;
+        }
+    }
+    tracing::debug!("agent session closed after {:?}", started.elapsed());
 }

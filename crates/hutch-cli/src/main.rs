@@ -1,8 +1,74 @@
+//! `hutch`: run code in microVM sandboxes.
+
+#![allow(unsafe_code)] // terminal ioctls only; each block has a SAFETY note.
+
+mod commands;
+mod local;
 mod progress;
+mod terminal;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "hutch", version, about = "Run untrusted code in microVM sandboxes", propagate_version = true)]
+struct Cli {
+    /// Log what hutch is doing (repeat for more detail); HUTCH_LOG sets a filter.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a command in a new, ephemeral sandbox and exit with its exit code.
+    Run(commands::run::RunArgs),
+    /// Download and build everything sandboxes need (kernel, initramfs, templates).
+    Setup(commands::setup::SetupArgs),
+    /// Report what hutch found on this host and what it will use.
+    Doctor(commands::doctor::DoctorArgs),
+    /// Measure boot and exec latency against a bare QEMU boot.
+    Bench(commands::bench::BenchArgs),
+}
+
+fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info,hutch=info",
+        _ => "debug,hyper=info,h2=info",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HUTCH_LOG").unwrap_or_else(|_| default.into());
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}
+
 fn main() {
-    let home = hutch_image::HutchHome::from_env();
-    let p = progress::TermProgress::new();
-    let k = hutch_image::kernel::ensure(&home, &p).expect("kernel");
-    let i = hutch_image::initramfs::ensure(&home, &k, std::path::Path::new("target/x86_64-unknown-linux-musl/agent/hutch-agent"), &p).expect("initramfs");
-    println!("{} {}", k.vmlinuz().display(), i.display());
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hutch: cannot start the async runtime: {e}");
+            std::process::exit(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => commands::run::run(args).await,
+            Command::Setup(args) => commands::setup::run(args).await,
+            Command::Doctor(args) => commands::doctor::run(args).await,
+            Command::Bench(args) => commands::bench::run(args).await,
+        }
+    });
+    // Everything the command started (VMs included) has been torn down by now.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(200));
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            eprintln!("hutch: error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::exit(1);
+        }
+    }
 }

@@ -30,7 +30,14 @@ pub fn open(size: PtySize) -> io::Result<PtyPair> {
     }
     let flags = OFlag::from_bits_truncate(fcntl(pair.master.as_raw_fd(), FcntlArg::F_GETFL)?);
     fcntl(pair.master.as_raw_fd(), FcntlArg::F_SETFL(flags | OFlag::O_NONBLOCK))?;
-    Ok(PtyPair { master: PtyMaster { fd: crate::channel::register(pair.master)? }, slave: pair.slave })
+    Ok(PtyPair { master: PtyMaster { fd: register(pair.master)? }, slave: pair.slave })
+}
+
+/// Registers an owned fd with the reactor.
+fn register(fd: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
+    // SAFETY: an OwnedFd is a valid open descriptor that stays open, and always returns the
+    // same raw fd, until the AsyncFd that owns it is dropped.
+    unsafe { AsyncFd::register(fd) }.map_err(io::Error::from)
 }
 
 impl PtyMaster {

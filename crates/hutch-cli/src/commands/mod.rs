@@ -1,0 +1,4 @@
+pub mod bench;
+pub mod doctor;
+pub mod run;
+pub mod setup;

@@ -1,0 +1,24 @@
+//! `hutch setup`: prepare every artifact ahead of time.
+
+use clap::Args;
+use hutch_vmm::AccelChoice;
+
+#[derive(Args, Debug)]
+pub struct SetupArgs {
+    /// Templates to build.
+    #[arg(long = "template", default_values_t = vec!["base".to_string()])]
+    pub templates: Vec<String>,
+}
+
+pub async fn run(args: SetupArgs) -> anyhow::Result<i32> {
+    for template in &args.templates {
+        let local = crate::local::Local::prepare(template, AccelChoice::Auto).await?;
+        let a = &local.artifacts;
+        println!("kernel      {} ({})", a.kernel.version, a.kernel.vmlinuz().display());
+        println!("initramfs   {}", a.initramfs.display());
+        println!("template    {} ({})", a.template.name, a.template.image().display());
+        println!("accel       {} ({})", local.accel.accel.as_str(), local.accel.why);
+    }
+    println!("hutch is ready: try `hutch run -- python3 -c 'print(42)'`");
+    Ok(0)
+}

@@ -1,0 +1,94 @@
+//! Connecting to the agent socket: the hello handshake, then HTTP/2.
+
+use super::{AgentClient, Body};
+use bytes::{Buf, Bytes};
+use hutch_proto::agent::{find_hello, hello_line};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::io;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::UnixStream;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("connecting to the agent socket")]
+    Socket(#[source] io::Error),
+    #[error("the agent did not answer the hello")]
+    NoHello,
+    #[error("HTTP/2 handshake with the agent")]
+    Handshake(#[source] hyper::Error),
+}
+
+/// Stale guest output tolerated before the echoed hello.
+const MAX_SKIP: usize = 1 << 20;
+
+/// Connects once: the caller retries (with a timeout) while the guest boots.
+pub async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
+    let mut stream = UnixStream::connect(socket).await.map_err(ConnectError::Socket)?;
+    let nonce: u64 = rand::random();
+    stream.write_all(&hello_line(nonce)).await.map_err(ConnectError::Socket)?;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let rest = loop {
+        let n = stream.read(&mut buf).await.map_err(ConnectError::Socket)?;
+        if n == 0 {
+            return Err(ConnectError::NoHello);
+        }
+        seen.extend_from_slice(&buf[..n]);
+        // Older sessions may have left output (and hellos) behind: only ours counts.
+        while let Some((end, got)) = find_hello(&seen) {
+            if got == nonce {
+                break;
+            }
+            seen.drain(..end);
+        }
+        if let Some((end, _)) = find_hello(&seen) {
+            break seen.split_off(end);
+        }
+        if seen.len() > MAX_SKIP {
+            return Err(ConnectError::NoHello);
+        }
+    };
+    let io = Prefixed { prefix: Bytes::from(rest), inner: stream };
+    let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
+    builder.initial_stream_window_size(4 << 20).initial_connection_window_size(16 << 20).max_frame_size(1 << 20);
+    let (sender, conn) = builder.handshake::<_, Body>(TokioIo::new(io)).await.map_err(ConnectError::Handshake)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!("agent connection ended: {e}");
+        }
+    });
+    Ok(AgentClient { sender, user: None })
+}
+
+/// The socket, with bytes read past the hello served first.
+struct Prefixed {
+    prefix: Bytes,
+    inner: UnixStream,
+}
+
+impl AsyncRead for Prefixed {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.prefix.has_remaining() {
+            let n = buf.remaining().min(self.prefix.len());
+            buf.put_slice(&self.prefix[..n]);
+            self.prefix.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Prefixed {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}

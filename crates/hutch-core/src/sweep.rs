@@ -1,0 +1,48 @@
+//! Cleaning up after hutch processes that died without cleaning up (SIGKILL, power
+//! loss): their sandbox directories stay behind, and QEMU would too without
+//! PR_SET_PDEATHSIG. A directory whose owner is gone is swept.
+
+use hutch_image::HutchHome;
+use std::path::Path;
+
+fn alive(pid: i32) -> bool {
+    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A directory without an owner file may be one being created right now.
+fn recently_made(dir: &Path) -> bool {
+    let age = std::fs::metadata(dir).and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok());
+    age.is_none_or(|a| a < std::time::Duration::from_secs(60))
+}
+
+/// Kills the sandbox's QEMU if it is still running (checked against its command line,
+/// so a recycled pid is left alone).
+fn kill_qemu(dir: &Path) {
+    let Some(pid) = read_pid(&dir.join("qemu.pid")) else { return };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let needle = dir.display().to_string();
+    if String::from_utf8_lossy(&cmdline).contains(&needle) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Removes sandboxes whose owning process is gone; returns how many.
+pub fn sweep_orphans(home: &HutchHome) -> usize {
+    let mut swept = 0;
+    for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
+        let dir = entry.path();
+        let owner = read_pid(&dir.join("owner.pid"));
+        if owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
+            continue;
+        }
+        kill_qemu(&dir);
+        if std::fs::remove_dir_all(&dir).is_ok() {
+            swept += 1;
+        }
+    }
+    swept
+}
