@@ -1,5 +1,6 @@
 //! The guest filesystem API: paths, entry info, `filesystem.Filesystem` RPCs, watchers.
 
+pub mod creds;
 pub mod entry;
 pub mod path;
 pub mod rpc;

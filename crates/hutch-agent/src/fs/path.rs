@@ -31,31 +31,12 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
-/// Creates missing parent directories of `path`, owned by `user`.
-pub fn create_parents(path: &Path, user: &GuestUser) -> std::io::Result<()> {
+/// Creates missing parent directories of `path` (run it as the user: see `creds`).
+pub fn create_parents(path: &Path) -> std::io::Result<()> {
     match path.parent() {
-        Some(parent) => create_dirs(parent, user),
+        Some(parent) => std::fs::create_dir_all(parent),
         None => Ok(()),
     }
-}
-
-/// `mkdir -p` where every directory created is owned by `user`.
-pub fn create_dirs(dir: &Path, user: &GuestUser) -> std::io::Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    if let Some(parent) = dir.parent() {
-        create_dirs(parent, user)?;
-    }
-    match std::fs::create_dir(dir) {
-        Ok(()) => chown(dir, user),
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => Ok(()),
-        Err(e) => Err(e),
-    }
-}
-
-pub fn chown(path: &Path, user: &GuestUser) -> std::io::Result<()> {
-    std::os::unix::fs::lchown(path, Some(user.uid), Some(user.gid))
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Directory watching with inotify: the streaming `WatchDir` and the polled
 //! CreateWatcher / GetWatcherEvents / RemoveWatcher trio share one watch task.
 
+use super::creds::as_user;
 use super::entry::entry_info;
 use super::path::resolve;
 use super::rpc::io_error;
@@ -124,9 +125,11 @@ impl Watch {
     }
 }
 
-fn begin(st: &AgentState, headers: &HeaderMap, req: &WatchRequest) -> Result<mpsc::Receiver<FilesystemEvent>, ConnectError> {
-    let root = resolve(&req.path, &st.rpc_user(headers)?);
-    let watch = Watch::start(req, root)?;
+async fn begin(st: &AgentState, headers: &HeaderMap, req: &WatchRequest) -> Result<mpsc::Receiver<FilesystemEvent>, ConnectError> {
+    let user = st.rpc_user(headers)?;
+    let root = resolve(&req.path, &user);
+    let req = req.clone();
+    let watch = as_user(&user, move || Watch::start(&req, root)).await.map_err(|e| ConnectError::new(Code::Internal, e))??;
     let (tx, rx) = mpsc::channel(256);
     tokio::spawn(watch.run(tx));
     Ok(rx)
@@ -135,7 +138,7 @@ fn begin(st: &AgentState, headers: &HeaderMap, req: &WatchRequest) -> Result<mps
 pub async fn watch_dir(State(st): State<AgentState>, headers: HeaderMap, body: Body) -> Response {
     let rx = async {
         let req: WatchRequest = connect::single_message(body).await?;
-        begin(&st, &headers, &req)
+        begin(&st, &headers, &req).await
     }
     .await;
     let rx = match rx {
@@ -157,7 +160,7 @@ pub async fn watch_dir(State(st): State<AgentState>, headers: HeaderMap, body: B
 
 pub async fn create_watcher(State(st): State<AgentState>, headers: HeaderMap, body: Bytes) -> UnaryResult<WatcherId> {
     let req: WatchRequest = parse(&body)?;
-    let mut rx = begin(&st, &headers, &req)?;
+    let mut rx = begin(&st, &headers, &req).await?;
     let events = Arc::new(Mutex::new(Vec::new()));
     let sink = events.clone();
     let task = tokio::spawn(async move {

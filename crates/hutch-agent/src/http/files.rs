@@ -1,7 +1,7 @@
 //! envd's plain-HTTP `/files`: streaming upload (multipart or octet-stream) and download.
 
+use crate::fs::creds::as_user;
 use crate::fs::path::{create_parents, resolve};
-use crate::fs::rpc::own;
 use crate::process::user::GuestUser;
 use crate::state::AgentState;
 use axum::body::Body;
@@ -57,8 +57,12 @@ pub async fn download(State(st): State<AgentState>, Query(q): Query<FileQuery>) 
         return http_error(StatusCode::BAD_REQUEST, "the 'path' query parameter is required");
     };
     let path = resolve(raw, &user);
-    let file = match tokio::fs::File::open(&path).await {
-        Ok(f) => f,
+    let opened = {
+        let path = path.clone();
+        as_user(&user, move || std::fs::File::open(path)).await.and_then(|r| r)
+    };
+    let file = match opened {
+        Ok(f) => tokio::fs::File::from_std(f),
         Err(e) => return io_response(&path, e),
     };
     let meta = match file.metadata().await {
@@ -106,12 +110,17 @@ where
     S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    if path.is_dir() {
-        return Err(http_error(StatusCode::BAD_REQUEST, format!("path '{}' is a directory", path.display())));
-    }
-    create_parents(path, user).map_err(|e| io_response(path, e))?;
-    let mut file = tokio::fs::File::create(path).await.map_err(|e| io_response(path, e))?;
-    own(path, user).map_err(|e| http_error(StatusCode::INTERNAL_SERVER_ERROR, e.message))?;
+    let target = path.to_path_buf();
+    let created = as_user(user, move || {
+        if target.is_dir() {
+            return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
+        }
+        create_parents(&target)?;
+        std::fs::File::create(&target)
+    })
+    .await
+    .and_then(|r| r);
+    let mut file = tokio::fs::File::from_std(created.map_err(|e| io_response(path, e))?);
     while let Some(chunk) = data.next().await {
         let chunk = chunk.map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("reading upload: {e}")))?;
         file.write_all(&chunk).await.map_err(|e| io_response(path, e))?;
