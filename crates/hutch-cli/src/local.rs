@@ -19,7 +19,9 @@ impl Local {
         if swept > 0 {
             tracing::info!("removed {swept} sandbox(es) left behind by hutch processes that died");
         }
-        let accel = tokio::task::spawn_blocking(move || accel::select(accel_choice)).await??;
+        let cache = home.root().join("accel-probe");
+        let _ = std::fs::create_dir_all(home.root());
+        let accel = tokio::task::spawn_blocking(move || accel::select(accel_choice, Some(&cache))).await??;
         tracing::info!(accel = accel.accel.as_str(), "{}", accel.why);
         if accel.accel == hutch_vmm::Accel::Tcg {
             tracing::info!("running on TCG (software emulation): QEMU's TCG is not a security boundary");

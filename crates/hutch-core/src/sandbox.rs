@@ -220,3 +220,59 @@ async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, started: Instant
 fn console_says_ready(console: &Path) -> bool {
     std::fs::read(console).map(|b| b.windows(READY_LINE.len()).any(|w| w == READY_LINE.as_bytes())).unwrap_or(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hutch_image::kernel::Kernel;
+    use hutch_image::rootfs::Template;
+    use hutch_vmm::fake::FakeBackend;
+
+    fn fake_artifacts(root: &Path) -> Artifacts {
+        Artifacts {
+            kernel: Kernel { version: "6.1-test".into(), package: "p".into(), package_version: "1".into(), dir: root.join("k") },
+            initramfs: root.join("initrd"),
+            template: Template {
+                name: "base".into(),
+                suite: "bookworm".into(),
+                packages: vec![],
+                built_at: String::new(),
+                disk_size: 1 << 20,
+                build_id: "x".into(),
+                dir: root.join("t"),
+            },
+        }
+    }
+
+    fn setup() -> (tempfile::TempDir, HutchHome, Artifacts) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(tmp.path().join("home"));
+        let artifacts = fake_artifacts(tmp.path());
+        std::fs::create_dir_all(artifacts.template.dir.clone()).expect("dir");
+        // A raw image qemu-img can stack an overlay on.
+        std::fs::write(artifacts.template.image(), vec![0u8; 1 << 20]).expect("image");
+        (tmp, home, artifacts)
+    }
+
+    #[tokio::test]
+    async fn a_backend_failure_leaves_no_directory() {
+        let (_tmp, home, artifacts) = setup();
+        let backend = FakeBackend::default();
+        *backend.fail_start.lock().expect("lock") = Some("no luck".into());
+        let err = Sandbox::create(&home, &artifacts, &backend, &SandboxOptions::default()).await.err();
+        assert!(matches!(err, Some(CreateError::Start(_))), "{err:?}");
+        assert_eq!(std::fs::read_dir(home.sandboxes()).expect("dir").count(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_guest_that_never_answers_times_out_and_is_stopped() {
+        let (_tmp, home, artifacts) = setup();
+        let backend = FakeBackend::default();
+        let opts = SandboxOptions { boot_timeout: Duration::from_millis(300), ..SandboxOptions::default() };
+        let err = Sandbox::create(&home, &artifacts, &backend, &opts).await.err();
+        assert!(matches!(&err, Some(CreateError::BootTimeout { console, .. }) if console.contains("empty")), "{err:?}");
+        assert_eq!(backend.started.lock().expect("lock").len(), 1);
+        assert_eq!(backend.stopped.lock().expect("lock").len(), 1, "the VM was not stopped");
+        assert_eq!(std::fs::read_dir(home.sandboxes()).expect("dir").count(), 0);
+    }
+}

@@ -65,7 +65,13 @@ pub struct Selected {
 const NATIVE_LIMIT: Duration = Duration::from_millis(100);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-pub fn select(choice: AccelChoice) -> Result<Selected, KvmUnusable> {
+/// Picks the accelerator; `cache` (a file) keeps the probe's answer until the host
+/// reboots, so each `hutch run` does not pay for the probe again.
+pub fn select(choice: AccelChoice, cache: Option<&std::path::Path>) -> Result<Selected, KvmUnusable> {
+    let probe = || match cache {
+        Some(file) => probe_cached(file),
+        None => probe(),
+    };
     match choice {
         AccelChoice::Tcg => Ok(Selected { accel: Accel::Tcg, why: "TCG requested".into() }),
         AccelChoice::Kvm => {
@@ -82,6 +88,28 @@ pub fn select(choice: AccelChoice) -> Result<Selected, KvmUnusable> {
             Ok(Selected { accel, why: p.reason })
         }
     }
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
+}
+
+/// The probe's answer from `file` if it was made since the host booted, else a new probe
+/// (written back to `file`).
+pub fn probe_cached(file: &std::path::Path) -> Probe {
+    let boot = boot_id();
+    if let Ok(text) = std::fs::read_to_string(file) {
+        let mut lines = text.lines();
+        if let (Some(b), Some(usable), Some(reason)) = (lines.next(), lines.next(), lines.next()) {
+            if b == boot && !boot.is_empty() {
+                return Probe { kvm_usable: usable == "kvm", reason: reason.to_string() };
+            }
+        }
+    }
+    let p = probe();
+    let usable = if p.kvm_usable { "kvm" } else { "tcg" };
+    let _ = std::fs::write(file, format!("{boot}\n{usable}\n{}\n", p.reason.replace('\n', " ")));
+    p
 }
 
 /// Probes KVM once per process (the answer does not change while we run).

@@ -1,14 +1,144 @@
-//! `hutch bench`: boot and exec latency next to a bare QEMU boot (see docs/BENCHMARKS.md).
+//! `hutch bench`: boot and exec latency, next to a bare QEMU boot of the same kernel and
+//! initramfs measured in the same run (method in docs/BENCHMARKS.md).
 
+use crate::local::Local;
+use anyhow::Context;
 use clap::Args;
+use hutch_core::sandbox::READY_LINE;
+use hutch_core::{Sandbox, SandboxOptions};
+use hutch_proto::process::{ProcessConfig, ProcessEvent, StartRequest};
+use hutch_vmm::qemu::QemuBackend;
+use hutch_vmm::{AccelChoice, VmSpec};
+use std::time::{Duration, Instant};
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
-    /// Runs per measurement.
-    #[arg(long, default_value_t = 10)]
-    pub runs: usize,
+    /// Runs per measurement (at least 10 for meaningful p95).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(3..=1000))]
+    pub runs: u32,
+    #[arg(long, default_value = "auto")]
+    pub accel: AccelChoice,
 }
 
-pub async fn run(_args: BenchArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not yet")
+struct Series {
+    name: &'static str,
+    samples: Vec<Duration>,
+}
+
+impl Series {
+    fn pct(&self, p: f64) -> Duration {
+        let mut s = self.samples.clone();
+        s.sort();
+        let idx = ((s.len() as f64 - 1.0) * p).round() as usize;
+        s.get(idx).copied().unwrap_or_default()
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1000.0)
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
+    let local = Local::prepare("base", args.accel).await?;
+    let runs = args.runs as usize;
+    let backend = QemuBackend::default();
+    let opts = SandboxOptions { accel: local.accel.accel, ..SandboxOptions::default() };
+    eprintln!("hutch bench: {runs} runs each, accel {} ({})", local.accel.accel.as_str(), local.accel.why);
+
+    let mut bare = Series { name: "bare QEMU: start -> agent ready on console", samples: vec![] };
+    let mut boot = Series { name: "hutch: create -> agent ready (API usable)", samples: vec![] };
+    let mut cli = Series { name: "hutch run -- true (wall)", samples: vec![] };
+    let mut exec = Series { name: "exec round trip of `true` (live sandbox)", samples: vec![] };
+
+    for i in 0..runs {
+        eprint!("\rrun {}/{runs}", i + 1);
+        bare.samples.push(bare_boot(&local, &backend).await?);
+        let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
+        boot.samples.push(sb.boot_time());
+        sb.destroy().await?;
+        let started = Instant::now();
+        let status = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["run", "--accel", local.accel.accel.as_str(), "--", "true"])
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "hutch run -- true failed: {status}");
+        cli.samples.push(started.elapsed());
+    }
+    let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
+    let req = StartRequest {
+        process: ProcessConfig { cmd: "true".into(), ..Default::default() },
+        stdin: Some(false),
+        ..Default::default()
+    };
+    for _ in 0..3 {
+        exec_once(&sb, &req).await?; // warm up TCG's translation of the exec path
+    }
+    for _ in 0..runs.max(20) {
+        exec.samples.push(exec_once(&sb, &req).await?);
+    }
+    sb.destroy().await?;
+    eprintln!();
+
+    let floor = bare.pct(0.5);
+    println!("| measurement | p50 ms | p95 ms | p50 / bare QEMU boot p50 |");
+    println!("|---|---:|---:|---:|");
+    for s in [&bare, &boot, &cli, &exec] {
+        let ratio = s.pct(0.5).as_secs_f64() / floor.as_secs_f64().max(1e-9);
+        println!("| {} | {} | {} | {ratio:.2} |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
+    }
+    Ok(0)
+}
+
+async fn exec_once(sb: &Sandbox, req: &StartRequest) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let mut stream = sb.agent().start(req).await?;
+    while let Some(ev) = stream.next().await {
+        if let ProcessEvent::End(end) = ev? {
+            anyhow::ensure!(end.exit_code == 0, "true failed: {end:?}");
+            return Ok(started.elapsed());
+        }
+    }
+    anyhow::bail!("no end event")
+}
+
+/// The same QEMU command line hutch uses, started directly: from spawn to the agent's
+/// ready line on the serial console. No overlay creation, QMP, channel or init call.
+async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Duration> {
+    let dir = local.home.tmp().join(format!("bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let disk = dir.join("disk.qcow2");
+    hutch_vmm::disk::create_overlay(&local.artifacts.template.image(), &disk).await?;
+    let spec = VmSpec {
+        id: "bench".into(),
+        dir: dir.clone(),
+        kernel: local.artifacts.kernel.vmlinuz(),
+        initrd: local.artifacts.initramfs.clone(),
+        disk,
+        cpus: 1,
+        memory_mib: SandboxOptions::default().memory.get(),
+        accel: local.accel.accel,
+        die_with_parent: true,
+    };
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(&backend.binary)
+        .args(hutch_vmm::qemu::command_line(&spec))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting QEMU")?;
+    let console = spec.console_log();
+    let took = loop {
+        if std::fs::read_to_string(&console).is_ok_and(|c| c.contains(READY_LINE)) {
+            break started.elapsed();
+        }
+        anyhow::ensure!(child.try_wait()?.is_none(), "bare QEMU exited early");
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "bare QEMU did not boot in 60 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    child.kill().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(took)
 }

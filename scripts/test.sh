@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Quick start, part 2: the whole test suite. Tests boot real microVMs.
+source "$(dirname "$0")/lib.sh"
+ensure_host_packages
+ensure_rust
+build
+step "preparing guest artifacts"
+./target/release/hutch setup
+step "running the test suite"
+cargo test --release --locked --workspace
