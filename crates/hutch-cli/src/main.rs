@@ -29,6 +29,11 @@ enum Command {
     Doctor(commands::doctor::DoctorArgs),
     /// Measure boot and exec latency against a bare QEMU boot.
     Bench(commands::bench::BenchArgs),
+    /// Serve the REST API and data proxy (E2B-compatible) for teams and SDKs.
+    Serve(commands::serve::ServeArgs),
+    /// Manage the API keys of `hutch serve`.
+    #[command(subcommand)]
+    Keys(commands::keys::KeysCommand),
 }
 
 fn init_logging(verbose: u8) {
@@ -57,6 +62,8 @@ fn main() {
             Command::Setup(args) => commands::setup::run(args).await,
             Command::Doctor(args) => commands::doctor::run(args).await,
             Command::Bench(args) => commands::bench::run(args).await,
+            Command::Serve(args) => commands::serve::run(args).await,
+            Command::Keys(cmd) => commands::keys::run(cmd).await,
         }
     });
     // Everything the command started (VMs included) has been torn down by now.

@@ -7,7 +7,9 @@
 pub mod agent;
 pub mod artifacts;
 pub mod ids;
+pub mod manager;
 pub mod sandbox;
+pub mod store;
 pub mod sweep;
 
 pub use agent::{AgentClient, AgentError};

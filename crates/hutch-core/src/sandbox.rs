@@ -24,6 +24,8 @@ pub struct SandboxOptions {
     pub boot_timeout: Duration,
     /// End the VM if this process dies (local mode: no daemon will adopt it).
     pub die_with_parent: bool,
+    /// When set, the agent requires it in `X-Access-Token` (E2B's secure sandboxes).
+    pub access_token: Option<String>,
 }
 
 impl Default for SandboxOptions {
@@ -35,6 +37,7 @@ impl Default for SandboxOptions {
             envs: BTreeMap::new(),
             boot_timeout: Duration::from_secs(60),
             die_with_parent: true,
+            access_token: None,
         }
     }
 }
@@ -118,6 +121,7 @@ impl Sandbox {
             env_vars: opts.envs.clone(),
             timestamp_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos()),
             hostname: Some("hutch".into()),
+            access_token: opts.access_token.clone(),
             ..InitRequest::default()
         };
         agent.post_json("/init", &init).await.map_err(CreateError::Init)?;

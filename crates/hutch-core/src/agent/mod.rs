@@ -10,14 +10,14 @@ pub use transport::{connect, ConnectError};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
-use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use http_body_util::{combinators::UnsyncBoxBody, BodyExt, Full};
 use hutch_proto::connect::{Code, ErrorBody};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-pub type Body = BoxBody<Bytes, BoxError>;
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
@@ -42,7 +42,7 @@ impl AgentError {
 }
 
 pub fn full(data: impl Into<Bytes>) -> Body {
-    Full::new(data.into()).map_err(|never| match never {}).boxed()
+    Full::new(data.into()).map_err(|never| match never {}).boxed_unsync()
 }
 
 /// A connected agent. Cheap to clone; all clones share one HTTP/2 connection.
@@ -129,4 +129,18 @@ pub fn error_from(status: StatusCode, body: &[u8]) -> AgentError {
         .map(|e| e.message)
         .unwrap_or_else(|_| String::from_utf8_lossy(body).trim().to_string());
     AgentError::Http { status, message }
+}
+
+impl AgentClient {
+    /// Plain-HTTP GET of a JSON document (`/metrics`, `/envs`).
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, AgentError> {
+        let req = self.request(Method::GET, path).body(full(Bytes::new())).map_err(|e| AgentError::Protocol(e.to_string()))?;
+        let resp = self.send(req).await?;
+        let status = resp.status();
+        let bytes = read_all(resp.into_body()).await?;
+        if !status.is_success() {
+            return Err(error_from(status, &bytes));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| AgentError::Protocol(e.to_string()))
+    }
 }

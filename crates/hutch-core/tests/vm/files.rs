@@ -54,7 +54,7 @@ fn pattern(size: usize) -> (Body, String) {
         let take = (size - i * (1 << 20)).min(c.len());
         Ok::<_, hutch_core::agent::BoxError>(hyper::body::Frame::data(c.slice(..take)))
     });
-    (BodyExt::boxed(http_body_util::StreamBody::new(stream)), hex::encode(hasher.finalize()))
+    (BodyExt::boxed_unsync(http_body_util::StreamBody::new(stream)), hex::encode(hasher.finalize()))
 }
 
 async fn big_transfer(sb: Shared) -> anyhow::Result<()> {

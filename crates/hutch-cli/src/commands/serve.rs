@@ -1,0 +1,82 @@
+//! `hutch serve`: the REST control plane and data proxy.
+
+use crate::local::Local;
+use anyhow::Context;
+use clap::Args;
+use hutch_core::manager::{ManagerConfig, SandboxManager};
+use hutch_core::store::Store;
+use hutch_core::MemMib;
+use hutch_vmm::AccelChoice;
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:3000", env = "HUTCH_LISTEN")]
+    pub listen: String,
+    /// Domain for data-plane hosts `<port>-<sandbox>.<domain>` (headers work without it).
+    #[arg(long, env = "HUTCH_DOMAIN")]
+    pub domain: Option<String>,
+    /// Sandboxes at once, all keys together; more answer 429.
+    #[arg(long, default_value_t = 16)]
+    pub max_sandboxes: usize,
+    /// Seconds a sandbox lives when the request names no timeout.
+    #[arg(long, default_value_t = 300)]
+    pub default_timeout: u64,
+    /// Seconds no sandbox outlives, whatever timeouts ask.
+    #[arg(long, default_value_t = 86_400)]
+    pub max_lifetime: u64,
+    #[arg(long, default_value = "auto")]
+    pub accel: AccelChoice,
+    /// vCPUs per sandbox.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub cpus: u32,
+    /// Memory per sandbox.
+    #[arg(long, default_value = "512")]
+    pub memory: MemMib,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
+    let local = Local::prepare("base", args.accel).await?;
+    if local.accel.accel == hutch_vmm::Accel::Tcg {
+        tracing::warn!("sandboxes run on TCG (software emulation), which is not a security boundary: {}", local.accel.why);
+    }
+    let db = local.home.root().join("hutch.db");
+    let store = Store::open_file(&db).await.with_context(|| format!("opening {}", db.display()))?;
+    if let Some(key) = std::env::var("HUTCH_API_KEY").ok().filter(|k| !k.is_empty()) {
+        store.ensure_key("HUTCH_API_KEY", &key).await?;
+    }
+    if store.list_keys().await?.iter().all(|k| k.revoked) {
+        eprintln!("hutch serve: no API key exists yet; create one with `hutch keys create` (or set HUTCH_API_KEY)");
+    }
+    let config = ManagerConfig {
+        max_sandboxes: args.max_sandboxes,
+        default_timeout: Duration::from_secs(args.default_timeout),
+        max_lifetime: Duration::from_secs(args.max_lifetime),
+        accel: local.accel.accel,
+        cpus: args.cpus,
+        memory: args.memory,
+    };
+    let backend = Arc::new(hutch_vmm::qemu::QemuBackend::default());
+    let manager = SandboxManager::start(local.home.clone(), store, backend, config).await?;
+    manager.prepare("base").await?;
+    let app = hutch_server::router(hutch_server::AppState { manager: manager.clone(), domain: args.domain.clone() });
+    let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    eprintln!("hutch serve: listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    eprintln!("hutch serve: shutting down; stopping sandboxes");
+    manager.shutdown().await;
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {},
+        _ = term.recv() => {},
+    }
+}

@@ -1,0 +1,322 @@
+//! The sandbox manager behind `hutch serve`: every API operation on sandboxes, owned by
+//! API keys, persisted in the store, with lifetimes enforced by a reaper task. Handlers
+//! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
+
+use crate::agent::AgentClient;
+use crate::artifacts::{Artifacts, ArtifactsError};
+use crate::ids::MemMib;
+use crate::sandbox::{CreateError, Sandbox, SandboxOptions};
+use crate::store::{now_rfc3339, rfc3339, SandboxRow, Store, StoreError};
+use hutch_image::HutchHome;
+use hutch_proto::agent::Metrics;
+use hutch_vmm::{Accel, VmBackend};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// Sandboxes allowed at once (all keys together); more answer 429.
+    pub max_sandboxes: usize,
+    pub default_timeout: Duration,
+    /// No sandbox lives longer than this from its start, whatever timeouts ask.
+    pub max_lifetime: Duration,
+    pub accel: Accel,
+    pub cpus: u32,
+    pub memory: MemMib,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            max_sandboxes: 16,
+            default_timeout: Duration::from_secs(300),
+            max_lifetime: Duration::from_secs(24 * 3600),
+            accel: Accel::Tcg,
+            cpus: 1,
+            memory: MemMib::DEFAULT,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateSpec {
+    pub template: String,
+    /// Seconds until the sandbox is killed; the default when absent.
+    pub timeout: Option<u64>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    /// Require the envd access token on the data plane.
+    pub secure: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    #[error("sandbox '{0}' not found")]
+    NotFound(String),
+    #[error("the server runs {max} sandboxes at most and all are in use; kill one or try again later")]
+    AtCapacity { max: usize },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error(transparent)]
+    Template(ArtifactsError),
+    #[error("creating the sandbox failed")]
+    Create(#[source] CreateError),
+    #[error("the sandbox's agent did not answer")]
+    Agent(#[source] crate::agent::AgentError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+struct Live {
+    row: Mutex<SandboxRow>,
+    agent: AgentClient,
+    sandbox: tokio::sync::Mutex<Option<Sandbox>>,
+}
+
+pub struct SandboxManager {
+    home: HutchHome,
+    store: Store,
+    backend: Arc<dyn VmBackend>,
+    config: ManagerConfig,
+    live: Mutex<HashMap<String, Arc<Live>>>,
+    /// Sandboxes being created, counted against the limit.
+    starting: Mutex<usize>,
+    artifacts: tokio::sync::Mutex<HashMap<String, Artifacts>>,
+}
+
+/// Filter of `list`.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub metadata: BTreeMap<String, String>,
+    /// Empty means every state.
+    pub states: Vec<String>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn parse_time(s: &str) -> SystemTime {
+    humantime::parse_rfc3339(s).unwrap_or(SystemTime::UNIX_EPOCH)
+}
+
+impl SandboxManager {
+    /// Opens the manager. Sandboxes recorded by an earlier server whose VMs are gone (or
+    /// that this server cannot take over) are cleaned up and logged, never left behind.
+    pub async fn start(home: HutchHome, store: Store, backend: Arc<dyn VmBackend>, config: ManagerConfig) -> Result<Arc<SandboxManager>, ManagerError> {
+        let manager = Arc::new(SandboxManager {
+            home,
+            store,
+            backend,
+            config,
+            live: Mutex::new(HashMap::new()),
+            starting: Mutex::new(0),
+            artifacts: tokio::sync::Mutex::new(HashMap::new()),
+        });
+        for row in manager.store.sandboxes().await? {
+            tracing::warn!(sandbox = %row.id, "sandbox from an earlier server run is gone (its VM ended with that server); removing its record and files");
+            let _ = std::fs::remove_dir_all(&row.dir);
+            manager.store.delete_sandbox(&row.id).await?;
+        }
+        crate::sweep::sweep_orphans(&manager.home);
+        let reaper = Arc::downgrade(&manager);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                let Some(m) = reaper.upgrade() else { return };
+                m.kill_expired().await;
+            }
+        });
+        Ok(manager)
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    pub fn config(&self) -> &ManagerConfig {
+        &self.config
+    }
+
+    /// Makes sure a template's artifacts exist (builds them on first use).
+    pub async fn prepare(&self, template: &str) -> Result<Artifacts, ManagerError> {
+        let mut cache = self.artifacts.lock().await;
+        if let Some(a) = cache.get(template) {
+            return Ok(a.clone());
+        }
+        let (home, name) = (self.home.clone(), template.to_string());
+        let artifacts = tokio::task::spawn_blocking(move || Artifacts::prepare(&home, &name, &hutch_image::progress::Quiet))
+            .await
+            .map_err(|e| ManagerError::Internal(e.to_string()))?
+            .map_err(|e| match e {
+                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Unknown { .. }) => ManagerError::InvalidArgument(e.to_string()),
+                other => ManagerError::Template(other),
+            })?;
+        cache.insert(template.to_string(), artifacts.clone());
+        Ok(artifacts)
+    }
+
+    fn end_at(&self, started: SystemTime, timeout: Duration) -> SystemTime {
+        let wanted = SystemTime::now() + timeout;
+        wanted.min(started + self.config.max_lifetime)
+    }
+
+    pub async fn create(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
+        let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
+        let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
+        {
+            let mut starting = lock(&self.starting);
+            if lock(&self.live).len() + *starting >= self.config.max_sandboxes {
+                return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
+            }
+            *starting += 1;
+        }
+        let result = self.create_counted(key_id, &template, timeout, spec).await;
+        *lock(&self.starting) -= 1;
+        result
+    }
+
+    async fn create_counted(&self, key_id: &str, template: &str, timeout: Duration, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
+        let artifacts = self.prepare(template).await?;
+        let token = spec.secure.then(hex_token);
+        let opts = SandboxOptions {
+            access_token: token.clone(),
+            cpus: self.config.cpus,
+            memory: self.config.memory,
+            accel: self.config.accel,
+            envs: spec.env_vars.clone(),
+            die_with_parent: true,
+            ..SandboxOptions::default()
+        };
+        let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(ManagerError::Create)?;
+        let started = SystemTime::now();
+        let row = SandboxRow {
+            id: sandbox.id().to_string(),
+            key_id: key_id.to_string(),
+            template: template.to_string(),
+            state: "running".into(),
+            cpu_count: i64::from(self.config.cpus),
+            memory_mb: i64::from(self.config.memory.get()),
+            disk_mb: (artifacts.template.disk_size >> 20) as i64,
+            metadata: spec.metadata,
+            env_vars: spec.env_vars,
+            envd_token: token,
+            started_at: rfc3339(started),
+            end_at: rfc3339(self.end_at(started, timeout)),
+            qemu_pid: sandbox.pid().map(i64::from),
+            dir: sandbox.dir().display().to_string(),
+        };
+        if let Err(e) = self.store.insert_sandbox(&row).await {
+            let _ = sandbox.destroy().await;
+            return Err(e.into());
+        }
+        let live = Arc::new(Live { row: Mutex::new(row.clone()), agent: sandbox.agent().clone(), sandbox: tokio::sync::Mutex::new(Some(sandbox)) });
+        lock(&self.live).insert(row.id.clone(), live);
+        Ok(row)
+    }
+
+    fn find(&self, key_id: &str, id: &str) -> Result<Arc<Live>, ManagerError> {
+        let live = lock(&self.live).get(id).cloned();
+        match live {
+            Some(l) if lock(&l.row).key_id == key_id => Ok(l),
+            _ => Err(ManagerError::NotFound(id.to_string())),
+        }
+    }
+
+    pub fn get(&self, key_id: &str, id: &str) -> Result<SandboxRow, ManagerError> {
+        Ok(lock(&self.find(key_id, id)?.row).clone())
+    }
+
+    pub fn list(&self, key_id: &str, filter: &ListFilter) -> Vec<SandboxRow> {
+        let live: Vec<_> = lock(&self.live).values().cloned().collect();
+        let mut rows: Vec<SandboxRow> = live
+            .iter()
+            .map(|l| lock(&l.row).clone())
+            .filter(|r| r.key_id == key_id)
+            .filter(|r| filter.states.is_empty() || filter.states.contains(&r.state))
+            .filter(|r| filter.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+            .collect();
+        rows.sort_by(|a, b| (&a.started_at, &a.id).cmp(&(&b.started_at, &b.id)));
+        rows
+    }
+
+    pub async fn kill(&self, key_id: &str, id: &str) -> Result<(), ManagerError> {
+        let live = self.find(key_id, id)?;
+        self.remove(id, &live).await
+    }
+
+    async fn remove(&self, id: &str, live: &Live) -> Result<(), ManagerError> {
+        lock(&self.live).remove(id);
+        if let Some(sandbox) = live.sandbox.lock().await.take() {
+            if let Err(e) = sandbox.destroy().await {
+                tracing::warn!(sandbox = id, "stopping the VM: {e}");
+            }
+        }
+        self.store.delete_sandbox(id).await?;
+        Ok(())
+    }
+
+    /// Sets the sandbox to end `secs` from now (within the maximum lifetime).
+    pub async fn set_timeout(&self, key_id: &str, id: &str, secs: u64) -> Result<SandboxRow, ManagerError> {
+        let live = self.find(key_id, id)?;
+        let started = parse_time(&lock(&live.row).started_at);
+        let end_at = rfc3339(self.end_at(started, Duration::from_secs(secs)));
+        self.store.set_end_at(id, &end_at).await?;
+        let mut row = lock(&live.row);
+        row.end_at = end_at;
+        Ok(row.clone())
+    }
+
+    /// E2B's connect: the sandbox, its timeout extended (never shortened) to `secs`.
+    pub async fn connect(&self, key_id: &str, id: &str, secs: Option<u64>) -> Result<SandboxRow, ManagerError> {
+        let row = self.get(key_id, id)?;
+        let Some(secs) = secs else { return Ok(row) };
+        let wanted = SystemTime::now() + Duration::from_secs(secs);
+        if wanted > parse_time(&row.end_at) {
+            return self.set_timeout(key_id, id, secs).await;
+        }
+        Ok(row)
+    }
+
+    pub async fn metrics(&self, key_id: &str, id: &str) -> Result<Metrics, ManagerError> {
+        let live = self.find(key_id, id)?;
+        live.agent.get_json("/metrics").await.map_err(ManagerError::Agent)
+    }
+
+    /// The agent of a running sandbox, for the data proxy (which has no API key: the
+    /// agent itself checks the access token of secure sandboxes).
+    pub fn agent(&self, id: &str) -> Option<AgentClient> {
+        lock(&self.live).get(id).map(|l| l.agent.clone())
+    }
+
+    async fn kill_expired(&self) {
+        let now = now_rfc3339();
+        let expired: Vec<(String, Arc<Live>)> = lock(&self.live)
+            .iter()
+            .filter(|(_, l)| parse_time(&lock(&l.row).end_at) <= parse_time(&now))
+            .map(|(id, l)| (id.clone(), l.clone()))
+            .collect();
+        for (id, live) in expired {
+            tracing::info!(sandbox = %id, "timeout reached; killing the sandbox");
+            if let Err(e) = self.remove(&id, &live).await {
+                tracing::warn!(sandbox = %id, "removing an expired sandbox: {e}");
+            }
+        }
+    }
+
+    /// Kills every sandbox (server shutdown).
+    pub async fn shutdown(&self) {
+        let all: Vec<(String, Arc<Live>)> = lock(&self.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (id, live) in all {
+            let _ = self.remove(&id, &live).await;
+        }
+    }
+}
+
+fn hex_token() -> String {
+    let bytes: [u8; 32] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,231 @@
+//! Control-plane state in SQL (SQLite by default; the queries are portable to
+//! PostgreSQL): API keys, stored hashed, and the sandboxes each key owns.
+
+use sha2::{Digest, Sha256};
+use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use sqlx::Row;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::str::FromStr;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("opening the database {0}")]
+    Open(String, #[source] sqlx::Error),
+    #[error("migrating the database")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error("database query failed")]
+    Query(#[from] sqlx::Error),
+    #[error("corrupt {what} in the database")]
+    Corrupt { what: &'static str },
+}
+
+#[derive(Clone)]
+pub struct Store {
+    pool: SqlitePool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKeyInfo {
+    pub id: String,
+    pub name: String,
+    pub created_at: String,
+    pub revoked: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRow {
+    pub id: String,
+    pub key_id: String,
+    pub template: String,
+    pub state: String,
+    pub cpu_count: i64,
+    pub memory_mb: i64,
+    pub disk_mb: i64,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub envd_token: Option<String>,
+    pub started_at: String,
+    pub end_at: String,
+    pub qemu_pid: Option<i64>,
+    pub dir: String,
+}
+
+pub fn hash_key(key: &str) -> String {
+    hex::encode(Sha256::digest(key.as_bytes()))
+}
+
+pub fn now_rfc3339() -> String {
+    rfc3339(std::time::SystemTime::now())
+}
+
+pub fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// A new API key in the E2B format the SDKs accept: `e2b_` + 40 hex digits.
+pub fn generate_key() -> String {
+    let bytes: [u8; 20] = rand::random();
+    format!("e2b_{}", hex::encode(bytes))
+}
+
+impl Store {
+    pub async fn open_file(path: &Path) -> Result<Store, StoreError> {
+        let url = format!("sqlite://{}", path.display());
+        let opts = SqliteConnectOptions::from_str(&url)
+            .map_err(|e| StoreError::Open(url.clone(), e))?
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .foreign_keys(true);
+        let pool = SqlitePoolOptions::new().max_connections(4).connect_with(opts).await.map_err(|e| StoreError::Open(url, e))?;
+        sqlx::migrate!("./migrations").run(&pool).await.map_err(StoreError::Migrate)?;
+        Ok(Store { pool })
+    }
+
+    pub async fn create_key(&self, name: &str) -> Result<(ApiKeyInfo, String), StoreError> {
+        let key = generate_key();
+        let info = self.insert_key(name, &key).await?;
+        Ok((info, key))
+    }
+
+    /// Registers a key given from outside (HUTCH_API_KEY), unless already known.
+    pub async fn ensure_key(&self, name: &str, key: &str) -> Result<ApiKeyInfo, StoreError> {
+        let known = sqlx::query("SELECT id, name, created_at, revoked_at FROM api_keys WHERE key_hash = $1")
+            .bind(hash_key(key))
+            .fetch_optional(&self.pool)
+            .await?;
+        if let Some(row) = known {
+            return Ok(key_info(&row));
+        }
+        self.insert_key(name, key).await
+    }
+
+    async fn insert_key(&self, name: &str, key: &str) -> Result<ApiKeyInfo, StoreError> {
+        let id = format!("key_{}", &hex::encode(rand::random::<[u8; 6]>()));
+        let created_at = now_rfc3339();
+        sqlx::query("INSERT INTO api_keys (id, name, key_hash, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(&id)
+            .bind(name)
+            .bind(hash_key(key))
+            .bind(&created_at)
+            .execute(&self.pool)
+            .await?;
+        Ok(ApiKeyInfo { id, name: name.into(), created_at, revoked: false })
+    }
+
+    /// The id of a valid (not revoked) key.
+    pub async fn key_id(&self, key: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT id FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL")
+            .bind(hash_key(key))
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.get::<String, _>("id")))
+    }
+
+    pub async fn list_keys(&self) -> Result<Vec<ApiKeyInfo>, StoreError> {
+        let rows = sqlx::query("SELECT id, name, created_at, revoked_at FROM api_keys ORDER BY created_at").fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(key_info).collect())
+    }
+
+    /// Revokes a key; false when there is no such key.
+    pub async fn revoke_key(&self, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("UPDATE api_keys SET revoked_at = $1 WHERE id = $2 AND revoked_at IS NULL")
+            .bind(now_rfc3339())
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub async fn insert_sandbox(&self, s: &SandboxRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        )
+        .bind(&s.id)
+        .bind(&s.key_id)
+        .bind(&s.template)
+        .bind(&s.state)
+        .bind(s.cpu_count)
+        .bind(s.memory_mb)
+        .bind(s.disk_mb)
+        .bind(serde_json::to_string(&s.metadata).unwrap_or_else(|_| "{}".into()))
+        .bind(serde_json::to_string(&s.env_vars).unwrap_or_else(|_| "{}".into()))
+        .bind(&s.envd_token)
+        .bind(&s.started_at)
+        .bind(&s.end_at)
+        .bind(s.qemu_pid)
+        .bind(&s.dir)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn set_end_at(&self, id: &str, end_at: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET end_at = $1 WHERE id = $2").bind(end_at).bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn delete_sandbox(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sandboxes WHERE id = $1").bind(id).execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn sandboxes(&self) -> Result<Vec<SandboxRow>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY started_at, id").fetch_all(&self.pool).await?;
+        rows.iter().map(sandbox_row).collect()
+    }
+}
+
+fn key_info(r: &sqlx::sqlite::SqliteRow) -> ApiKeyInfo {
+    ApiKeyInfo {
+        id: r.get("id"),
+        name: r.get("name"),
+        created_at: r.get("created_at"),
+        revoked: r.get::<Option<String>, _>("revoked_at").is_some(),
+    }
+}
+
+fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
+    let map = |col: &str| -> Result<BTreeMap<String, String>, StoreError> {
+        serde_json::from_str(&r.get::<String, _>(col)).map_err(|_| StoreError::Corrupt { what: "sandbox metadata" })
+    };
+    Ok(SandboxRow {
+        id: r.get("id"),
+        key_id: r.get("key_id"),
+        template: r.get("template"),
+        state: r.get("state"),
+        cpu_count: r.get("cpu_count"),
+        memory_mb: r.get("memory_mb"),
+        disk_mb: r.get("disk_mb"),
+        metadata: map("metadata")?,
+        env_vars: map("env_vars")?,
+        envd_token: r.get("envd_token"),
+        started_at: r.get("started_at"),
+        end_at: r.get("end_at"),
+        qemu_pid: r.get("qemu_pid"),
+        dir: r.get("dir"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn keys_are_hashed_and_revocable() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = Store::open_file(&tmp.path().join("t.db")).await.expect("open");
+        let (info, key) = store.create_key("ci").await.expect("create");
+        assert!(key.starts_with("e2b_") && key.len() == 44);
+        assert_eq!(store.key_id(&key).await.expect("q"), Some(info.id.clone()));
+        assert_eq!(store.key_id("e2b_wrong").await.expect("q"), None);
+        let raw: Vec<String> = sqlx::query_scalar("SELECT key_hash FROM api_keys").fetch_all(&store.pool).await.expect("q");
+        assert!(!raw.iter().any(|h| h.contains(&key)), "the key is stored in clear");
+        assert!(store.revoke_key(&info.id).await.expect("revoke"));
+        assert_eq!(store.key_id(&key).await.expect("q"), None);
+        assert!(!store.revoke_key("key_missing").await.expect("revoke"));
+        let again = store.ensure_key("env", &key).await.expect("ensure");
+        assert!(again.revoked, "ensure_key must not resurrect a revoked key");
+    }
+}

@@ -1,0 +1,131 @@
+//! E2B's REST shapes (field names exact; see the protocol spec §2.2).
+
+use hutch_core::store::SandboxRow;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// E2B returns this constant; the SDKs require the field.
+pub const CLIENT_ID: &str = "6532622b";
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewSandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    #[serde(default)]
+    pub metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub secure: Option<bool>,
+    /// Accepted for compatibility; sandboxes have no network yet either way.
+    #[serde(default, rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(default)]
+    pub auto_pause: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct TimeoutBody {
+    pub timeout: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ConnectBody {
+    #[serde(default)]
+    pub timeout: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Sandbox {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: &'static str,
+    pub envd_version: &'static str,
+    pub alias: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    pub traffic_access_token: Option<String>,
+    pub domain: Option<String>,
+}
+
+impl From<&SandboxRow> for Sandbox {
+    fn from(r: &SandboxRow) -> Self {
+        Sandbox {
+            template_id: r.template.clone(),
+            sandbox_id: r.id.clone(),
+            client_id: CLIENT_ID,
+            envd_version: hutch_proto::ENVD_VERSION,
+            alias: r.template.clone(),
+            envd_access_token: r.envd_token.clone(),
+            traffic_access_token: None,
+            domain: None,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDetail {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "clientID")]
+    pub client_id: &'static str,
+    pub envd_version: &'static str,
+    pub alias: String,
+    pub started_at: String,
+    pub end_at: String,
+    pub cpu_count: i64,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: i64,
+    #[serde(rename = "diskSizeMB")]
+    pub disk_size_mb: i64,
+    pub state: String,
+    pub metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envd_access_token: Option<String>,
+    pub allow_internet_access: bool,
+}
+
+impl From<&SandboxRow> for SandboxDetail {
+    fn from(r: &SandboxRow) -> Self {
+        SandboxDetail {
+            template_id: r.template.clone(),
+            sandbox_id: r.id.clone(),
+            client_id: CLIENT_ID,
+            envd_version: hutch_proto::ENVD_VERSION,
+            alias: r.template.clone(),
+            started_at: r.started_at.clone(),
+            end_at: r.end_at.clone(),
+            cpu_count: r.cpu_count,
+            memory_mb: r.memory_mb,
+            disk_size_mb: r.disk_mb,
+            state: r.state.clone(),
+            metadata: r.metadata.clone(),
+            envd_access_token: r.envd_token.clone(),
+            allow_internet_access: false,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxMetric {
+    pub timestamp: String,
+    pub timestamp_unix: i64,
+    pub cpu_count: u32,
+    pub cpu_used_pct: f32,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub mem_cache: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+}

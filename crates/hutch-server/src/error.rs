@@ -1,0 +1,58 @@
+//! The one place where failures become HTTP: every error is JSON `{code, message}`
+//! (the body the E2B SDKs parse), with a 4xx for what the client got wrong.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hutch_core::manager::ManagerError;
+use serde_json::json;
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError { status, message: message.into() }
+    }
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() {
+            tracing::error!(status = %self.status, "{}", self.message);
+        }
+        (self.status, Json(json!({ "code": self.status.as_u16(), "message": self.message }))).into_response()
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+impl From<ManagerError> for ApiError {
+    fn from(e: ManagerError) -> Self {
+        let status = match &e {
+            ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
+            ManagerError::AtCapacity { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+            ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
+            ManagerError::Template(_) | ManagerError::Create(_) | ManagerError::Store(_) | ManagerError::Internal(_) => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        };
+        ApiError::new(status, chain(&e))
+    }
+}

@@ -1,0 +1,43 @@
+//! hutch's HTTP surface. One listener serves both planes: requests that name a sandbox
+//! (the `E2b-Sandbox-Id` header, or a `<port>-<id>.<domain>` Host) go to the data proxy,
+//! everything else to the E2B-compatible REST API. Handlers extract and validate, call
+//! the `SandboxManager`, and map results; errors become HTTP in `error.rs` only.
+
+mod auth;
+mod dto;
+mod error;
+mod proxy;
+mod query;
+mod routes;
+
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::Router;
+use hutch_core::manager::SandboxManager;
+use std::sync::Arc;
+
+pub use error::ApiError;
+
+/// Largest JSON body the REST API reads.
+pub const MAX_BODY: usize = 1 << 20;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<SandboxManager>,
+    /// Domain of `<port>-<id>.<domain>` data-plane hosts, when routing by Host.
+    pub domain: Option<String>,
+}
+
+pub fn router(state: AppState) -> Router {
+    routes::rest()
+        .layer(middleware::from_fn_with_state(state.clone(), data_plane_first))
+        .with_state(state)
+}
+
+async fn data_plane_first(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    match proxy::target(&req, state.domain.as_deref()) {
+        Some(target) => proxy::forward(&state, target, req).await,
+        None => next.run(req).await,
+    }
+}

@@ -1,0 +1,84 @@
+//! The data proxy: requests for a sandbox's port go to its agent over the agent
+//! channel. 49983 is the agent's envd API; other ports are not reachable yet (port
+//! tunnels come next), and say so the way E2B's proxy does.
+
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use http_body_util::BodyExt;
+use serde_json::json;
+
+pub const ENVD_PORT: u16 = 49983;
+
+pub struct Target {
+    pub sandbox: String,
+    pub port: u16,
+}
+
+/// The sandbox and port a request is for, if it is a data-plane request.
+pub fn target(req: &Request, domain: Option<&str>) -> Option<Target> {
+    let h = req.headers();
+    if let Some(id) = h.get("e2b-sandbox-id").and_then(|v| v.to_str().ok()) {
+        let port = h.get("e2b-sandbox-port").and_then(|v| v.to_str().ok()).and_then(|p| p.parse().ok()).unwrap_or(ENVD_PORT);
+        return Some(Target { sandbox: id.to_string(), port });
+    }
+    let host = h.get(axum::http::header::HOST).and_then(|v| v.to_str().ok())?;
+    let host = host.split(':').next().unwrap_or(host);
+    let (label, rest) = host.split_once('.')?;
+    if domain.is_some_and(|d| rest != d) {
+        return None;
+    }
+    let (port, id) = label.split_once('-')?;
+    let port = port.parse().ok()?;
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then(|| Target { sandbox: id.to_string(), port })
+}
+
+fn not_found(id: &str) -> Response {
+    let body = json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 });
+    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
+fn port_closed(id: &str, port: u16) -> Response {
+    let body = json!({ "sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": 502 });
+    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
+const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host"];
+
+fn hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(&name.as_str())
+}
+
+pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {
+    let Some(agent) = state.manager.agent(&target.sandbox) else { return not_found(&target.sandbox) };
+    if target.port != ENVD_PORT {
+        return port_closed(&target.sandbox, target.port);
+    }
+    let (parts, body) = req.into_parts();
+    let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut builder = http::Request::builder().method(parts.method.clone()).uri(format!("http://agent{path}"));
+    for (name, value) in parts.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
+        builder = builder.header(name, value);
+    }
+    let body = body.map_err(|e| Box::new(e) as hutch_core::agent::BoxError).boxed_unsync();
+    let upstream = match builder.body(body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"code": 400, "message": e.to_string()}))).into_response(),
+    };
+    match agent.send(upstream).await {
+        Ok(resp) => {
+            let (mut parts, body) = resp.into_parts();
+            for name in HOP_BY_HOP {
+                parts.headers.remove(*name);
+            }
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %target.sandbox, "proxying to the agent: {e}");
+            not_found(&target.sandbox)
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! REST routes: E2B's control plane (v1 and v2 paths) plus health and the OpenAPI file.
+
+mod body;
+mod sandboxes;
+
+use crate::error::ApiError;
+use crate::AppState;
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::Router;
+
+pub fn rest() -> Router<AppState> {
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/sandboxes", post(sandboxes::create_v1).get(sandboxes::list_all))
+        .route("/v2/sandboxes", post(sandboxes::create_v2).get(sandboxes::list_v2))
+        .route("/sandboxes/{id}", get(sandboxes::get_one).delete(sandboxes::kill))
+        .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+}

@@ -1,0 +1,173 @@
+//! Sandbox lifecycle routes.
+
+use super::body::JsonBody;
+use crate::auth::KeyId;
+use crate::dto::{ConnectBody, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, TimeoutBody};
+use crate::error::ApiError;
+use crate::query::pairs;
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use hutch_core::manager::{CreateSpec, ListFilter};
+use std::collections::BTreeMap;
+
+/// Longest timeout a request may ask for (E2B's int32 seconds).
+const MAX_TIMEOUT: i64 = i32::MAX as i64;
+
+fn timeout_secs(t: i64) -> Result<u64, ApiError> {
+    if (0..=MAX_TIMEOUT).contains(&t) {
+        Ok(t as u64)
+    } else {
+        Err(ApiError::bad_request(format!("timeout must be between 0 and {MAX_TIMEOUT} seconds, got {t}")))
+    }
+}
+
+async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: u64) -> Result<Response, ApiError> {
+    if body.template_id.trim().is_empty() {
+        return Err(ApiError::bad_request("templateID must not be empty"));
+    }
+    if body.auto_pause == Some(true) {
+        return Err(ApiError::bad_request("autoPause is not supported yet: pause/resume arrive with snapshots"));
+    }
+    if body.allow_internet_access == Some(true) {
+        tracing::info!("allow_internet_access requested: sandboxes have no network in this version");
+    }
+    let spec = CreateSpec {
+        template: body.template_id,
+        timeout: Some(body.timeout.map(timeout_secs).transpose()?.unwrap_or(default_timeout)),
+        metadata: body.metadata.unwrap_or_default(),
+        env_vars: body.env_vars.unwrap_or_default(),
+        secure: body.secure.unwrap_or(false),
+    };
+    let row = state.manager.create(&key.0, spec).await?;
+    Ok((StatusCode::CREATED, Json(Sandbox::from(&row))).into_response())
+}
+
+/// `POST /sandboxes` (older SDKs): timeout defaults to 15 s, as E2B's v1.
+pub async fn create_v1(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<NewSandbox>) -> Result<Response, ApiError> {
+    create(state, key, body, 15).await
+}
+
+/// `POST /v2/sandboxes`: timeout defaults to the server's (300 s unless configured).
+pub async fn create_v2(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<NewSandbox>) -> Result<Response, ApiError> {
+    let default = state.manager.config().default_timeout.as_secs();
+    create(state, key, body, default).await
+}
+
+pub async fn get_one(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<SandboxDetail>, ApiError> {
+    Ok(Json(SandboxDetail::from(&state.manager.get(&key.0, &id)?)))
+}
+
+pub async fn kill(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    state.manager.kill(&key.0, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn set_timeout(
+    State(state): State<AppState>,
+    key: KeyId,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<TimeoutBody>,
+) -> Result<StatusCode, ApiError> {
+    state.manager.set_timeout(&key.0, &id, timeout_secs(body.timeout)?).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn connect(
+    State(state): State<AppState>,
+    key: KeyId,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ConnectBody>,
+) -> Result<Json<Sandbox>, ApiError> {
+    let secs = body.timeout.map(timeout_secs).transpose()?;
+    Ok(Json(Sandbox::from(&state.manager.connect(&key.0, &id, secs).await?)))
+}
+
+pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<Vec<SandboxMetric>>, ApiError> {
+    let m = state.manager.metrics(&key.0, &id).await?;
+    let now = std::time::SystemTime::now();
+    Ok(Json(vec![SandboxMetric {
+        timestamp: hutch_core::store::rfc3339(now),
+        timestamp_unix: m.ts,
+        cpu_count: m.cpu_count,
+        cpu_used_pct: m.cpu_used_pct,
+        mem_used: m.mem_used,
+        mem_total: m.mem_total,
+        mem_cache: m.mem_cache,
+        disk_used: m.disk_used,
+        disk_total: m.disk_total,
+    }]))
+}
+
+pub async fn pause(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    state.manager.get(&key.0, &id)?;
+    Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "pausing sandboxes is not supported yet (it arrives with memory snapshots)"))
+}
+
+pub async fn resume(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    state.manager.get(&key.0, &id)?;
+    Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "resuming sandboxes is not supported yet (it arrives with memory snapshots)"))
+}
+
+/// Filter and paging parameters of the list routes.
+struct ListQuery {
+    filter: ListFilter,
+    limit: usize,
+    next_token: Option<String>,
+}
+
+fn list_query(uri: &Uri) -> Result<ListQuery, ApiError> {
+    let mut q = ListQuery { filter: ListFilter::default(), limit: 100, next_token: None };
+    for (k, v) in pairs(uri.query()) {
+        match k.as_str() {
+            "metadata" => {
+                let inner: BTreeMap<String, String> = pairs(Some(&v)).into_iter().collect();
+                q.filter.metadata.extend(inner);
+            }
+            "state" => {
+                for s in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                    if s != "running" && s != "paused" {
+                        return Err(ApiError::bad_request(format!("state must be running or paused, got '{s}'")));
+                    }
+                    q.filter.states.push(s.to_string());
+                }
+            }
+            "limit" => {
+                q.limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|l| (1..=100).contains(l))
+                    .ok_or_else(|| ApiError::bad_request(format!("limit must be between 1 and 100, got '{v}'")))?;
+            }
+            "nextToken" if !v.is_empty() => q.next_token = Some(v),
+            _ => {}
+        }
+    }
+    Ok(q)
+}
+
+pub async fn list_v2(State(state): State<AppState>, key: KeyId, uri: Uri) -> Result<Response, ApiError> {
+    let q = list_query(&uri)?;
+    let rows = state.manager.list(&key.0, &q.filter);
+    let start = match &q.next_token {
+        Some(token) => rows.iter().position(|r| &r.id == token).map(|i| i + 1).ok_or_else(|| ApiError::bad_request("nextToken is not valid (the listing changed or the token is wrong)"))?,
+        None => 0,
+    };
+    let page: Vec<SandboxDetail> = rows.iter().skip(start).take(q.limit).map(SandboxDetail::from).collect();
+    let mut headers = HeaderMap::new();
+    if start + page.len() < rows.len() {
+        if let Some(last) = page.last() {
+            if let Ok(v) = HeaderValue::from_str(&last.sandbox_id) {
+                headers.insert("x-next-token", v);
+            }
+        }
+    }
+    Ok((headers, Json(page)).into_response())
+}
+
+pub async fn list_all(State(state): State<AppState>, key: KeyId, uri: Uri) -> Result<Json<Vec<SandboxDetail>>, ApiError> {
+    let q = list_query(&uri)?;
+    Ok(Json(state.manager.list(&key.0, &q.filter).iter().map(SandboxDetail::from).collect()))
+}
