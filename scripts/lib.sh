@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 export HUTCH_HOME="${HUTCH_HOME:-$HOME/.local/share/hutch}"
 AGENT_TARGET=x86_64-unknown-linux-musl
-HOST_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs util-linux ca-certificates musl-tools)
+HOST_PACKAGES=(qemu-system-x86 qemu-utils mmdebstrap e2fsprogs util-linux ca-certificates musl-tools python3-venv)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 

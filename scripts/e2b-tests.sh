@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The Python tests: the official e2b SDK (pinned) and REST error handling, against a
+# real `hutch serve`. The virtualenv is cached under $HUTCH_HOME.
+source "$(dirname "$0")/lib.sh"
+VENV="$HUTCH_HOME/cache/py-e2b-2.63.0"
+if [ ! -x "$VENV/bin/pytest" ]; then
+  step "installing the official e2b SDK (2.63.0) and pytest into $VENV"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q "e2b==2.63.0" "pytest==8.3.4"
+fi
+step "running the e2b SDK tests against hutch serve"
+"$VENV/bin/pytest" -q tests/e2b "$@"

@@ -1,0 +1,86 @@
+"""A real `hutch serve` for the Python tests: its own HUTCH_HOME (artifact folders
+linked to the shared cache, so the database and sandboxes are this run's alone), a
+free port, and an API key in the E2B format. Teardown checks nothing was left behind."""
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HUTCH = Path(os.environ.get("HUTCH_BIN", ROOT / "target" / "release" / "hutch"))
+API_KEY = "e2b_" + "0" * 40
+
+
+def shared_home() -> Path:
+    return Path(os.environ.get("HUTCH_HOME") or Path.home() / ".local/share/hutch")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def qemus_under(home: Path) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if cmd.startswith("qemu-system") and str(home) in cmd:
+                pids.append(int(entry.name))
+    return pids
+
+
+class Server:
+    def __init__(self, url: str, home: Path, proc: subprocess.Popen):
+        self.url, self.home, self.proc, self.key = url, home, proc, API_KEY
+
+    def api(self, key: str | None = API_KEY) -> httpx.Client:
+        headers = {"X-API-Key": key} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def server():
+    home = Path(tempfile.mkdtemp(prefix="hutch-serve-", dir="/tmp"))
+    for sub in ("kernel", "initramfs", "templates"):
+        (shared_home() / sub).mkdir(parents=True, exist_ok=True)
+        (home / sub).symlink_to(shared_home() / sub)
+    port = free_port()
+    env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
+    log = open(home / "serve.log", "w")
+    proc = subprocess.Popen(
+        [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", "3", "--accel", "tcg"],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            raise RuntimeError("hutch serve did not start:\n" + (home / "serve.log").read_text())
+        time.sleep(0.1)
+    os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url)
+    yield Server(url, home, proc)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+    left = list((home / "sandboxes").glob("*")) if (home / "sandboxes").exists() else []
+    qemus = qemus_under(home)
+    shutil.rmtree(home, ignore_errors=True)
+    assert not left, f"sandbox directories left: {left}"
+    assert not qemus, f"QEMU processes left: {qemus}"

@@ -1,0 +1,96 @@
+"""The official `e2b` SDK from PyPI, unchanged, against `hutch serve`: only the
+E2B_API_URL / E2B_SANDBOX_URL / E2B_API_KEY environment points it at hutch."""
+
+import pytest
+from e2b import Sandbox
+from e2b.exceptions import NotFoundException
+from e2b.sandbox.commands.command_handle import CommandExitException
+
+
+@pytest.fixture
+def sbx(server):
+    s = Sandbox.create("base", metadata={"suite": "official"}, envs={"FOO": "bar"})
+    yield s
+    s.kill()
+
+
+def test_happy_path(server):
+    sbx = Sandbox.create("base", metadata={"k": "v"})
+    try:
+        assert sbx.is_running()
+        chunks = []
+        result = sbx.commands.run("echo hello from hutch; uname -r", on_stdout=chunks.append)
+        assert result.exit_code == 0
+        assert result.stdout.startswith("hello from hutch\n")
+        assert result.stdout.strip().endswith("-cloud-amd64")
+        assert "".join(chunks) == result.stdout
+        info = sbx.files.write("/home/user/hello.txt", "hello world")
+        assert info.path == "/home/user/hello.txt"
+        assert sbx.files.read("/home/user/hello.txt") == "hello world"
+        names = [e.name for e in sbx.files.list("/home/user")]
+        assert "hello.txt" in names
+        assert sbx.files.exists("/home/user/hello.txt")
+        assert not sbx.files.exists("/home/user/missing.txt")
+    finally:
+        assert sbx.kill() is True
+    assert not sbx.is_running()
+    assert Sandbox.kill(sbx.sandbox_id) is False
+
+
+def test_commands(sbx):
+    r = sbx.commands.run("echo $FOO; echo oops >&2")
+    assert (r.stdout, r.stderr) == ("bar\n", "oops\n")
+    assert sbx.commands.run("echo $X", envs={"X": "scoped"}).stdout == "scoped\n"
+    assert sbx.commands.run("pwd; whoami", cwd="/tmp").stdout == "/tmp\nuser\n"
+    assert sbx.commands.run("whoami", user="root").stdout == "root\n"
+    with pytest.raises(CommandExitException) as e:
+        sbx.commands.run("exit 3")
+    assert e.value.exit_code == 3
+    handle = sbx.commands.run("read line; echo got:$line", background=True, stdin=True)
+    sbx.commands.send_stdin(handle.pid, "ping\n")
+    assert handle.wait().stdout == "got:ping\n"
+    sleeper = sbx.commands.run("sleep 600", background=True)
+    assert sleeper.pid in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(sleeper.pid)
+    assert not sbx.commands.kill(999999)
+    broken = sbx.commands.run(r"printf 'a\377b'").stdout
+    assert broken == "a\ufffdb"
+
+
+def test_files(sbx):
+    sbx.files.write("data/blob.bin", b"\x00\x01\xfe\xff")
+    assert sbx.files.read("data/blob.bin", format="bytes") == b"\x00\x01\xfe\xff"
+    assert sbx.files.make_dir("/home/user/newdir") is True
+    assert sbx.files.make_dir("/home/user/newdir") is False
+    moved = sbx.files.rename("/home/user/data/blob.bin", "/home/user/newdir/blob.bin")
+    assert moved.path == "/home/user/newdir/blob.bin"
+    deep = [e.path for e in sbx.files.list("/home/user", depth=2)]
+    assert "/home/user/newdir/blob.bin" in deep
+    sbx.files.remove("/home/user/newdir")
+    assert not sbx.files.exists("/home/user/newdir")
+    with pytest.raises(NotFoundException):
+        sbx.files.read("/home/user/nope.txt")
+    written = sbx.files.write_files([
+        {"path": "/home/user/m1.txt", "data": "one"},
+        {"path": "/home/user/m2.txt", "data": "two"},
+    ])
+    assert sorted(w.path for w in written) == ["/home/user/m1.txt", "/home/user/m2.txt"]
+    assert sbx.files.read("/home/user/m2.txt") == "two"
+
+
+def test_list_info_timeout_connect(sbx):
+    ids = [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert sbx.sandbox_id in ids
+    from e2b import SandboxQuery
+    found = Sandbox.list(query=SandboxQuery(metadata={"suite": "official"})).next_items()
+    assert [s.sandbox_id for s in found] == [sbx.sandbox_id]
+    assert Sandbox.list(query=SandboxQuery(metadata={"suite": "other"})).next_items() == []
+    info = sbx.get_info()
+    assert info.sandbox_id == sbx.sandbox_id and info.metadata == {"suite": "official"}
+    sbx.set_timeout(600)
+    later = sbx.get_info().end_at
+    assert (later - info.started_at).total_seconds() > 590
+    again = Sandbox.connect(sbx.sandbox_id)
+    assert again.commands.run("echo same").stdout == "same\n"
+    metrics = sbx.get_metrics()
+    assert metrics and metrics[-1].mem_total > 0

@@ -1,0 +1,76 @@
+"""Bad input to the REST API gets the right 4xx JSON, and the server keeps serving."""
+
+import time
+
+import httpx
+
+
+def error(resp: httpx.Response, status: int) -> str:
+    assert resp.status_code == status, resp.text
+    body = resp.json()
+    assert body["code"] == status and body["message"]
+    return body["message"]
+
+
+def test_authentication(server):
+    assert "X-API-Key" in error(server.api(key=None).get("/v2/sandboxes"), 401)
+    assert "invalid" in error(server.api(key="e2b_" + "1" * 40).get("/v2/sandboxes"), 401)
+
+
+def test_bad_bodies(server):
+    api = server.api()
+    error(api.post("/v2/sandboxes", content=b"{not json", headers={"content-type": "application/json"}), 400)
+    error(api.post("/v2/sandboxes", json={"templateID": 42}), 400)
+    error(api.post("/v2/sandboxes", json={"timeout": 5}), 400)
+    error(api.post("/v2/sandboxes", json={"templateID": "base", "timeout": -1}), 400)
+    assert "unknown template" in error(api.post("/v2/sandboxes", json={"templateID": "nope"}), 400)
+    error(api.post("/v2/sandboxes", content=b"x" * (2 << 20), headers={"content-type": "application/json"}), 413)
+    error(api.get("/v2/sandboxes?limit=0"), 400)
+    error(api.get("/v2/sandboxes?state=sleeping"), 400)
+
+
+def test_unknown_sandbox(server):
+    api = server.api()
+    error(api.get("/sandboxes/inothere"), 404)
+    error(api.delete("/sandboxes/inothere"), 404)
+    error(api.post("/sandboxes/inothere/timeout", json={"timeout": 10}), 404)
+    resp = httpx.get(server.url + "/health", headers={"E2b-Sandbox-Id": "inothere", "E2b-Sandbox-Port": "49983"})
+    assert resp.status_code == 502 and "was not found" in resp.json()["message"]
+
+
+def test_expiry_limits_and_key_isolation(server):
+    api = server.api()
+    created = [api.post("/v2/sandboxes", json={"templateID": "base", "timeout": 120}) for _ in range(3)]
+    for r in created:
+        assert r.status_code == 201, r.text
+    ids = [r.json()["sandboxID"] for r in created]
+    assert "at most" in error(api.post("/v2/sandboxes", json={"templateID": "base"}), 429)
+    # Another key sees none of them.
+    other = subprocess_key(server)
+    assert server.api(key=other).get("/v2/sandboxes").json() == []
+    error(server.api(key=other).get(f"/sandboxes/{ids[0]}"), 404)
+    # Paging over the three.
+    page = api.get("/v2/sandboxes?limit=2")
+    assert len(page.json()) == 2 and page.headers["x-next-token"]
+    rest = api.get(f"/v2/sandboxes?limit=2&nextToken={page.headers['x-next-token']}")
+    assert len(rest.json()) == 1 and "x-next-token" not in rest.headers
+    # Shortened timeouts end them: gone from the API, 502 on the data plane.
+    for sid in ids:
+        assert api.post(f"/sandboxes/{sid}/timeout", json={"timeout": 1}).status_code == 204
+    time.sleep(3)
+    for sid in ids:
+        error(api.get(f"/sandboxes/{sid}"), 404)
+        resp = httpx.get(server.url + "/health", headers={"E2b-Sandbox-Id": sid})
+        assert resp.status_code == 502
+    assert api.get("/v2/sandboxes").json() == []
+    assert api.get("/health").status_code == 200
+
+
+def subprocess_key(server) -> str:
+    import os
+    import subprocess
+    from conftest import HUTCH
+
+    out = subprocess.run([str(HUTCH), "keys", "create", "--name", "other"], env=dict(os.environ, HUTCH_HOME=str(server.home)),
+                         capture_output=True, text=True, check=True)
+    return out.stdout.strip()
