@@ -8,4 +8,4 @@ step "preparing guest artifacts"
 ./target/release/hutch setup
 step "running the test suite"
 cargo test --release --locked --workspace
-bash scripts/e2b-tests.sh
+bash scripts/python-tests.sh

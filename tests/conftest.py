@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 HUTCH = Path(os.environ.get("HUTCH_BIN", ROOT / "target" / "release" / "hutch"))
 API_KEY = "e2b_" + "0" * 40
 
@@ -75,7 +75,7 @@ def server():
         if proc.poll() is not None or time.time() > deadline:
             raise RuntimeError("hutch serve did not start:\n" + (home / "serve.log").read_text())
         time.sleep(0.1)
-    os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url)
+    os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, HUTCH_API_URL=url, HUTCH_API_KEY=API_KEY)
     yield Server(url, home, proc)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
