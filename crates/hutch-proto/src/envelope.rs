@@ -57,7 +57,7 @@ impl Decoder {
         self.buf.extend_from_slice(chunk);
     }
 
-    pub fn next(&mut self) -> Result<Option<Envelope>, DecodeError> {
+    pub fn next_envelope(&mut self) -> Result<Option<Envelope>, DecodeError> {
         if self.buf.len() < 5 {
             return Ok(None);
         }
@@ -96,7 +96,7 @@ mod tests {
         let mut got = Vec::new();
         for byte in all {
             d.push(&[byte]);
-            while let Some(e) = d.next().expect("valid") {
+            while let Some(e) = d.next_envelope().expect("valid") {
                 got.push(e);
             }
         }
@@ -111,9 +111,9 @@ mod tests {
     fn rejects_oversized_and_compressed() {
         let mut d = Decoder::default();
         d.push(&[0, 0xff, 0xff, 0xff, 0xff]);
-        assert_eq!(d.next(), Err(DecodeError::TooLarge(0xffff_ffff)));
+        assert_eq!(d.next_envelope(), Err(DecodeError::TooLarge(0xffff_ffff)));
         let mut d = Decoder::default();
         d.push(&encode(COMPRESSED, b"x"));
-        assert_eq!(d.next(), Err(DecodeError::Compressed));
+        assert_eq!(d.next_envelope(), Err(DecodeError::Compressed));
     }
 }

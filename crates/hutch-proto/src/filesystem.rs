@@ -120,6 +120,7 @@ pub struct FilesystemEvent {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[allow(clippy::large_enum_variant)] // a wire message, built and sent at once
 pub enum WatchDirResponse {
     Start {},
     Filesystem(FilesystemEvent),

@@ -51,7 +51,7 @@ pub fn request_messages<T: DeserializeOwned + Send + 'static>(
             if done {
                 return None;
             }
-            match dec.next() {
+            match dec.next_envelope() {
                 Err(e) => {
                     done = true;
                     return Some((Err(ConnectError::new(Code::InvalidArgument, e)), (data, dec, done)));

@@ -26,6 +26,7 @@ pub fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
     (status, Json(HttpError { code: status.as_u16(), message: message.into() })).into_response()
 }
 
+#[allow(clippy::result_large_err)] // the Err is the HTTP reply itself
 fn user_for(st: &AgentState, q: &FileQuery) -> Result<GuestUser, Response> {
     st.user(q.username.as_deref()).map_err(|e| http_error(StatusCode::UNAUTHORIZED, e.message))
 }

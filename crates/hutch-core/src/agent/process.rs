@@ -25,7 +25,7 @@ impl ProcessStream {
             return None;
         }
         loop {
-            match self.decoder.next() {
+            match self.decoder.next_envelope() {
                 Err(e) => return Some(Err(self.fail(AgentError::Protocol(e.to_string())))),
                 Ok(Some(env)) if env.is_end_stream() => {
                     self.finished = true;
