@@ -94,3 +94,30 @@ def test_list_info_timeout_connect(sbx):
     assert again.commands.run("echo same").stdout == "same\n"
     metrics = sbx.get_metrics()
     assert metrics and metrics[-1].mem_total > 0
+
+
+def test_ports_are_reachable_through_the_proxy(server, sbx):
+    import httpx
+    import time
+
+    sbx.commands.run("mkdir -p /home/user/www && head -c 5000000 /dev/urandom > /home/user/www/blob && echo hi > /home/user/www/hi.txt")
+    server_proc = sbx.commands.run("cd /home/user/www && python3 -m http.server 8001", background=True)
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8001"}
+    deadline = time.time() + 60
+    while True:
+        r = httpx.get(server.url + "/hi.txt", headers=headers, timeout=30)
+        if r.status_code == 200 or time.time() > deadline:
+            break
+        time.sleep(0.3)
+    assert r.status_code == 200 and r.text == "hi\n", r.text
+    # Routing by Host, as get_host() addresses it, and a large streamed body.
+    host = f"8001-{sbx.sandbox_id}.sandbox.test"
+    big = httpx.get(server.url + "/blob", headers={"Host": host}, timeout=120)
+    assert big.status_code == 200 and len(big.content) == 5_000_000
+    digest = sbx.commands.run("sha256sum /home/user/www/blob | cut -d' ' -f1").stdout.strip()
+    import hashlib
+
+    assert hashlib.sha256(big.content).hexdigest() == digest
+    closed = httpx.get(server.url + "/", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8999"})
+    assert closed.status_code == 502 and "port is not open" in closed.json()["message"]
+    server_proc.kill()

@@ -1,6 +1,7 @@
 //! The data proxy: requests for a sandbox's port go to its agent over the agent
-//! channel. 49983 is the agent's envd API; other ports are not reachable yet (port
-//! tunnels come next), and say so the way E2B's proxy does.
+//! channel. 49983 is the agent's envd API, forwarded as requests on the HTTP/2 agent
+//! connection. Any other port is a TCP tunnel into the guest carrying HTTP/1.1 (with
+//! WebSocket and other upgrades), so a server started in the sandbox is reachable.
 
 use crate::AppState;
 use axum::body::Body;
@@ -55,7 +56,7 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {
     let Some(agent) = state.manager.agent(&target.sandbox) else { return not_found(&target.sandbox) };
     if target.port != ENVD_PORT {
-        return port_closed(&target.sandbox, target.port);
+        return tunnel(agent, target, req).await;
     }
     let (parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
@@ -81,4 +82,49 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
             not_found(&target.sandbox)
         }
     }
+}
+
+/// HTTP/1.1 over a tunnel to the guest port; upgrades (WebSocket) are spliced through.
+async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request) -> Response {
+    let io = match agent.tunnel(target.port).await {
+        Ok(io) => io,
+        Err(_) => return port_closed(&target.sandbox, target.port),
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await {
+        Ok(pair) => pair,
+        Err(_) => return port_closed(&target.sandbox, target.port),
+    };
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    let wants_upgrade = req.headers().contains_key(axum::http::header::UPGRADE);
+    let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (parts, body) = req.into_parts();
+    let mut upstream = http::Request::from_parts(parts, body);
+    if !wants_upgrade {
+        for name in HOP_BY_HOP.iter().filter(|n| **n != "host") {
+            upstream.headers_mut().remove(*name);
+        }
+    }
+    let mut resp = match sender.send_request(upstream).await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::debug!(sandbox = %target.sandbox, port = target.port, "tunnelled request failed: {e}");
+            return port_closed(&target.sandbox, target.port);
+        }
+    };
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let server_upgrade = hyper::upgrade::on(&mut resp);
+            tokio::spawn(async move {
+                if let (Ok(client), Ok(server)) = (client_upgrade.await, server_upgrade.await) {
+                    let mut client = hyper_util::rt::TokioIo::new(client);
+                    let mut server = hyper_util::rt::TokioIo::new(server);
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    }
+    let (parts, body) = resp.into_parts();
+    Response::from_parts(parts, Body::new(body))
 }

@@ -3,6 +3,7 @@
 pub mod connect;
 pub mod files;
 pub mod misc;
+pub mod tunnel;
 
 use crate::fs::{rpc as fs_rpc, watch};
 use crate::process::rpc as proc_rpc;
@@ -22,6 +23,7 @@ pub fn router(state: AgentState) -> Router {
         .route("/init", post(misc::init))
         .route("/shutdown", post(misc::shutdown))
         .route("/files", get(files::download).post(files::upload))
+        .route("/tunnel/{port}", post(tunnel::open))
         .route("/process.Process/Start", post(proc_rpc::start))
         .route("/process.Process/Connect", post(proc_rpc::connect))
         .route("/process.Process/List", post(proc_rpc::list))

@@ -3,9 +3,11 @@
 
 mod files;
 mod process;
+mod tunnel;
 mod transport;
 
 pub use process::ProcessStream;
+pub use tunnel::Tunnel;
 pub use transport::{connect, ConnectError};
 
 use bytes::Bytes;
