@@ -19,6 +19,9 @@ use std::sync::Arc;
 
 pub use error::ApiError;
 
+/// The REST contract, served at `/openapi.json` and checked against the router in tests.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
 /// Largest JSON body the REST API reads.
 pub const MAX_BODY: usize = 1 << 20;
 

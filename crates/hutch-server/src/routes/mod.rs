@@ -12,6 +12,7 @@ use axum::Router;
 pub fn rest() -> Router<AppState> {
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route("/openapi.json", get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::OPENAPI) }))
         .route("/sandboxes", post(sandboxes::create_v1).get(sandboxes::list_all))
         .route("/v2/sandboxes", post(sandboxes::create_v2).get(sandboxes::list_v2))
         .route("/sandboxes/{id}", get(sandboxes::get_one).delete(sandboxes::kill))
