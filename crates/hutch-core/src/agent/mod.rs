@@ -74,47 +74,55 @@ impl AgentClient {
         sender.send_request(req).await.map_err(AgentError::Disconnected)
     }
 
-    /// A unary Connect call with JSON bodies.
-    pub async fn unary<Req: Serialize, Resp: DeserializeOwned>(&self, path: &str, req: &Req) -> Result<Resp, AgentError> {
-        let body = serde_json::to_vec(req).map_err(|e| AgentError::Protocol(e.to_string()))?;
-        let req = self
-            .request(Method::POST, path)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(full(body))
-            .map_err(|e| AgentError::Protocol(e.to_string()))?;
+    /// Sends `method path` with an optional JSON body; returns the status and body.
+    async fn call(&self, method: Method, path: &str, json: Option<Vec<u8>>) -> Result<(StatusCode, Bytes), AgentError> {
+        let mut req = self.request(method, path);
+        if json.is_some() {
+            req = req.header(http::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(full(json.unwrap_or_default())).map_err(|e| AgentError::Protocol(e.to_string()))?;
         let resp = self.send(req).await?;
         let status = resp.status();
-        let bytes = read_all(resp.into_body()).await?;
-        if status == StatusCode::OK {
-            return serde_json::from_slice(&bytes).map_err(|e| AgentError::Protocol(e.to_string()));
+        Ok((status, read_all(resp.into_body()).await?))
+    }
+
+    fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, AgentError> {
+        serde_json::to_vec(value).map_err(|e| AgentError::Protocol(e.to_string()))
+    }
+
+    fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, AgentError> {
+        serde_json::from_slice(bytes).map_err(|e| AgentError::Protocol(e.to_string()))
+    }
+
+    /// A unary Connect call with JSON bodies.
+    pub async fn unary<Req: Serialize, Resp: DeserializeOwned>(&self, path: &str, req: &Req) -> Result<Resp, AgentError> {
+        match self.call(Method::POST, path, Some(Self::encode(req)?)).await? {
+            (StatusCode::OK, bytes) => Self::decode(&bytes),
+            (status, bytes) => Err(error_from(status, &bytes)),
         }
-        Err(error_from(status, &bytes))
     }
 
     pub async fn health(&self) -> Result<(), AgentError> {
-        let req = self.request(Method::GET, "/health").body(full(Bytes::new())).map_err(|e| AgentError::Protocol(e.to_string()))?;
-        let resp = self.send(req).await?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(());
+        match self.call(Method::GET, "/health", None).await? {
+            (status, _) if status.is_success() => Ok(()),
+            (status, bytes) => Err(error_from(status, &bytes)),
         }
-        Err(error_from(status, &read_all(resp.into_body()).await?))
     }
 
     /// Plain-HTTP JSON POST (`/init`), expecting no body back.
     pub async fn post_json<Req: Serialize>(&self, path: &str, req: &Req) -> Result<(), AgentError> {
-        let body = serde_json::to_vec(req).map_err(|e| AgentError::Protocol(e.to_string()))?;
-        let req = self
-            .request(Method::POST, path)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(full(body))
-            .map_err(|e| AgentError::Protocol(e.to_string()))?;
-        let resp = self.send(req).await?;
-        let status = resp.status();
-        if status.is_success() {
-            return Ok(());
+        match self.call(Method::POST, path, Some(Self::encode(req)?)).await? {
+            (status, _) if status.is_success() => Ok(()),
+            (status, bytes) => Err(error_from(status, &bytes)),
         }
-        Err(error_from(status, &read_all(resp.into_body()).await?))
+    }
+
+    /// Plain-HTTP GET of a JSON document (`/metrics`, `/envs`).
+    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, AgentError> {
+        match self.call(Method::GET, path, None).await? {
+            (status, bytes) if status.is_success() => Self::decode(&bytes),
+            (status, bytes) => Err(error_from(status, &bytes)),
+        }
     }
 }
 
@@ -133,16 +141,3 @@ pub fn error_from(status: StatusCode, body: &[u8]) -> AgentError {
     AgentError::Http { status, message }
 }
 
-impl AgentClient {
-    /// Plain-HTTP GET of a JSON document (`/metrics`, `/envs`).
-    pub async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, AgentError> {
-        let req = self.request(Method::GET, path).body(full(Bytes::new())).map_err(|e| AgentError::Protocol(e.to_string()))?;
-        let resp = self.send(req).await?;
-        let status = resp.status();
-        let bytes = read_all(resp.into_body()).await?;
-        if !status.is_success() {
-            return Err(error_from(status, &bytes));
-        }
-        serde_json::from_slice(&bytes).map_err(|e| AgentError::Protocol(e.to_string()))
-    }
-}

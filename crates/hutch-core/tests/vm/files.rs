@@ -14,19 +14,15 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 pub fn trials(env: &Arc<Env>, sb: &Shared) -> Vec<Trial> {
-    let mut t = Vec::new();
-    macro_rules! add {
-        ($name:literal, $f:ident) => {{
-            let sb = sb.clone();
-            t.push(env.trial($name, move |_env| $f(sb)));
-        }};
-    }
-    add!("files::hundred_mb_upload_and_download_keep_their_hash", big_transfer);
-    add!("files::write_read_and_ownership", write_read);
-    add!("files::missing_paths_are_not_found", missing);
-    add!("files::stat_list_make_move_remove", fs_rpcs);
-    add!("files::watcher_sees_changes", watcher);
-    t
+    crate::shared_trials!(
+        env,
+        sb,
+        "files::hundred_mb_upload_and_download_keep_their_hash" => big_transfer,
+        "files::write_read_and_ownership" => write_read,
+        "files::missing_paths_are_not_found" => missing,
+        "files::stat_list_make_move_remove" => fs_rpcs,
+        "files::watcher_sees_changes" => watcher,
+    )
 }
 
 fn code_of<T: std::fmt::Debug>(r: &Result<T, AgentError>) -> Option<Code> {

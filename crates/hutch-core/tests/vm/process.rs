@@ -11,26 +11,22 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub fn trials(env: &Arc<Env>, sb: &Shared) -> Vec<Trial> {
-    let mut t = Vec::new();
-    macro_rules! add {
-        ($name:literal, $f:ident) => {{
-            let sb = sb.clone();
-            t.push(env.trial($name, move |_env| $f(sb)));
-        }};
-    }
-    add!("process::echo", echo);
-    add!("process::stdout_and_stderr_are_separate", separate_streams);
-    add!("process::exit_codes", exit_codes);
-    add!("process::death_by_signal", death_by_signal);
-    add!("process::stdin_round_trip", stdin_round_trip);
-    add!("process::envs_cwd_and_user", envs_cwd_user);
-    add!("process::non_utf8_output_survives", non_utf8);
-    add!("process::hundred_mb_output_with_bounded_agent_memory", big_output);
-    add!("process::pty_terminal", pty);
-    add!("process::list_connect_and_kill", list_connect_kill);
-    add!("process::errors_are_typed", process_errors);
-    add!("process::guest_has_its_own_kernel_and_clock", own_kernel);
-    t
+    crate::shared_trials!(
+        env,
+        sb,
+        "process::echo" => echo,
+        "process::stdout_and_stderr_are_separate" => separate_streams,
+        "process::exit_codes" => exit_codes,
+        "process::death_by_signal" => death_by_signal,
+        "process::stdin_round_trip" => stdin_round_trip,
+        "process::envs_cwd_and_user" => envs_cwd_user,
+        "process::non_utf8_output_survives" => non_utf8,
+        "process::hundred_mb_output_with_bounded_agent_memory" => big_output,
+        "process::pty_terminal" => pty,
+        "process::list_connect_and_kill" => list_connect_kill,
+        "process::errors_are_typed" => process_errors,
+        "process::guest_has_its_own_kernel_and_clock" => own_kernel,
+    )
 }
 
 async fn echo(sb: Shared) -> anyhow::Result<()> {

@@ -168,3 +168,14 @@ macro_rules! check {
         }
     };
 }
+
+/// Trials that all use the shared sandbox: `shared_trials!(env, sb, "name" => body, …)`.
+#[macro_export]
+macro_rules! shared_trials {
+    ($env:expr, $sb:expr, $($name:literal => $body:path),* $(,)?) => {
+        vec![$({
+            let sb = $sb.clone();
+            $env.trial($name, move |_env| $body(sb))
+        }),*]
+    };
+}

@@ -101,14 +101,18 @@ pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<S
     }]))
 }
 
+/// Pause and resume: a 404 for unknown sandboxes, else a clear 501 until snapshots land.
+fn not_yet(state: &AppState, key: &KeyId, id: &str, verb: &str) -> Result<StatusCode, ApiError> {
+    state.manager.get(&key.0, id)?;
+    Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, format!("{verb} sandboxes is not supported yet (it arrives with memory snapshots)")))
+}
+
 pub async fn pause(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    state.manager.get(&key.0, &id)?;
-    Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "pausing sandboxes is not supported yet (it arrives with memory snapshots)"))
+    not_yet(&state, &key, &id, "pausing")
 }
 
 pub async fn resume(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    state.manager.get(&key.0, &id)?;
-    Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, "resuming sandboxes is not supported yet (it arrives with memory snapshots)"))
+    not_yet(&state, &key, &id, "resuming")
 }
 
 /// Filter and paging parameters of the list routes.
