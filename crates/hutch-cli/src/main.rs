@@ -2,6 +2,16 @@
 
 #![allow(unsafe_code)] // terminal ioctls only; each block has a SAFETY note.
 
+/// `println!` that returns an error instead of panicking when stdout is closed
+/// (`hutch ls | head -1`); main turns that error into a quiet exit.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+pub(crate) use outln;
+
 mod commands;
 mod local;
 mod progress;
@@ -12,6 +22,8 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "hutch", version, about = "Run untrusted code in microVM sandboxes", propagate_version = true)]
 struct Cli {
+    #[command(flatten)]
+    server: commands::remote::Server,
     /// Log what hutch is doing (repeat for more detail); HUTCH_LOG sets a filter.
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -34,6 +46,8 @@ enum Command {
     /// Manage the API keys of `hutch serve`.
     #[command(subcommand)]
     Keys(commands::keys::KeysCommand),
+    #[command(flatten)]
+    Remote(commands::remote::RemoteCommand),
 }
 
 fn init_logging(verbose: u8) {
@@ -64,12 +78,17 @@ fn main() {
             Command::Bench(args) => commands::bench::run(args).await,
             Command::Serve(args) => commands::serve::run(args).await,
             Command::Keys(cmd) => commands::keys::run(cmd).await,
+            Command::Remote(cmd) => commands::remote::run(cli.server, cmd).await,
         }
     });
     // Everything the command started (VMs included) has been torn down by now.
     runtime.shutdown_timeout(std::time::Duration::from_millis(200));
     match result {
         Ok(code) => std::process::exit(code),
+        Err(e) if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)) => {
+            // Whoever read our output stopped reading; that is not an error worth a word.
+            std::process::exit(141);
+        }
         Err(e) => {
             eprintln!("hutch: error: {e}");
             for cause in e.chain().skip(1) {

@@ -4,7 +4,6 @@
 //! Owns sandbox directories under `$HUTCH_HOME/sandboxes`. Must not know about HTTP
 //! routing, the CLI or terminals; those sit above it.
 
-pub mod agent;
 pub mod artifacts;
 pub mod ids;
 pub mod manager;
@@ -12,7 +11,9 @@ pub mod sandbox;
 pub mod store;
 pub mod sweep;
 
-pub use agent::{AgentClient, AgentError};
+/// The envd client lives in hutch-sdk; core uses it over the VM's agent socket.
+pub use hutch_sdk::envd as agent;
+pub use hutch_sdk::envd::{AgentClient, AgentError};
 pub use artifacts::{Artifacts, ArtifactsError};
 pub use ids::{MemMib, SandboxId};
 pub use sandbox::{CreateError, Sandbox, SandboxOptions};

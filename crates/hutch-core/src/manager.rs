@@ -286,6 +286,14 @@ impl SandboxManager {
         live.agent.get_json("/metrics").await.map_err(ManagerError::Agent)
     }
 
+    /// The sandbox's serial console so far (kernel and agent messages).
+    pub fn console(&self, key_id: &str, id: &str) -> Result<String, ManagerError> {
+        let live = self.find(key_id, id)?;
+        let dir = lock(&live.row).dir.clone();
+        let bytes = std::fs::read(std::path::Path::new(&dir).join("console.log")).unwrap_or_default();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
     /// The agent of a running sandbox, for the data proxy (which has no API key: the
     /// agent itself checks the access token of secure sandboxes).
     pub fn agent(&self, id: &str) -> Option<AgentClient> {

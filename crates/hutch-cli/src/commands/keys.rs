@@ -25,19 +25,19 @@ pub async fn run(cmd: KeysCommand) -> anyhow::Result<i32> {
         KeysCommand::Create { name } => {
             let (info, key) = store.create_key(&name).await?;
             eprintln!("created key {} ({}); it is shown only now:", info.id, info.name);
-            println!("{key}");
+            crate::outln!("{key}");
         }
         KeysCommand::List => {
-            println!("{:<18} {:<20} {:<26} STATUS", "ID", "NAME", "CREATED");
+            crate::outln!("{:<18} {:<20} {:<26} STATUS", "ID", "NAME", "CREATED");
             for k in store.list_keys().await? {
-                println!("{:<18} {:<20} {:<26} {}", k.id, k.name, k.created_at, if k.revoked { "revoked" } else { "active" });
+                crate::outln!("{:<18} {:<20} {:<26} {}", k.id, k.name, k.created_at, if k.revoked { "revoked" } else { "active" });
             }
         }
         KeysCommand::Revoke { id } => {
             if !store.revoke_key(&id).await? {
                 anyhow::bail!("no active key with id '{id}' (see `hutch keys list`)");
             }
-            println!("revoked {id}");
+            crate::outln!("revoked {id}");
         }
     }
     Ok(0)

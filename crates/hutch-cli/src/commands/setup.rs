@@ -14,11 +14,11 @@ pub async fn run(args: SetupArgs) -> anyhow::Result<i32> {
     for template in &args.templates {
         let local = crate::local::Local::prepare(template, AccelChoice::Auto).await?;
         let a = &local.artifacts;
-        println!("kernel      {} ({})", a.kernel.version, a.kernel.vmlinuz().display());
-        println!("initramfs   {}", a.initramfs.display());
-        println!("template    {} ({})", a.template.name, a.template.image().display());
-        println!("accel       {} ({})", local.accel.accel.as_str(), local.accel.why);
+        crate::outln!("kernel      {} ({})", a.kernel.version, a.kernel.vmlinuz().display());
+        crate::outln!("initramfs   {}", a.initramfs.display());
+        crate::outln!("template    {} ({})", a.template.name, a.template.image().display());
+        crate::outln!("accel       {} ({})", local.accel.accel.as_str(), local.accel.why);
     }
-    println!("hutch is ready: try `hutch run -- python3 -c 'print(42)'`");
+    crate::outln!("hutch is ready: try `hutch run -- python3 -c 'print(42)'`");
     Ok(0)
 }

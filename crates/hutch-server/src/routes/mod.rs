@@ -20,6 +20,7 @@ pub fn rest() -> Router<AppState> {
         .route("/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/sandboxes/{id}/logs", get(sandboxes::logs))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })

@@ -101,6 +101,14 @@ pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<S
     }]))
 }
 
+/// The console as E2B's `SandboxLogs`: `{"logs": [{"timestamp", "line"}]}`.
+pub async fn logs(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<serde_json::Value>, ApiError> {
+    let started = state.manager.get(&key.0, &id)?.started_at;
+    let text = state.manager.console(&key.0, &id)?;
+    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::json!({ "timestamp": started, "line": l })).collect();
+    Ok(Json(serde_json::json!({ "logs": lines })))
+}
+
 /// Pause and resume: a 404 for unknown sandboxes, else a clear 501 until snapshots land.
 fn not_yet(state: &AppState, key: &KeyId, id: &str, verb: &str) -> Result<StatusCode, ApiError> {
     state.manager.get(&key.0, id)?;

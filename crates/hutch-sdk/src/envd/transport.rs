@@ -60,7 +60,7 @@ pub async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
             tracing::debug!("agent connection ended: {e}");
         }
     });
-    Ok(AgentClient { sender, user: None })
+    Ok(AgentClient::from_socket(sender))
 }
 
 /// The socket, with bytes read past the hello served first.

@@ -1,5 +1,7 @@
-//! The host side of the agent channel: an HTTP/2 client over the VM's agent socket,
-//! speaking the same envd protocol the E2B SDKs speak.
+//! The envd data-plane client: processes, files and tunnels, in the protocol the E2B
+//! SDKs speak. Two transports: HTTP/2 straight over a local VM's agent socket (what
+//! hutch itself uses), or HTTP through `hutch serve`'s data proxy (what remote clients
+//! use), which routes by the `E2b-Sandbox-Id` header.
 
 mod files;
 mod process;
@@ -17,6 +19,7 @@ use hutch_proto::connect::{Code, ErrorBody};
 use hyper::body::Incoming;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::sync::Arc;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub type Body = UnsyncBoxBody<Bytes, BoxError>;
@@ -25,6 +28,8 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 pub enum AgentError {
     #[error("the agent connection is closed")]
     Disconnected(#[source] hyper::Error),
+    #[error("cannot reach the sandbox through the server")]
+    Unreachable(#[source] BoxError),
     #[error("{0}")]
     Rpc(ErrorBody),
     #[error("the agent answered {status}: {message}")]
@@ -47,21 +52,58 @@ pub fn full(data: impl Into<Bytes>) -> Body {
     Full::new(data.into()).map_err(|never| match never {}).boxed_unsync()
 }
 
-/// A connected agent. Cheap to clone; all clones share one HTTP/2 connection.
+/// How requests reach the agent.
+#[derive(Clone)]
+enum Transport {
+    /// HTTP/2 over a local VM's agent socket.
+    Socket(hyper::client::conn::http2::SendRequest<Body>),
+    /// `hutch serve`'s data proxy.
+    Proxy(Arc<Proxy>),
+}
+
+struct Proxy {
+    http: hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>,
+    base: String,
+    sandbox_id: String,
+    token: Option<String>,
+}
+
+/// A sandbox's agent. Cheap to clone; clones share the connection (or pool).
 #[derive(Clone)]
 pub struct AgentClient {
-    sender: hyper::client::conn::http2::SendRequest<Body>,
+    transport: Transport,
     user: Option<String>,
 }
 
 impl AgentClient {
+    /// The agent of `sandbox_id` behind `hutch serve` at `base_url` (e.g.
+    /// `http://127.0.0.1:3000`), with the sandbox's envd access token if it is secure.
+    pub fn via_proxy(base_url: &str, sandbox_id: &str, token: Option<String>) -> AgentClient {
+        let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let proxy = Proxy { http, base: base_url.trim_end_matches('/').to_string(), sandbox_id: sandbox_id.to_string(), token };
+        AgentClient { transport: Transport::Proxy(Arc::new(proxy)), user: None }
+    }
+
     /// Acts as `user` for process and filesystem calls (envd's Basic auth header).
     pub fn as_user(&self, user: Option<&str>) -> AgentClient {
-        AgentClient { sender: self.sender.clone(), user: user.map(str::to_string) }
+        AgentClient { transport: self.transport.clone(), user: user.map(str::to_string) }
     }
 
     fn request(&self, method: Method, path_and_query: &str) -> http::request::Builder {
-        let mut b = Request::builder().method(method).uri(format!("http://agent{path_and_query}"));
+        let mut b = match &self.transport {
+            Transport::Socket(_) => Request::builder().method(method).uri(format!("http://agent{path_and_query}")),
+            Transport::Proxy(p) => {
+                let b = Request::builder()
+                    .method(method)
+                    .uri(format!("{}{path_and_query}", p.base))
+                    .header("e2b-sandbox-id", &p.sandbox_id)
+                    .header("e2b-sandbox-port", "49983");
+                match &p.token {
+                    Some(t) => b.header("x-access-token", t),
+                    None => b,
+                }
+            }
+        };
         if let Some(u) = &self.user {
             b = b.header(http::header::AUTHORIZATION, format!("Basic {}", hutch_proto::b64::encode(format!("{u}:").as_bytes())));
         }
@@ -69,9 +111,18 @@ impl AgentClient {
     }
 
     pub async fn send(&self, req: Request<Body>) -> Result<http::Response<Incoming>, AgentError> {
-        let mut sender = self.sender.clone();
-        sender.ready().await.map_err(AgentError::Disconnected)?;
-        sender.send_request(req).await.map_err(AgentError::Disconnected)
+        match &self.transport {
+            Transport::Socket(sender) => {
+                let mut sender = sender.clone();
+                sender.ready().await.map_err(AgentError::Disconnected)?;
+                sender.send_request(req).await.map_err(AgentError::Disconnected)
+            }
+            Transport::Proxy(p) => p.http.request(req).await.map_err(|e| AgentError::Unreachable(Box::new(e))),
+        }
+    }
+
+    fn from_socket(sender: hyper::client::conn::http2::SendRequest<Body>) -> AgentClient {
+        AgentClient { transport: Transport::Socket(sender), user: None }
     }
 
     /// Sends `method path` with an optional JSON body; returns the status and body.

@@ -1,0 +1,158 @@
+//! Commands against a `hutch serve` (`--api-url` / HUTCH_API_URL, key from
+//! HUTCH_API_KEY), with Docker's habits: create, ls, exec, cp, kill, logs, timeout.
+
+use super::exec::{exec, parse_env, ExecFlags};
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use futures::StreamExt;
+use http_body_util::BodyExt;
+use hutch_sdk::{Api, CreateOptions};
+use std::collections::BTreeMap;
+use tokio::io::AsyncWriteExt;
+
+#[derive(Args, Debug)]
+pub struct Server {
+    /// The server (`hutch serve`) to talk to.
+    #[arg(long, env = "HUTCH_API_URL", default_value = "http://127.0.0.1:3000", global = true)]
+    pub api_url: String,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RemoteCommand {
+    /// Create a sandbox on the server and print its id.
+    Create {
+        #[arg(long, default_value = "base")]
+        template: String,
+        /// Seconds until the server kills it.
+        #[arg(long)]
+        timeout: Option<u64>,
+        #[arg(long = "metadata", value_name = "K=V", value_parser = parse_env)]
+        metadata: Vec<(String, String)>,
+        #[arg(short, long = "env", value_name = "K=V", value_parser = parse_env)]
+        envs: Vec<(String, String)>,
+    },
+    /// List your sandboxes.
+    Ls {
+        #[arg(long)]
+        json: bool,
+        #[arg(long = "metadata", value_name = "K=V", value_parser = parse_env)]
+        metadata: Vec<(String, String)>,
+    },
+    /// Run a command in a sandbox (streams output, exits with its code).
+    Exec {
+        id: String,
+        #[command(flatten)]
+        exec: ExecFlags,
+    },
+    /// Copy a file into or out of a sandbox: `hutch cp ./a ID:/home/user/a`, `hutch cp ID:/etc/os-release -`.
+    Cp { src: String, dst: String },
+    /// Kill sandboxes.
+    Kill {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Print a sandbox's console (kernel and agent messages).
+    Logs { id: String },
+    /// Set a sandbox to end SECS from now.
+    Timeout { id: String, secs: u64 },
+}
+
+fn api(server: &Server) -> anyhow::Result<Api> {
+    Ok(Api::from_env(Some(&server.api_url), None)?)
+}
+
+pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
+    let api = api(&server)?;
+    match cmd {
+        RemoteCommand::Create { template, timeout, metadata, envs } => {
+            let opts = CreateOptions {
+                template: Some(template),
+                timeout,
+                metadata: metadata.into_iter().collect(),
+                envs: envs.into_iter().collect(),
+                secure: false,
+            };
+            crate::outln!("{}", api.create(&opts).await?.id);
+        }
+        RemoteCommand::Ls { json, metadata } => {
+            let list = api.list(&metadata.into_iter().collect::<BTreeMap<_, _>>()).await?;
+            if json {
+                crate::outln!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                crate::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} METADATA", "SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS");
+                for s in list {
+                    let meta: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    crate::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} {}", s.sandbox_id, s.template_id, s.state, s.started_at, s.end_at, meta.join(","));
+                }
+            }
+        }
+        RemoteCommand::Exec { id, exec: flags } => {
+            let sandbox = api.connect(&id, None).await.with_context(|| format!("connecting to sandbox {id}"))?;
+            return tokio::select! {
+                r = exec(sandbox.envd(), &flags) => r,
+                _ = tokio::signal::ctrl_c() => Ok(130),
+            };
+        }
+        RemoteCommand::Cp { src, dst } => copy(&api, &src, &dst).await?,
+        RemoteCommand::Kill { ids } => {
+            let mut missing = 0;
+            for id in ids {
+                if api.kill(&id).await? {
+                    crate::outln!("{id}");
+                } else {
+                    eprintln!("hutch: no sandbox '{id}'");
+                    missing += 1;
+                }
+            }
+            return Ok(if missing > 0 { 1 } else { 0 });
+        }
+        RemoteCommand::Logs { id } => {
+            for line in api.logs(&id).await? {
+                crate::outln!("{line}");
+            }
+        }
+        RemoteCommand::Timeout { id, secs } => api.set_timeout(&id, secs).await?,
+    }
+    Ok(0)
+}
+
+/// `ID:/path` names a path in a sandbox; anything else is local (`-` is stdin/stdout).
+fn split_remote(spec: &str) -> Option<(&str, &str)> {
+    let (id, path) = spec.split_once(':')?;
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit()) && path.starts_with('/')).then_some((id, path))
+}
+
+async fn copy(api: &Api, src: &str, dst: &str) -> anyhow::Result<()> {
+    match (split_remote(src), split_remote(dst)) {
+        (None, Some((id, path))) => {
+            let sandbox = api.connect(id, None).await?;
+            let body: hutch_sdk::envd::Body = if src == "-" {
+                let stream = tokio_util::io::ReaderStream::new(tokio::io::stdin());
+                http_body_util::StreamBody::new(stream.map(|r| r.map(hyper::body::Frame::data).map_err(|e| Box::new(e) as hutch_sdk::envd::BoxError))).boxed_unsync()
+            } else {
+                let file = tokio::fs::File::open(src).await.with_context(|| format!("opening {src}"))?;
+                let stream = tokio_util::io::ReaderStream::new(file);
+                http_body_util::StreamBody::new(stream.map(|r| r.map(hyper::body::Frame::data).map_err(|e| Box::new(e) as hutch_sdk::envd::BoxError))).boxed_unsync()
+            };
+            sandbox.envd().upload(path, body).await.with_context(|| format!("writing {path} in {id}"))?;
+        }
+        (Some((id, path)), None) => {
+            let sandbox = api.connect(id, None).await?;
+            let mut body = sandbox.envd().download(path).await.with_context(|| format!("reading {path} in {id}"))?;
+            let mut out: Box<dyn tokio::io::AsyncWrite + Unpin> = if dst == "-" {
+                Box::new(tokio::io::stdout())
+            } else {
+                Box::new(tokio::fs::File::create(dst).await.with_context(|| format!("creating {dst}"))?)
+            };
+            while let Some(frame) = body.frame().await {
+                if let Ok(data) = frame.context("reading from the sandbox")?.into_data() {
+                    out.write_all(&data).await?;
+                }
+            }
+            out.flush().await?;
+        }
+        (Some(_), Some(_)) => anyhow::bail!("copying between two sandboxes is not supported; copy through a local file"),
+        (None, None) => anyhow::bail!("one side of cp must be a sandbox path, like ID:/home/user/file"),
+    }
+    Ok(())
+}

@@ -1,0 +1,239 @@
+//! The control plane of `hutch serve` (E2B's REST API) and the sandboxes it hands out.
+
+use crate::envd::AgentClient;
+use bytes::Bytes;
+use http::{Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("no API key: pass one or set HUTCH_API_KEY (create one with `hutch keys create`)")]
+    NoKey,
+    #[error("authentication failed: {0}")]
+    Authentication(String),
+    #[error("not found: {0}")]
+    NotFound(String),
+    #[error("invalid request: {0}")]
+    InvalidArgument(String),
+    #[error("rate limited: {0}")]
+    RateLimit(String),
+    #[error("the server answered {status}: {message}")]
+    Http { status: StatusCode, message: String },
+    #[error("cannot reach hutch serve at {url}")]
+    Unreachable { url: String, #[source] source: Box<dyn std::error::Error + Send + Sync> },
+    #[error("the server sent a malformed reply: {0}")]
+    Protocol(String),
+}
+
+/// A sandbox as the API lists it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxInfo {
+    #[serde(rename = "sandboxID")]
+    pub sandbox_id: String,
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    pub started_at: String,
+    pub end_at: String,
+    pub state: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    pub cpu_count: i64,
+    #[serde(rename = "memoryMB")]
+    pub memory_mb: i64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct CreateOptions {
+    pub template: Option<String>,
+    pub timeout: Option<u64>,
+    pub metadata: BTreeMap<String, String>,
+    pub envs: BTreeMap<String, String>,
+    pub secure: bool,
+}
+
+/// A client of one `hutch serve`.
+#[derive(Clone)]
+pub struct Api {
+    base: String,
+    key: String,
+    http: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A sandbox on the server, with its data plane.
+#[derive(Clone)]
+pub struct Sandbox {
+    pub id: String,
+    pub template: String,
+    api: Api,
+    envd: AgentClient,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Created {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: String,
+    #[serde(rename = "templateID")]
+    template_id: String,
+    envd_access_token: Option<String>,
+}
+
+fn enc(s: &str) -> String {
+    utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
+}
+
+impl Api {
+    pub fn new(base_url: &str, api_key: &str) -> Api {
+        let http = Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        Api { base: base_url.trim_end_matches('/').to_string(), key: api_key.to_string(), http }
+    }
+
+    /// From `HUTCH_API_URL` (default `http://127.0.0.1:3000`) and `HUTCH_API_KEY`.
+    pub fn from_env(url: Option<&str>, key: Option<&str>) -> Result<Api, ApiError> {
+        let url = url.map(str::to_string).or_else(|| std::env::var("HUTCH_API_URL").ok()).unwrap_or_else(|| "http://127.0.0.1:3000".into());
+        let key = key.map(str::to_string).or_else(|| std::env::var("HUTCH_API_KEY").ok()).filter(|k| !k.is_empty()).ok_or(ApiError::NoKey)?;
+        Ok(Api::new(&url, &key))
+    }
+
+    pub fn url(&self) -> &str {
+        &self.base
+    }
+
+    async fn call(&self, method: Method, path: &str, body: Option<serde_json::Value>) -> Result<(StatusCode, http::HeaderMap, Bytes), ApiError> {
+        let mut req = Request::builder().method(method).uri(format!("{}{path}", self.base)).header("x-api-key", &self.key);
+        let payload = match body {
+            Some(v) => {
+                req = req.header(http::header::CONTENT_TYPE, "application/json");
+                Bytes::from(v.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let req = req.body(Full::new(payload)).map_err(|e| ApiError::Protocol(e.to_string()))?;
+        let resp = self.http.request(req).await.map_err(|e| ApiError::Unreachable { url: self.base.clone(), source: Box::new(e) })?;
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.map_err(|e| ApiError::Unreachable { url: self.base.clone(), source: Box::new(e) })?.to_bytes();
+        if parts.status.is_success() {
+            return Ok((parts.status, parts.headers, bytes));
+        }
+        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()
+            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string))
+            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
+        Err(match parts.status.as_u16() {
+            400 | 413 => ApiError::InvalidArgument(message),
+            401 => ApiError::Authentication(message),
+            404 => ApiError::NotFound(message),
+            429 => ApiError::RateLimit(message),
+            _ => ApiError::Http { status: parts.status, message },
+        })
+    }
+
+    fn json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+        serde_json::from_slice(bytes).map_err(|e| ApiError::Protocol(e.to_string()))
+    }
+
+    fn sandbox(&self, created: Created) -> Sandbox {
+        let envd = AgentClient::via_proxy(&self.base, &created.sandbox_id, created.envd_access_token);
+        Sandbox { id: created.sandbox_id, template: created.template_id, api: self.clone(), envd }
+    }
+
+    pub async fn create(&self, opts: &CreateOptions) -> Result<Sandbox, ApiError> {
+        let mut body = serde_json::json!({
+            "templateID": opts.template.clone().unwrap_or_else(|| "base".into()),
+            "metadata": opts.metadata,
+            "envVars": opts.envs,
+            "secure": opts.secure,
+        });
+        if let Some(t) = opts.timeout {
+            body["timeout"] = t.into();
+        }
+        let (_, _, bytes) = self.call(Method::POST, "/v2/sandboxes", Some(body)).await?;
+        Ok(self.sandbox(Self::json(&bytes)?))
+    }
+
+    /// A running sandbox by id; its timeout is extended (never shortened) to `timeout`.
+    pub async fn connect(&self, id: &str, timeout: Option<u64>) -> Result<Sandbox, ApiError> {
+        let body = match timeout {
+            Some(t) => serde_json::json!({ "timeout": t }),
+            None => serde_json::json!({}),
+        };
+        let (_, _, bytes) = self.call(Method::POST, &format!("/v2/sandboxes/{}/connect", enc(id)), Some(body)).await?;
+        Ok(self.sandbox(Self::json(&bytes)?))
+    }
+
+    /// Every sandbox of this key whose metadata has all of `metadata`.
+    pub async fn list(&self, metadata: &BTreeMap<String, String>) -> Result<Vec<SandboxInfo>, ApiError> {
+        let filter: Vec<String> = metadata.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect();
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut path = format!("/v2/sandboxes?limit=100&metadata={}", enc(&filter.join("&")));
+            if let Some(t) = &token {
+                path.push_str(&format!("&nextToken={}", enc(t)));
+            }
+            let (_, headers, bytes) = self.call(Method::GET, &path, None).await?;
+            out.extend(Self::json::<Vec<SandboxInfo>>(&bytes)?);
+            token = headers.get("x-next-token").and_then(|v| v.to_str().ok()).map(str::to_string);
+            if token.is_none() {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Kills a sandbox; false when there was none with that id.
+    pub async fn kill(&self, id: &str) -> Result<bool, ApiError> {
+        match self.call(Method::DELETE, &format!("/sandboxes/{}", enc(id)), None).await {
+            Ok(_) => Ok(true),
+            Err(ApiError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<(), ApiError> {
+        self.call(Method::POST, &format!("/sandboxes/{}/timeout", enc(id)), Some(serde_json::json!({ "timeout": secs }))).await?;
+        Ok(())
+    }
+
+    pub async fn info(&self, id: &str) -> Result<SandboxInfo, ApiError> {
+        let (_, _, bytes) = self.call(Method::GET, &format!("/sandboxes/{}", enc(id)), None).await?;
+        Self::json(&bytes)
+    }
+
+    /// The sandbox's console (kernel and agent messages).
+    pub async fn logs(&self, id: &str) -> Result<Vec<String>, ApiError> {
+        #[derive(Deserialize)]
+        struct Logs {
+            logs: Vec<Line>,
+        }
+        #[derive(Deserialize)]
+        struct Line {
+            line: String,
+        }
+        let (_, _, bytes) = self.call(Method::GET, &format!("/sandboxes/{}/logs", enc(id)), None).await?;
+        Ok(Self::json::<Logs>(&bytes)?.logs.into_iter().map(|l| l.line).collect())
+    }
+}
+
+impl Sandbox {
+    /// The sandbox's processes, files and ports (the envd API, through the server).
+    pub fn envd(&self) -> &AgentClient {
+        &self.envd
+    }
+
+    pub async fn kill(&self) -> Result<bool, ApiError> {
+        self.api.kill(&self.id).await
+    }
+
+    pub async fn set_timeout(&self, secs: u64) -> Result<(), ApiError> {
+        self.api.set_timeout(&self.id, secs).await
+    }
+
+    pub async fn info(&self) -> Result<SandboxInfo, ApiError> {
+        self.api.info(&self.id).await
+    }
+}

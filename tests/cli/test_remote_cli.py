@@ -1,0 +1,67 @@
+"""`hutch create/ls/exec/cp/kill/logs/timeout` against a real `hutch serve`."""
+
+import json
+import os
+import subprocess
+
+from conftest import HUTCH
+
+
+def hutch(server, *args, stdin=None):
+    env = dict(os.environ, HUTCH_API_URL=server.url, HUTCH_API_KEY=server.key)
+    return subprocess.run([str(HUTCH), *args], env=env, input=stdin, capture_output=True, timeout=120)
+
+
+def test_docker_like_workflow(server, tmp_path):
+    made = hutch(server, "create", "--metadata", "owner=cli", "--timeout", "120")
+    assert made.returncode == 0, made.stderr
+    sid = made.stdout.decode().strip()
+    try:
+        listed = hutch(server, "ls")
+        assert sid in listed.stdout.decode() and "owner=cli" in listed.stdout.decode()
+        as_json = json.loads(hutch(server, "ls", "--json", "--metadata", "owner=cli").stdout)
+        assert [s["sandboxID"] for s in as_json] == [sid]
+
+        r = hutch(server, "exec", sid, "--", "sh", "-c", "echo out; echo err >&2; exit 6")
+        assert (r.stdout, r.stderr, r.returncode) == (b"out\n", b"err\n", 6)
+        r = hutch(server, "exec", "-i", sid, "--", "tr", "a-z", "A-Z", stdin=b"shout\n")
+        assert r.stdout == b"SHOUT\n"
+        r = hutch(server, "exec", "-u", "root", "-w", "/tmp", "-e", "X=1", sid, "--", "sh", "-c", "echo $X $(pwd) $(whoami)")
+        assert r.stdout == b"1 /tmp root\n"
+
+        payload = bytes(range(256)) * 4096
+        local = tmp_path / "in.bin"
+        local.write_bytes(payload)
+        assert hutch(server, "cp", str(local), f"{sid}:/home/user/in.bin").returncode == 0
+        back = tmp_path / "out.bin"
+        assert hutch(server, "cp", f"{sid}:/home/user/in.bin", str(back)).returncode == 0
+        assert back.read_bytes() == payload
+        assert hutch(server, "cp", f"{sid}:/home/user/in.bin", "-").stdout == payload
+        owner = hutch(server, "exec", sid, "--", "stat", "-c", "%U", "/home/user/in.bin")
+        assert owner.stdout == b"user\n"
+
+        assert "hutch-agent: ready" in hutch(server, "logs", sid).stdout.decode()
+        assert hutch(server, "timeout", sid, "600").returncode == 0
+        # Output cut short by the reader is not an error.
+        piped = subprocess.run(f"{HUTCH} ls | head -c 1", shell=True, capture_output=True,
+                               env=dict(os.environ, HUTCH_API_URL=server.url, HUTCH_API_KEY=server.key))
+        assert b"panicked" not in piped.stderr
+    finally:
+        killed = hutch(server, "kill", sid)
+    assert killed.returncode == 0 and killed.stdout.decode().strip() == sid
+    assert sid not in hutch(server, "ls").stdout.decode()
+
+
+def test_errors_are_one_clear_line(server):
+    r = hutch(server, "exec", "inothere", "--", "true")
+    assert r.returncode == 1 and b"not found" in r.stderr and b"panicked" not in r.stderr
+    r = hutch(server, "kill", "inothere")
+    assert r.returncode == 1 and b"no sandbox 'inothere'" in r.stderr
+    r = hutch(server, "cp", "a", "b")
+    assert r.returncode == 1 and b"one side of cp must be a sandbox path" in r.stderr
+    env = dict(os.environ, HUTCH_API_URL=server.url)
+    env.pop("HUTCH_API_KEY", None)
+    r = subprocess.run([str(HUTCH), "ls"], env=env, capture_output=True)
+    assert r.returncode == 1 and b"HUTCH_API_KEY" in r.stderr
+    r = hutch(server, "ls", "--api-url", "http://127.0.0.1:1")
+    assert r.returncode == 1 and b"cannot reach hutch serve" in r.stderr
