@@ -74,3 +74,21 @@ def subprocess_key(server) -> str:
     out = subprocess.run([str(HUTCH), "keys", "create", "--name", "other"], env=dict(os.environ, HUTCH_HOME=str(server.home)),
                          capture_output=True, text=True, check=True)
     return out.stdout.strip()
+
+
+def test_internal_agent_endpoints_are_not_proxied(server):
+    api = server.api()
+    made = api.post("/v2/sandboxes", json={"templateID": "base", "secure": True})
+    assert made.status_code == 201, made.text
+    sid, token = made.json()["sandboxID"], made.json()["envdAccessToken"]
+    try:
+        headers = {"E2b-Sandbox-Id": sid, "X-Access-Token": token}
+        for path in ("/init", "/shutdown", "/init/"):
+            r = httpx.post(server.url + path, headers=headers, json={"accessToken": "stolen"})
+            assert r.status_code == 403 and "internal" in r.json()["message"], r.text
+        # The secure sandbox still wants its token, and the token still works.
+        stat = {"path": "/home/user"}
+        assert httpx.post(server.url + "/filesystem.Filesystem/Stat", json=stat, headers={"E2b-Sandbox-Id": sid}).status_code == 401
+        assert httpx.post(server.url + "/filesystem.Filesystem/Stat", json=stat, headers=headers).status_code == 200
+    finally:
+        assert api.delete(f"/sandboxes/{sid}").status_code == 204

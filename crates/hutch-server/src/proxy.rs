@@ -14,6 +14,11 @@ use serde_json::json;
 
 pub const ENVD_PORT: u16 = 49983;
 
+/// Agent endpoints only hutch itself may call (over the agent socket): `/init` sets the
+/// sandbox's access token and environment, `/shutdown` powers it off. The proxy refuses
+/// them, as E2B's proxy refuses envd's internal endpoints.
+const INTERNAL: &[&str] = &["/init", "/shutdown"];
+
 pub struct Target {
     pub sandbox: String,
     pub port: u16,
@@ -55,6 +60,10 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 
 pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {
     let Some(agent) = state.manager.agent(&target.sandbox) else { return not_found(&target.sandbox) };
+    if target.port == ENVD_PORT && INTERNAL.contains(&req.uri().path().trim_end_matches('/')) {
+        let body = json!({ "code": 403, "message": format!("{} is internal to hutch and not reachable through the proxy", req.uri().path()) });
+        return (StatusCode::FORBIDDEN, Json(body)).into_response();
+    }
     if target.port != ENVD_PORT {
         return tunnel(agent, target, req).await;
     }
