@@ -85,6 +85,31 @@ async fn rust_sdk_end_to_end() {
     let bytes = http_body_util::BodyExt::collect(body).await.expect("body").to_bytes();
     assert_eq!(&bytes[..], b"from rust");
 
+    // The E2B-shaped conveniences.
+    let mut seen = String::new();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let opts = hutch_sdk::RunOptions { on_stdout: Some(Box::new(move |s| { let _ = tx.send(s.to_string()); })), ..Default::default() };
+    let out = sandbox.run_with("for i in 1 2 3; do echo $i; done", opts).await.expect("run");
+    while let Ok(chunk) = rx.try_recv() {
+        seen.push_str(&chunk);
+    }
+    assert_eq!((out.stdout.as_str(), seen.as_str()), ("1\n2\n3\n", "1\n2\n3\n"));
+    match sandbox.run("echo no >&2; exit 9").await {
+        Err(hutch_sdk::SdkError::CommandExit(o)) => assert_eq!((o.exit_code, o.stderr.as_str()), (9, "no\n")),
+        other => panic!("expected a command exit error, got {other:?}"),
+    }
+    let slow = hutch_sdk::RunOptions { timeout: Some(Duration::from_secs(1)), ..Default::default() };
+    assert!(matches!(sandbox.run_with("sleep 30", slow).await, Err(hutch_sdk::SdkError::Timeout(_))));
+    sandbox.write("/home/user/d/x.bin", vec![0u8, 255]).await.expect("write");
+    assert_eq!(sandbox.read("/home/user/d/x.bin").await.expect("read"), vec![0u8, 255]);
+    assert!(sandbox.exists("/home/user/d/x.bin").await.expect("exists"));
+    assert!(!sandbox.make_dir("/home/user/d").await.expect("make_dir"));
+    assert_eq!(sandbox.rename("/home/user/d/x.bin", "/home/user/d/y.bin").await.expect("rename").name, "y.bin");
+    assert_eq!(sandbox.list("/home/user/d", 1).await.expect("list").len(), 1);
+    sandbox.remove("/home/user/d").await.expect("remove");
+    assert!(!sandbox.exists("/home/user/d").await.expect("exists"));
+    assert!(sandbox.read("/home/user/nope").await.is_err_and(|e| e.is_not_found()));
+
     sandbox.set_timeout(900).await.expect("timeout");
     let info = sandbox.info().await.expect("info");
     assert_eq!(info.metadata.get("sdk").map(String::as_str), Some("rust"));

@@ -9,6 +9,8 @@
 //! This crate does no VM work and holds no server state.
 
 pub mod envd;
+mod commands;
 mod remote;
 
+pub use commands::{CommandOutput, RunOptions, SdkError};
 pub use remote::{Api, ApiError, CreateOptions, Sandbox, SandboxInfo};
