@@ -121,3 +121,56 @@ def test_ports_are_reachable_through_the_proxy(server, sbx):
     closed = httpx.get(server.url + "/", headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8999"})
     assert closed.status_code == 502 and "port is not open" in closed.json()["message"]
     server_proc.kill()
+
+
+ECHO_SERVER = r'''
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 9000)); s.listen(1)
+c, _ = s.accept()
+req = b""
+while b"\r\n\r\n" not in req:
+    req += c.recv(1024)
+c.sendall(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n")
+while True:
+    d = c.recv(1024)
+    if not d:
+        break
+    c.sendall(d.upper())
+'''
+
+
+def test_upgraded_connections_are_spliced_through(server, sbx):
+    """A WebSocket-style upgrade through the proxy: after 101 the bytes flow both ways."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    sbx.files.write("/home/user/echo.py", ECHO_SERVER)
+    sbx.commands.run("python3 /home/user/echo.py", background=True)
+    u = urlparse(server.url)
+    request = (
+        f"GET /chat HTTP/1.1\r\nHost: {u.netloc}\r\nUpgrade: echo\r\nConnection: Upgrade\r\n"
+        f"E2b-Sandbox-Id: {sbx.sandbox_id}\r\nE2b-Sandbox-Port: 9000\r\n\r\n"
+    ).encode()
+    deadline = time.time() + 30
+    while True:
+        conn = socket.create_connection((u.hostname, u.port), timeout=30)
+        conn.sendall(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = conn.recv(1024)
+            if not chunk:
+                break
+            head += chunk
+        if head.startswith(b"HTTP/1.1 101") or time.time() > deadline:
+            break
+        conn.close()
+        time.sleep(0.3)  # the echo server is still starting
+    assert head.startswith(b"HTTP/1.1 101"), head
+    conn.sendall(b"hello through the tunnel")
+    got = b""
+    while len(got) < len(b"hello through the tunnel"):
+        got += conn.recv(1024)
+    assert got == b"HELLO THROUGH THE TUNNEL"
+    conn.close()
