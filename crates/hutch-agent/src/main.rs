@@ -46,9 +46,39 @@ fn main() {
     std::process::exit(code);
 }
 
+/// A template's own services (the code interpreter's server, say) start from this
+/// script at boot, as root; it drops privileges itself.
+const TEMPLATE_START: &str = "/etc/hutch/start";
+
+fn start_template_services(state: &state::AgentState) {
+    if !std::path::Path::new(TEMPLATE_START).is_file() {
+        return;
+    }
+    let req = process::spawn::SpawnRequest {
+        cmd: "/bin/sh".into(),
+        args: vec![TEMPLATE_START.into()],
+        envs: Default::default(),
+        cwd: Some("/".into()),
+        user: process::user::GuestUser::root(),
+        pty: None,
+        stdin: false,
+    };
+    match process::spawn::spawn(req, &state.reaper) {
+        Ok(spawned) => {
+            let config = hutch_proto::process::ProcessConfig { cmd: "/bin/sh".into(), args: vec![TEMPLATE_START.into()], ..Default::default() };
+            // Nobody subscribes: its output is read and dropped (the script logs itself).
+            drop(state.processes.insert(spawned, config, Some("template-start".into())));
+        }
+        Err(e) => eprintln!("hutch-agent: starting {TEMPLATE_START}: {e}"),
+    }
+}
+
 async fn run(pid1: bool) -> i32 {
     let state = state::AgentState::default();
     tokio::spawn(state.reaper.clone().run());
+    if pid1 {
+        start_template_services(&state);
+    }
     let app = http::router(state);
     let listen = std::env::args().skip_while(|a| a != "--listen").nth(1);
     match (pid1, listen) {

@@ -56,6 +56,8 @@ pub enum CreateError {
     BootTimeout { secs: u64, console: String },
     #[error("initializing the agent")]
     Init(#[source] agent::AgentError),
+    #[error("the template's service did not open port {port} within {secs} s; last console lines:\n{console}")]
+    ServiceTimeout { port: u16, secs: u64, console: String },
 }
 
 pub struct Sandbox {
@@ -125,6 +127,9 @@ impl Sandbox {
             ..InitRequest::default()
         };
         agent.post_json("/init", &init).await.map_err(CreateError::Init)?;
+        if let Some(port) = artifacts.template.ready_port() {
+            wait_for_port(&agent, port, opts.boot_timeout, started, &dir).await?;
+        }
         let mut guard = guard;
         guard.0 = None;
         Ok(Sandbox { id, dir, vm: Some(vm), agent, boot_time: started.elapsed() })
@@ -218,6 +223,19 @@ async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, started: Instant
             return Err(e);
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until the template's service accepts connections on `port` in the guest.
+async fn wait_for_port(agent: &AgentClient, port: u16, limit: Duration, started: Instant, dir: &Path) -> Result<(), CreateError> {
+    loop {
+        if agent.tunnel(port).await.is_ok() {
+            return Ok(());
+        }
+        if started.elapsed() >= limit {
+            return Err(CreateError::ServiceTimeout { port, secs: limit.as_secs(), console: console_tail(&dir.join("console.log"), 30) });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 

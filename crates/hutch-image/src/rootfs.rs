@@ -23,6 +23,50 @@ pub const BASE_PACKAGES: &[&str] = &[
     "procps", "sudo", "less", "iproute2", "file",
 ];
 
+/// Extra packages of the `code-interpreter` template (Jupyter kernels and the usual
+/// data stack, from Debian: nothing is fetched at run time).
+pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
+    "python3-ipykernel", "python3-jupyter-client", "python3-numpy", "python3-pandas", "python3-matplotlib",
+    "python3-matplotlib-inline", "fonts-dejavu-core",
+];
+
+/// A template hutch knows how to build: Debian packages plus files written into the tree.
+pub struct Recipe {
+    pub name: &'static str,
+    /// Other names it answers to (E2B's SDK asks for `code-interpreter-v1`).
+    pub aliases: &'static [&'static str],
+    pub packages: &'static [&'static [&'static str]],
+    /// (path in the guest, contents, mode)
+    pub files: &'static [(&'static str, &'static str, u32)],
+    /// A guest port the template's own service listens on; a sandbox is ready only
+    /// once it accepts connections.
+    pub ready_port: Option<u16>,
+}
+
+pub const RECIPES: &[Recipe] = &[
+    Recipe { name: BASE, aliases: &[], packages: &[BASE_PACKAGES], files: &[], ready_port: None },
+    Recipe {
+        name: "code-interpreter",
+        aliases: &["code-interpreter-v1"],
+        packages: &[BASE_PACKAGES, CODE_INTERPRETER_PACKAGES],
+        files: &[
+            ("usr/lib/hutch/code_interpreter.py", include_str!("../guest/code_interpreter.py"), 0o755),
+            ("etc/hutch/start", CODE_INTERPRETER_START, 0o755),
+        ],
+        ready_port: Some(49999),
+    },
+];
+
+/// Run by the agent at boot (see hutch-agent): the code-interpreter server, as `user`.
+const CODE_INTERPRETER_START: &str = "#!/bin/sh\n\
+cd /home/user\n\
+exec runuser -u user -- env HOME=/home/user PYTHONUNBUFFERED=1 python3 /usr/lib/hutch/code_interpreter.py >/var/log/code-interpreter.log 2>&1\n";
+
+/// The recipe a template name (or alias) refers to.
+pub fn recipe(name: &str) -> Option<&'static Recipe> {
+    RECIPES.iter().find(|r| r.name == name || r.aliases.contains(&name))
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Template {
     pub name: String,
@@ -39,6 +83,11 @@ pub struct Template {
 impl Template {
     pub fn image(&self) -> PathBuf {
         self.dir.join("rootfs.ext4")
+    }
+
+    /// The port whose service must accept connections before a sandbox is ready.
+    pub fn ready_port(&self) -> Option<u16> {
+        recipe(&self.name).and_then(|r| r.ready_port)
     }
 }
 
@@ -59,12 +108,8 @@ pub enum TemplateError {
 
 const MANIFEST: &str = "template.json";
 
-/// Templates hutch knows how to build.
-pub fn buildable() -> &'static [&'static str] {
-    &[BASE]
-}
-
 pub fn cached(home: &HutchHome, name: &str) -> Result<Option<Template>, TemplateError> {
+    let name = recipe(name).map(|r| r.name).unwrap_or(name);
     let dir = home.template(name);
     let manifest = dir.join(MANIFEST);
     let text = match std::fs::read_to_string(&manifest) {
@@ -95,24 +140,26 @@ pub fn ensure(home: &HutchHome, name: &str, progress: &dyn Progress) -> Result<T
     if let Some(t) = cached(home, name)? {
         return Ok(t);
     }
-    if !buildable().contains(&name) {
+    let Some(recipe) = recipe(name) else {
         let mut known: Vec<String> = list(home);
-        known.extend(buildable().iter().map(|s| s.to_string()));
+        known.extend(RECIPES.iter().map(|r| r.name.to_string()));
         known.sort();
         known.dedup();
         return Err(TemplateError::Unknown { name: name.into(), known: known.join(", ") });
-    }
-    build_debian(home, name, BASE_PACKAGES, progress)
+    };
+    build_debian(home, recipe, progress)
 }
 
-fn build_debian(home: &HutchHome, name: &str, packages: &[&str], progress: &dyn Progress) -> Result<Template, TemplateError> {
+fn build_debian(home: &HutchHome, recipe: &Recipe, progress: &dyn Progress) -> Result<Template, TemplateError> {
+    let name = recipe.name;
+    let packages: Vec<&str> = recipe.packages.iter().flat_map(|p| p.iter().copied()).collect();
     if !nix_is_root() {
         return Err(TemplateError::NotRoot);
     }
     let work = home.tmp().join(format!("template-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&work);
     std::fs::create_dir_all(&work).map_err(at("creating", &work))?;
-    let result = build_in(home, name, packages, &work, progress);
+    let result = build_in(home, recipe, &packages, &work, progress);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
@@ -121,7 +168,8 @@ fn nix_is_root() -> bool {
     std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
 }
 
-fn build_in(home: &HutchHome, name: &str, packages: &[&str], work: &Path, progress: &dyn Progress) -> Result<Template, TemplateError> {
+fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, progress: &dyn Progress) -> Result<Template, TemplateError> {
+    let name = recipe.name;
     let tree = work.join("tree");
     let started = Instant::now();
     progress.step(&format!("building template '{name}': Debian {SUITE} with {} (mmdebstrap)", packages.join(", ")));
@@ -136,6 +184,14 @@ fn build_in(home: &HutchHome, name: &str, packages: &[&str], work: &Path, progre
         .arg(&tree)
         .arg(MIRROR);
     run(cmd, None, progress)?;
+    for (path, contents, mode) in recipe.files {
+        let dest = tree.join(path);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(at("creating", parent))?;
+        }
+        std::fs::write(&dest, contents).map_err(at("writing", &dest))?;
+        std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(*mode)).map_err(at("writing", &dest))?;
+    }
     let tree_bytes = crate::progress::tree_size(&tree);
     progress.done(&format!("{} unpacked", human_bytes(tree_bytes)), started.elapsed());
 

@@ -1,0 +1,280 @@
+#!/usr/bin/env python3
+"""hutch's code interpreter, inside the guest: E2B's code-interpreter API on port 49999
+(POST /execute streaming NDJSON, /contexts) over real Jupyter kernels driven with
+jupyter_client. Reached from outside through hutch's port tunnel; see docs/ARCHITECTURE.md
+for why a companion process rather than ZeroMQ inside the agent."""
+
+import datetime
+import json
+import os
+import queue
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from jupyter_client import KernelManager
+from jupyter_client.kernelspec import KernelSpecManager
+
+PORT = 49999
+KEEPALIVE = 5.0
+MIME = {
+    "text/plain": "text", "text/html": "html", "text/markdown": "markdown", "image/svg+xml": "svg",
+    "image/png": "png", "image/jpeg": "jpeg", "application/pdf": "pdf", "text/latex": "latex",
+    "application/json": "json", "application/javascript": "javascript", "e2b/data": "data", "e2b/chart": "chart",
+}
+ALIASES = {"js": "javascript", "ts": "typescript"}
+
+
+def now():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+def kernel_for(language):
+    specs = KernelSpecManager().find_kernel_specs()
+    if language == "python":
+        return "python3" if "python3" in specs else next(iter(specs))
+    for name in specs:
+        spec = KernelSpecManager().get_kernel_spec(name)
+        if name == language or spec.language.lower() == language:
+            return name
+    raise LookupError(f"no kernel for language '{language}' is installed (installed: {', '.join(sorted(specs))})")
+
+
+class Context:
+    def __init__(self, language, cwd):
+        self.id = str(uuid.uuid4())
+        self.language, self.cwd = language, cwd
+        self.lock = threading.Lock()
+        self.start()
+
+    def start(self):
+        self.km = KernelManager(kernel_name=kernel_for(self.language))
+        self.km.start_kernel(cwd=self.cwd if os.path.isdir(self.cwd) else "/")
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=300)
+
+    def restart(self):
+        self.kc.stop_channels()
+        self.km.restart_kernel(now=True)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=300)
+
+    def shutdown(self):
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+    def describe(self):
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    def execute(self, code, env_vars, emit):
+        """Runs `code`, calling emit(obj) per NDJSON line; emit raises when the client left."""
+        with self.lock:
+            if not self.km.is_alive():
+                self.restart()
+                emit({"type": "error", "name": "KernelRestarted", "value": "the kernel had died and was restarted; its state is gone", "traceback": ""})
+            if env_vars and self.language == "python":
+                setup = "import os as _hutch_os\n" + "".join(f"_hutch_os.environ[{k!r}] = {v!r}\n" for k, v in env_vars.items())
+                self.kc.execute(setup, silent=True, store_history=False)
+            msg_id = self.kc.execute(code, store_history=True)
+            last = time.monotonic()
+            try:
+                while True:
+                    try:
+                        msg = self.kc.get_iopub_msg(timeout=1)
+                    except queue.Empty:
+                        if not self.km.is_alive():
+                            emit({"type": "error", "name": "KernelDied", "value": "the kernel died during execution", "traceback": ""})
+                            break
+                        if time.monotonic() - last > KEEPALIVE:
+                            emit({"type": "keepalive"})
+                            last = time.monotonic()
+                        continue
+                    if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                        continue
+                    kind, content = msg["msg_type"], msg["content"]
+                    last = time.monotonic()
+                    if kind == "execute_input":
+                        emit({"type": "number_of_executions", "execution_count": content.get("execution_count")})
+                    elif kind == "stream":
+                        emit({"type": content["name"], "text": content["text"], "timestamp": now()})
+                    elif kind in ("execute_result", "display_data"):
+                        emit(result(content.get("data", {}), kind == "execute_result"))
+                    elif kind == "error":
+                        emit({"type": "error", "name": content["ename"], "value": content["evalue"], "traceback": "\n".join(content["traceback"])})
+                    elif kind == "status" and content["execution_state"] == "idle":
+                        break
+            except BaseException:
+                # The client went away or timed out: stop the code, keep the kernel.
+                self.km.interrupt_kernel()
+                self.drain(msg_id)
+                raise
+            finally:
+                if env_vars and self.language == "python":
+                    cleanup = "".join(f"_hutch_os.environ.pop({k!r}, None)\n" for k in env_vars)
+                    self.kc.execute(cleanup, silent=True, store_history=False)
+
+    def drain(self, msg_id, limit=30):
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=1)
+            except queue.Empty:
+                continue
+            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return
+
+
+def result(data, main):
+    out = {"type": "result", "is_main_result": main}
+    extra = {}
+    for mime, value in data.items():
+        key = MIME.get(mime)
+        if key is None:
+            extra[mime] = value
+        elif key == "text" and isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            out[key] = value[1:-1]
+        else:
+            out[key] = value
+    out["extra"] = extra
+    return out
+
+
+class Contexts:
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.by_id = {}
+        self.defaults = {}
+
+    def default(self, language):
+        language = ALIASES.get(language.lower(), language.lower())
+        with self.lock:
+            ctx = self.defaults.get(language)
+            if ctx is None:
+                ctx = Context(language, "/home/user")
+                self.defaults[language] = ctx
+                self.by_id[ctx.id] = ctx
+            return ctx
+
+    def create(self, language, cwd):
+        ctx = Context(ALIASES.get(language.lower(), language.lower()), cwd)
+        with self.lock:
+            self.by_id[ctx.id] = ctx
+        return ctx
+
+    def get(self, cid):
+        with self.lock:
+            return self.by_id.get(cid)
+
+    def remove(self, cid):
+        with self.lock:
+            ctx = self.by_id.pop(cid, None)
+            for lang, d in list(self.defaults.items()):
+                if d is ctx:
+                    del self.defaults[lang]
+        if ctx:
+            ctx.shutdown()
+        return ctx is not None
+
+
+CONTEXTS = Contexts()
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, body, content_type="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def text(self, status, message):
+        self.reply(status, message.encode(), "text/plain")
+
+    def body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        return json.loads(raw) if raw.strip() else {}
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.reply(200, "OK")
+        if self.path == "/contexts":
+            return self.reply(200, [c.describe() for c in list(CONTEXTS.by_id.values())])
+        self.text(404, "Not Found")
+
+    def do_DELETE(self):
+        if self.path.startswith("/contexts/"):
+            cid = self.path.split("/")[2]
+            return self.reply(200, None) if CONTEXTS.remove(cid) else self.text(404, f"Context {cid} not found")
+        self.text(404, "Not Found")
+
+    def do_POST(self):
+        try:
+            req = self.body()
+        except ValueError as e:
+            return self.text(400, f"invalid JSON: {e}")
+        parts = self.path.split("?")[0].strip("/").split("/")
+        try:
+            if parts == ["execute"]:
+                return self.execute(req)
+            if parts == ["contexts"]:
+                return self.reply(200, CONTEXTS.create(req.get("language") or "python", req.get("cwd") or "/home/user").describe())
+            if len(parts) == 3 and parts[0] == "contexts" and parts[2] == "restart":
+                ctx = CONTEXTS.get(parts[1])
+                if ctx is None:
+                    return self.text(404, f"Context {parts[1]} not found")
+                with ctx.lock:
+                    ctx.restart()
+                return self.reply(200, None)
+        except LookupError as e:
+            return self.text(400, str(e))
+        self.text(404, "Not Found")
+
+    def execute(self, req):
+        code = req.get("code")
+        if not isinstance(code, str):
+            return self.text(422, "'code' (a string) is required")
+        if req.get("context_id") and req.get("language"):
+            return self.text(400, "Only one of context_id or language can be provided")
+        if req.get("context_id"):
+            ctx = CONTEXTS.get(req["context_id"])
+            if ctx is None:
+                return self.text(404, f"Context {req['context_id']} not found")
+        else:
+            ctx = CONTEXTS.default(req.get("language") or "python")
+        self.send_response(200)
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def emit(obj):
+            line = (json.dumps(obj) + "\n").encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+
+        try:
+            ctx.execute(code, req.get("env_vars") or {}, emit)
+            emit({"type": "end_of_execution"})
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+
+def main():
+    # Warm the default Python kernel so the first run_code does not pay for its start.
+    threading.Thread(target=CONTEXTS.default, args=("python",), daemon=True).start()
+    server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()
