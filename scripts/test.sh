@@ -5,7 +5,7 @@ ensure_host_packages
 ensure_rust
 build
 step "preparing guest artifacts"
-./target/release/hutch setup
+./target/release/hutch setup --template base --template code-interpreter
 step "running the test suite"
 cargo test --release --locked --workspace
 bash scripts/python-tests.sh

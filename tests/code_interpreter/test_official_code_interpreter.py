@@ -1,0 +1,76 @@
+"""The official `e2b-code-interpreter` package (2.11.5 from PyPI), unchanged, against
+`hutch serve`: `Sandbox.create()` with no arguments asks for `code-interpreter-v1`."""
+
+import base64
+import time
+
+import pytest
+from e2b_code_interpreter import Sandbox
+
+
+@pytest.fixture(scope="module")
+def sbx(server):
+    s = Sandbox.create(timeout=900)
+    yield s
+    s.kill()
+
+
+def test_state_persists_and_results_come_back(sbx):
+    assert sbx.run_code("x = 41").error is None
+    e = sbx.run_code("x + 1")
+    assert e.text == "42" and e.execution_count >= 2
+    e = sbx.run_code("print('hello'); 'done'")
+    assert e.logs.stdout == ["hello\n"] and e.text == "done"
+
+
+def test_plot_is_a_png(sbx):
+    e = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.show()")
+    pngs = [r.png for r in e.results if r.png]
+    assert len(pngs) == 1, e
+    assert base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n")
+
+
+def test_dataframe_is_html(sbx):
+    e = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+    assert e.results and "<table" in (e.results[0].html or "")
+
+
+def test_errors_carry_tracebacks(sbx):
+    e = sbx.run_code("undefined_name")
+    assert e.error.name == "NameError" and "undefined_name" in e.error.value and e.error.traceback
+    e = sbx.run_code("def broken(:")
+    assert e.error.name == "SyntaxError"
+
+
+def test_output_streams_while_running(sbx):
+    seen = []
+    started = time.time()
+    sbx.run_code("import time\nfor i in range(3):\n    print(i, flush=True)\n    time.sleep(1)", on_stdout=lambda m: seen.append((m.line, time.time() - started)))
+    assert [line for line, _ in seen] == ["0\n", "1\n", "2\n"]
+    assert seen[-1][1] - seen[0][1] >= 1.5, seen
+
+
+def test_timeout_interrupts_and_the_next_run_works(sbx):
+    with pytest.raises(Exception):
+        sbx.run_code("while True: pass", timeout=3)
+    deadline = time.time() + 60
+    while True:
+        e = sbx.run_code("x")
+        if e.error is None or time.time() > deadline:
+            break
+        time.sleep(1)
+    assert e.text == "41"
+
+
+def test_contexts_are_isolated_and_restartable(sbx):
+    a = sbx.create_code_context()
+    b = sbx.create_code_context()
+    sbx.run_code("v = 'a'", context=a)
+    assert sbx.run_code("v", context=b).error.name == "NameError"
+    assert sbx.run_code("v", context=a).text == "a"
+    sbx.restart_code_context(a)
+    assert sbx.run_code("v", context=a).error.name == "NameError"
+    ids = [c.id for c in sbx.list_code_contexts()]
+    assert a.id in ids and b.id in ids
+    sbx.remove_code_context(b)
+    assert b.id not in [c.id for c in sbx.list_code_contexts()]
