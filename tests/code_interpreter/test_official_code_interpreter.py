@@ -74,3 +74,48 @@ def test_contexts_are_isolated_and_restartable(sbx):
     assert a.id in ids and b.id in ids
     sbx.remove_code_context(b)
     assert b.id not in [c.id for c in sbx.list_code_contexts()]
+
+
+def test_hutch_python_sdk_run_code(server):
+    """hutch's own SDK has the same run_code surface, sync and async."""
+    import asyncio
+
+    import hutch
+
+    with hutch.Sandbox.create(template="code-interpreter") as s:
+        out, results = [], []
+        assert s.run_code("n = 20").error is None
+        e = s.run_code("print('n is', n)\nn * 2 + 2", on_stdout=out.append, on_result=results.append)
+        assert e.text == "42" and e.logs.stdout == ["n is 20\n"] and out == ["n is 20\n"] and results[0].text == "42"
+        e = s.run_code("import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\nplt.show()")
+        assert base64.b64decode(e.results[0].png).startswith(b"\x89PNG")
+        e = s.run_code("1/0")
+        assert e.error.name == "ZeroDivisionError" and "ZeroDivisionError" in e.error.traceback
+        assert s.run_code("import os; os.environ.get('K')", envs={"K": "v"}).text == "v"
+        ctx = s.create_code_context()
+        assert s.run_code("n", context=ctx).error.name == "NameError"
+        assert ctx.id in [c.id for c in s.list_code_contexts()]
+        s.remove_code_context(ctx)
+        with pytest.raises(hutch.NotFoundError):
+            s.run_code("1", context=ctx)
+        with pytest.raises(hutch.TimeoutError):
+            s.run_code("import time; time.sleep(60)", timeout=3)
+        with pytest.raises(hutch.InvalidArgumentError):
+            s.run_code("1", language="python", context=ctx)
+
+        async def also_async():
+            a = await hutch.AsyncSandbox.connect(s.sandbox_id)
+            e = await a.run_code("n + 1")
+            return e.text
+
+        deadline = time.time() + 60
+        while True:  # the interrupted sleep may still be unwinding
+            text = asyncio.run(also_async())
+            if text == "21" or time.time() > deadline:
+                break
+            time.sleep(1)
+        assert text == "21"
+
+    with hutch.Sandbox.create() as plain:
+        with pytest.raises(hutch.HutchError, match="code-interpreter template"):
+            plain.run_code("1")

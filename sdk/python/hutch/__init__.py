@@ -7,6 +7,7 @@
 Configured by HUTCH_API_URL and HUTCH_API_KEY (or the api_url / api_key arguments)."""
 
 from ._wire import CommandResult, EntryInfo, FilesystemEvent, SandboxInfo
+from .code import Context, Execution, ExecutionError, Logs, Result
 from .aio import AsyncCommandHandle, AsyncSandbox
 from .errors import (
     AuthenticationError,
@@ -23,4 +24,5 @@ __all__ = [
     "Sandbox", "AsyncSandbox", "CommandHandle", "AsyncCommandHandle", "CommandResult", "EntryInfo",
     "FilesystemEvent", "SandboxInfo", "HutchError", "AuthenticationError", "CommandExitError",
     "InvalidArgumentError", "NotFoundError", "RateLimitError", "TimeoutError",
+    "Context", "Execution", "ExecutionError", "Logs", "Result",
 ]

@@ -10,7 +10,7 @@ from urllib.parse import quote
 import httpx
 
 from . import _wire as w
-from . import errors
+from . import code, errors
 from ._wire import CommandResult, Config, EntryInfo, FilesystemEvent, SandboxInfo
 from .sandbox import _Hybrid
 
@@ -102,6 +102,46 @@ class AsyncSandbox:
 
     def get_host(self, port: int) -> str:
         return f"{port}-{self.sandbox_id}.{httpx.URL(self._api.config.api_url).host}"
+
+    def _interp_headers(self) -> Dict[str, str]:
+        h = w.data_headers(self.sandbox_id, self._token)
+        h["E2b-Sandbox-Port"] = str(code.PORT)
+        return h
+
+    async def run_code(self, source: str, language: Optional[str] = None, context: Optional[code.Context] = None,
+                       on_stdout=None, on_stderr=None, on_result=None, on_error=None,
+                       envs: Optional[Dict[str, str]] = None, timeout: Optional[float] = 300) -> code.Execution:
+        body = code.execute_body(source, language, context, envs)
+        collector = code.Collector(on_stdout, on_stderr, on_result, on_error)
+        try:
+            async with self._api.http.stream("POST", "/execute", json=body, headers=self._interp_headers(),
+                                             timeout=httpx.Timeout(timeout, connect=10)) as r:
+                if r.status_code != 200:
+                    code.raise_for_interpreter(r.status_code, await r.aread())
+                async for line in r.aiter_lines():
+                    collector.line(line.encode())
+        except httpx.ReadTimeout:
+            raise errors.TimeoutError(f"the code did not finish within {timeout} s; the kernel was interrupted") from None
+        return collector.execution
+
+    async def create_code_context(self, language: Optional[str] = None, cwd: Optional[str] = None) -> code.Context:
+        r = await self._api.http.post("/contexts", json={"language": language or "python", "cwd": cwd or "/home/user"}, headers=self._interp_headers())
+        code.raise_for_interpreter(r.status_code, r.content)
+        d = r.json()
+        return code.Context(d["id"], d["language"], d["cwd"])
+
+    async def list_code_contexts(self) -> List[code.Context]:
+        r = await self._api.http.get("/contexts", headers=self._interp_headers())
+        code.raise_for_interpreter(r.status_code, r.content)
+        return [code.Context(d["id"], d["language"], d["cwd"]) for d in r.json()]
+
+    async def restart_code_context(self, context: code.Context) -> None:
+        r = await self._api.http.post(f"/contexts/{context.id}/restart", headers=self._interp_headers())
+        code.raise_for_interpreter(r.status_code, r.content)
+
+    async def remove_code_context(self, context: code.Context) -> None:
+        r = await self._api.http.delete(f"/contexts/{context.id}", headers=self._interp_headers())
+        code.raise_for_interpreter(r.status_code, r.content)
 
     async def __aenter__(self) -> "AsyncSandbox":
         return self
