@@ -65,3 +65,19 @@ def test_errors_are_one_clear_line(server):
     assert r.returncode == 1 and b"HUTCH_API_KEY" in r.stderr
     r = hutch(server, "ls", "--api-url", "http://127.0.0.1:1")
     assert r.returncode == 1 and b"cannot reach hutch serve" in r.stderr
+
+
+def test_run_code(server, tmp_path):
+    sid = hutch(server, "create", "--template", "code-interpreter").stdout.decode().strip()
+    try:
+        assert hutch(server, "run-code", sid, "x = 40").returncode == 0
+        r = hutch(server, "run-code", sid, "print('side'); x + 2")
+        assert (r.stdout, r.returncode) == (b"side\n42\n", 0)
+        r = hutch(server, "run-code", sid, "-", stdin=b"import matplotlib.pyplot as plt\nplt.plot([1,2])\nplt.show()\n")
+        assert r.returncode == 0, r.stderr
+        r = hutch(server, "run-code", "--save-images", str(tmp_path), sid, "import matplotlib.pyplot as plt\nplt.plot([2,1])\nplt.show()")
+        assert (tmp_path / "result-0.png").read_bytes().startswith(b"\x89PNG")
+        r = hutch(server, "run-code", sid, "undefined")
+        assert r.returncode == 1 and b"NameError" in r.stderr
+    finally:
+        hutch(server, "kill", sid)

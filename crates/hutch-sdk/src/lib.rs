@@ -9,8 +9,10 @@
 //! This crate does no VM work and holds no server state.
 
 pub mod envd;
+mod code;
 mod commands;
 mod remote;
 
+pub use code::{CodeEvent, CodeResult, Execution, ExecutionError};
 pub use commands::{CommandOutput, RunOptions, SdkError};
 pub use remote::{Api, ApiError, CreateOptions, Sandbox, SandboxInfo};

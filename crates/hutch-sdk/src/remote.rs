@@ -71,6 +71,7 @@ pub struct Sandbox {
     pub template: String,
     api: Api,
     envd: AgentClient,
+    token: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -138,8 +139,31 @@ impl Api {
     }
 
     fn sandbox(&self, created: Created) -> Sandbox {
-        let envd = AgentClient::via_proxy(&self.base, &created.sandbox_id, created.envd_access_token);
-        Sandbox { id: created.sandbox_id, template: created.template_id, api: self.clone(), envd }
+        let envd = AgentClient::via_proxy(&self.base, &created.sandbox_id, created.envd_access_token.clone());
+        Sandbox { id: created.sandbox_id, template: created.template_id, api: self.clone(), envd, token: created.envd_access_token }
+    }
+
+    /// A JSON POST to a port inside a sandbox, through the data proxy; the response
+    /// body streams.
+    pub(crate) async fn port_request(
+        &self,
+        id: &str,
+        token: Option<&str>,
+        port: u16,
+        path: &str,
+        body: serde_json::Value,
+    ) -> Result<http::Response<hyper::body::Incoming>, ApiError> {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}{path}", self.base))
+            .header("e2b-sandbox-id", id)
+            .header("e2b-sandbox-port", port.to_string())
+            .header(http::header::CONTENT_TYPE, "application/json");
+        if let Some(t) = token {
+            req = req.header("x-access-token", t);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| ApiError::Protocol(e.to_string()))?;
+        self.http.request(req).await.map_err(|e| ApiError::Unreachable { url: self.base.clone(), source: Box::new(e) })
     }
 
     pub async fn create(&self, opts: &CreateOptions) -> Result<Sandbox, ApiError> {
@@ -220,6 +244,14 @@ impl Api {
 }
 
 impl Sandbox {
+    pub(crate) fn api_ref(&self) -> &Api {
+        &self.api
+    }
+
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
     /// The sandbox's processes, files and ports (the envd API, through the server).
     pub fn envd(&self) -> &AgentClient {
         &self.envd

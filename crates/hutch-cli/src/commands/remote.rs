@@ -44,6 +44,18 @@ pub enum RemoteCommand {
         #[command(flatten)]
         exec: ExecFlags,
     },
+    /// Run code in a sandbox's Jupyter kernel (code-interpreter template); state persists.
+    RunCode {
+        id: String,
+        /// The code; `-` or nothing reads it from stdin.
+        code: Option<String>,
+        /// Kernel language (default python).
+        #[arg(long)]
+        language: Option<String>,
+        /// Save image results (png, jpeg) into this directory.
+        #[arg(long, value_name = "DIR")]
+        save_images: Option<std::path::PathBuf>,
+    },
     /// Copy a file into or out of a sandbox: `hutch cp ./a ID:/home/user/a`, `hutch cp ID:/etc/os-release -`.
     Cp { src: String, dst: String },
     /// Kill sandboxes.
@@ -94,6 +106,7 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
             };
         }
         RemoteCommand::Cp { src, dst } => copy(&api, &src, &dst).await?,
+        RemoteCommand::RunCode { id, code, language, save_images } => return run_code(&api, &id, code, language, save_images).await,
         RemoteCommand::Kill { ids } => {
             let mut missing = 0;
             for id in ids {
@@ -155,4 +168,50 @@ async fn copy(api: &Api, src: &str, dst: &str) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("one side of cp must be a sandbox path, like ID:/home/user/file"),
     }
     Ok(())
+}
+
+async fn run_code(api: &Api, id: &str, code: Option<String>, language: Option<String>, save_images: Option<std::path::PathBuf>) -> anyhow::Result<i32> {
+    let code = match code.as_deref() {
+        None | Some("-") => {
+            let mut s = String::new();
+            tokio::io::AsyncReadExt::read_to_string(&mut tokio::io::stdin(), &mut s).await?;
+            s
+        }
+        Some(c) => c.to_string(),
+    };
+    let sandbox = api.connect(id, None).await.with_context(|| format!("connecting to sandbox {id}"))?;
+    let exec = sandbox
+        .run_code(&code, language.as_deref(), |ev| match ev {
+            hutch_sdk::CodeEvent::Stdout(t) => {
+                print!("{t}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+            }
+            hutch_sdk::CodeEvent::Stderr(t) => eprint!("{t}"),
+            _ => {}
+        })
+        .await?;
+    for (i, r) in exec.results.iter().enumerate() {
+        if let Some(dir) = &save_images {
+            for (key, ext) in [("png", "png"), ("jpeg", "jpg")] {
+                if let Some(b64) = r.formats.get(key).and_then(|v| v.as_str()) {
+                    std::fs::create_dir_all(dir)?;
+                    let path = dir.join(format!("result-{i}.{ext}"));
+                    // Jupyter wraps base64 in lines.
+                    let compact: String = b64.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+                    std::fs::write(&path, hutch_proto::b64::decode(&compact).context("decoding an image result")?)?;
+                    eprintln!("hutch: saved {}", path.display());
+                }
+            }
+        }
+        if r.is_main_result {
+            if let Some(t) = r.text() {
+                crate::outln!("{t}");
+            }
+        }
+    }
+    if let Some(e) = &exec.error {
+        eprintln!("{}", if e.traceback.is_empty() { format!("{}: {}", e.name, e.value) } else { e.traceback.clone() });
+        return Ok(1);
+    }
+    Ok(0)
 }
