@@ -86,6 +86,17 @@ def main():
         lib_exec = [float(m.group(1)) / 1000, float(m.group(2)) / 1000] if m else [float("nan")] * 2
         rows.append(("exec round trip of `bash -l -c true` (what SDKs start)", "Python SDK via hutch serve", api_exec, "same command, agent client direct (hutch bench)", lib_exec))
 
+        ci = Sandbox.create(template="code-interpreter")
+        for _ in range(3):
+            ci.run_code("1+1")
+            ci.commands.run("true")
+        code_rt, cmd_rt = [], []
+        for _ in range(max(RUNS, 30)):
+            code_rt.append(timed(lambda: ci.run_code("1+1")))
+            cmd_rt.append(timed(lambda: ci.commands.run("true")))
+        ci.kill()
+        rows.append(("run_code(\"1+1\") round trip", "Python SDK via hutch serve", code_rt, "commands.run(\"true\"), same sandbox", cmd_rt))
+
         def burst(fn):
             with ThreadPoolExecutor(CONCURRENT) as pool:
                 t = time.perf_counter()

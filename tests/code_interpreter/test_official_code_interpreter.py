@@ -119,3 +119,17 @@ def test_hutch_python_sdk_run_code(server):
     with hutch.Sandbox.create() as plain:
         with pytest.raises(hutch.HutchError, match="code-interpreter template"):
             plain.run_code("1")
+
+
+def test_a_crashed_kernel_is_restarted_with_a_clear_error(server):
+    s = Sandbox.create(timeout=300)
+    try:
+        s.run_code("kept = 1")
+        crashed = s.run_code("import os; os._exit(1)")
+        assert crashed.error is not None and crashed.error.name == "KernelDied", crashed
+        after = s.run_code("1 + 1")
+        assert after.text == "2"
+        assert after.error is not None and after.error.name == "KernelRestarted"
+        assert s.run_code("kept").error.name == "NameError"
+    finally:
+        s.kill()
