@@ -25,6 +25,19 @@ class _AsyncApi:
         w.raise_for_api(r.status_code, r.content)
         return r
 
+    async def open_stream(self, sandbox: "AsyncSandbox", method: str, message: Dict[str, Any], user: Optional[str] = None) -> httpx.Response:
+        """A server-streaming Connect call; the response is returned open, status checked."""
+        headers = w.data_headers(sandbox.sandbox_id, sandbox._token, user)
+        headers.update({"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
+        request = self.http.build_request("POST", f"/{method}", content=w.envelope(message), headers=headers,
+                                          timeout=httpx.Timeout(self.config.request_timeout, read=None))
+        response = await self.http.send(request, stream=True)
+        if response.status_code != 200:
+            body = await response.aread()
+            await response.aclose()
+            w.raise_for_rpc(response.status_code, body)
+        return response
+
     async def rpc(self, sandbox: "AsyncSandbox", method: str, body: Dict[str, Any], user: Optional[str] = None) -> Dict[str, Any]:
         r = await self.http.post(f"/{method}", json=body, headers=w.data_headers(sandbox.sandbox_id, sandbox._token, user))
         w.raise_for_rpc(r.status_code, r.content)
@@ -189,16 +202,7 @@ class AsyncCommands:
     async def run(self, cmd: str, background: bool = False, envs=None, cwd=None, user=None, timeout: Optional[float] = 60,
                   on_stdout: Optional[Callable[[str], None]] = None, on_stderr: Optional[Callable[[str], None]] = None,
                   stdin: bool = False) -> Union[CommandResult, AsyncCommandHandle]:
-        api = self._sb._api
-        headers = w.data_headers(self._sb.sandbox_id, self._sb._token, user)
-        headers.update({"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
-        request = api.http.build_request("POST", "/process.Process/Start", content=w.envelope(w.start_request(cmd, envs, cwd, stdin)),
-                                         headers=headers, timeout=httpx.Timeout(api.config.request_timeout, read=None))
-        response = await api.http.send(request, stream=True)
-        if response.status_code != 200:
-            body = await response.aread()
-            await response.aclose()
-            w.raise_for_rpc(response.status_code, body)
+        response = await self._sb._api.open_stream(self._sb, "process.Process/Start", w.start_request(cmd, envs, cwd, stdin), user)
         out, decoder = w.Output(on_stdout, on_stderr), w.EnvelopeDecoder()
         chunks = response.aiter_raw()
         try:
@@ -296,16 +300,7 @@ class AsyncFiles:
 
     async def watch_dir(self, path: str, on_event: Callable[[FilesystemEvent], None], recursive: bool = False) -> AsyncWatchHandle:
         """Streams events (the `WatchDir` RPC) until `stop()`."""
-        api = self._sb._api
-        headers = w.data_headers(self._sb.sandbox_id, self._sb._token)
-        headers.update({"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"})
-        request = api.http.build_request("POST", "/filesystem.Filesystem/WatchDir", content=w.envelope({"path": path, "recursive": recursive}),
-                                         headers=headers, timeout=httpx.Timeout(api.config.request_timeout, read=None))
-        response = await api.http.send(request, stream=True)
-        if response.status_code != 200:
-            body = await response.aread()
-            await response.aclose()
-            w.raise_for_rpc(response.status_code, body)
+        response = await self._sb._api.open_stream(self._sb, "filesystem.Filesystem/WatchDir", {"path": path, "recursive": recursive})
         decoder = w.EnvelopeDecoder()
         chunks = response.aiter_raw()
         started = asyncio.get_running_loop().create_future()
