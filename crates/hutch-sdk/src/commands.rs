@@ -39,6 +39,9 @@ pub struct CommandOutput {
     pub exit_code: i32,
 }
 
+/// Receives output text as it arrives.
+pub type OutputCallback = Box<dyn FnMut(&str) + Send>;
+
 /// Options of `Sandbox::run_with`; output callbacks get text as it arrives.
 #[derive(Default)]
 pub struct RunOptions {
@@ -46,8 +49,8 @@ pub struct RunOptions {
     pub cwd: Option<String>,
     pub user: Option<String>,
     pub timeout: Option<Duration>,
-    pub on_stdout: Option<Box<dyn FnMut(&str) + Send>>,
-    pub on_stderr: Option<Box<dyn FnMut(&str) + Send>>,
+    pub on_stdout: Option<OutputCallback>,
+    pub on_stderr: Option<OutputCallback>,
 }
 
 impl Sandbox {
