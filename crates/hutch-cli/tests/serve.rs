@@ -116,6 +116,23 @@ async fn rust_sdk_end_to_end() {
     assert!(api.logs(&sandbox.id).await.expect("logs").iter().any(|l| l.contains("hutch-agent: ready")));
 
     assert!(sandbox.kill().await.expect("kill"));
+
+    // The code interpreter from Rust: state, contexts, errors.
+    let ci = api.create(&CreateOptions { template: Some("code-interpreter".into()), ..Default::default() }).await.expect("create ci");
+    let mut printed = String::new();
+    ci.run_code("x = 20", None, |_| {}).await.expect("run_code");
+    let exec = ci.run_code("print('hi'); x + 22", None, |ev| if let hutch_sdk::CodeEvent::Stdout(t) = ev { printed.push_str(t) }).await.expect("run_code");
+    assert_eq!((exec.text(), printed.as_str()), (Some("42"), "hi\n"));
+    let ctx = ci.create_code_context(None, Some("/tmp")).await.expect("context");
+    assert_eq!(ci.run_code_in(&ctx, "x", |_| {}).await.expect("run").error.map(|e| e.name), Some("NameError".to_string()));
+    assert_eq!(ci.run_code_in(&ctx, "import os; os.getcwd()", |_| {}).await.expect("run").text(), Some("/tmp"));
+    assert!(ci.list_code_contexts().await.expect("list").contains(&ctx));
+    ci.run_code_in(&ctx, "y = 1", |_| {}).await.expect("run");
+    ci.restart_code_context(&ctx).await.expect("restart");
+    assert_eq!(ci.run_code_in(&ctx, "y", |_| {}).await.expect("run").error.map(|e| e.name), Some("NameError".to_string()));
+    ci.remove_code_context(&ctx).await.expect("remove");
+    assert!(ci.run_code_in(&ctx, "1", |_| {}).await.is_err_and(|e| e.is_not_found()));
+    assert!(ci.kill().await.expect("kill ci"));
     assert!(!api.kill(&sandbox.id).await.expect("kill again"));
     assert!(matches!(api.connect(&sandbox.id, None).await, Err(ApiError::NotFound(_))));
     assert!(matches!(Api::new(&server.url, "e2b_wrong").list(&Default::default()).await, Err(ApiError::Authentication(_))));

@@ -53,12 +53,64 @@ pub enum CodeEvent<'a> {
     Error(&'a ExecutionError),
 }
 
+/// A code context: its own kernel, language and working directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct CodeContext {
+    pub id: String,
+    pub language: String,
+    pub cwd: String,
+}
+
 impl Sandbox {
+    async fn interpreter_call(&self, method: http::Method, path: &str, body: Option<serde_json::Value>) -> Result<bytes::Bytes, SdkError> {
+        let resp = self.api_ref().port_call(&self.id, self.token(), INTERPRETER_PORT, method, path, body).await?;
+        let status = resp.status();
+        let bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        if !status.is_success() {
+            let message = String::from_utf8_lossy(&bytes).into_owned();
+            return Err(SdkError::Api(match status.as_u16() {
+                404 => ApiError::NotFound(message),
+                400 | 422 => ApiError::InvalidArgument(message),
+                _ => ApiError::Http { status, message },
+            }));
+        }
+        Ok(bytes)
+    }
+
+    /// A new context (kernel) for `language` (python when None) in `cwd`.
+    pub async fn create_code_context(&self, language: Option<&str>, cwd: Option<&str>) -> Result<CodeContext, SdkError> {
+        let body = serde_json::json!({ "language": language.unwrap_or("python"), "cwd": cwd.unwrap_or("/home/user") });
+        let bytes = self.interpreter_call(http::Method::POST, "/contexts", Some(body)).await?;
+        serde_json::from_slice(&bytes).map_err(|e| SdkError::Api(ApiError::Protocol(e.to_string())))
+    }
+
+    pub async fn list_code_contexts(&self) -> Result<Vec<CodeContext>, SdkError> {
+        let bytes = self.interpreter_call(http::Method::GET, "/contexts", None).await?;
+        serde_json::from_slice(&bytes).map_err(|e| SdkError::Api(ApiError::Protocol(e.to_string())))
+    }
+
+    /// Restarts the context's kernel: its state is gone.
+    pub async fn restart_code_context(&self, context: &CodeContext) -> Result<(), SdkError> {
+        self.interpreter_call(http::Method::POST, &format!("/contexts/{}/restart", context.id), None).await.map(|_| ())
+    }
+
+    pub async fn remove_code_context(&self, context: &CodeContext) -> Result<(), SdkError> {
+        self.interpreter_call(http::Method::DELETE, &format!("/contexts/{}", context.id), None).await.map(|_| ())
+    }
+
+    /// Runs `code` in a given context (see `run_code` for the default one).
+    pub async fn run_code_in(&self, context: &CodeContext, code: &str, on_event: impl FnMut(CodeEvent<'_>)) -> Result<Execution, SdkError> {
+        self.execute(serde_json::json!({ "code": code, "context_id": context.id }), on_event).await
+    }
+
     /// Runs `code` in the sandbox's default kernel for `language` (python when None),
     /// calling `on_event` for output as it streams.
-    pub async fn run_code(&self, code: &str, language: Option<&str>, mut on_event: impl FnMut(CodeEvent<'_>)) -> Result<Execution, SdkError> {
-        let body = serde_json::json!({ "code": code, "language": language });
-        let resp = self.api_ref().port_request(&self.id, self.token(), INTERPRETER_PORT, "/execute", body).await?;
+    pub async fn run_code(&self, code: &str, language: Option<&str>, on_event: impl FnMut(CodeEvent<'_>)) -> Result<Execution, SdkError> {
+        self.execute(serde_json::json!({ "code": code, "language": language }), on_event).await
+    }
+
+    async fn execute(&self, body: serde_json::Value, mut on_event: impl FnMut(CodeEvent<'_>)) -> Result<Execution, SdkError> {
+        let resp = self.api_ref().port_call(&self.id, self.token(), INTERPRETER_PORT, http::Method::POST, "/execute", Some(body)).await?;
         let status = resp.status();
         let mut body = resp.into_body();
         if !status.is_success() {

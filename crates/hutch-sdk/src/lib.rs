@@ -13,6 +13,6 @@ mod code;
 mod commands;
 mod remote;
 
-pub use code::{CodeEvent, CodeResult, Execution, ExecutionError};
+pub use code::{CodeContext, CodeEvent, CodeResult, Execution, ExecutionError};
 pub use commands::{CommandOutput, RunOptions, SdkError};
 pub use remote::{Api, ApiError, CreateOptions, Sandbox, SandboxInfo};

@@ -143,18 +143,19 @@ impl Api {
         Sandbox { id: created.sandbox_id, template: created.template_id, api: self.clone(), envd, token: created.envd_access_token }
     }
 
-    /// A JSON POST to a port inside a sandbox, through the data proxy; the response
-    /// body streams.
-    pub(crate) async fn port_request(
+    /// A request (JSON body, if any) to a port inside a sandbox, through the data proxy;
+    /// the response body streams.
+    pub(crate) async fn port_call(
         &self,
         id: &str,
         token: Option<&str>,
         port: u16,
+        method: Method,
         path: &str,
-        body: serde_json::Value,
+        body: Option<serde_json::Value>,
     ) -> Result<http::Response<hyper::body::Incoming>, ApiError> {
         let mut req = Request::builder()
-            .method(Method::POST)
+            .method(method)
             .uri(format!("{}{path}", self.base))
             .header("e2b-sandbox-id", id)
             .header("e2b-sandbox-port", port.to_string())
@@ -162,7 +163,8 @@ impl Api {
         if let Some(t) = token {
             req = req.header("x-access-token", t);
         }
-        let req = req.body(Full::new(Bytes::from(body.to_string()))).map_err(|e| ApiError::Protocol(e.to_string()))?;
+        let payload = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let req = req.body(Full::new(payload)).map_err(|e| ApiError::Protocol(e.to_string()))?;
         self.http.request(req).await.map_err(|e| ApiError::Unreachable { url: self.base.clone(), source: Box::new(e) })
     }
 
