@@ -6,7 +6,7 @@ use crate::agent::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
 use crate::sandbox::{CreateError, Sandbox, SandboxOptions};
-use crate::store::{now_rfc3339, rfc3339, SandboxRow, Store, StoreError};
+use crate::store::{rfc3339, SandboxRow, Store, StoreError};
 use hutch_image::HutchHome;
 use hutch_proto::agent::Metrics;
 use hutch_vmm::{Accel, VmBackend};
@@ -301,10 +301,10 @@ impl SandboxManager {
     }
 
     async fn kill_expired(&self) {
-        let now = now_rfc3339();
+        let now = SystemTime::now();
         let expired: Vec<(String, Arc<Live>)> = lock(&self.live)
             .iter()
-            .filter(|(_, l)| parse_time(&lock(&l.row).end_at) <= parse_time(&now))
+            .filter(|(_, l)| parse_time(&lock(&l.row).end_at) <= now)
             .map(|(id, l)| (id.clone(), l.clone()))
             .collect();
         for (id, live) in expired {

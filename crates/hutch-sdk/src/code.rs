@@ -2,7 +2,7 @@
 //! output and rich results, over E2B's `/execute` NDJSON through the server's proxy.
 
 use crate::commands::SdkError;
-use crate::remote::{ApiError, Sandbox};
+use crate::remote::{status_error, ApiError, Sandbox};
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -67,12 +67,7 @@ impl Sandbox {
         let status = resp.status();
         let bytes = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
         if !status.is_success() {
-            let message = String::from_utf8_lossy(&bytes).into_owned();
-            return Err(SdkError::Api(match status.as_u16() {
-                404 => ApiError::NotFound(message),
-                400 | 422 => ApiError::InvalidArgument(message),
-                _ => ApiError::Http { status, message },
-            }));
+            return Err(SdkError::Api(status_error(status, &bytes)));
         }
         Ok(bytes)
     }
@@ -115,12 +110,7 @@ impl Sandbox {
         let mut body = resp.into_body();
         if !status.is_success() {
             let bytes = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-            let message = String::from_utf8_lossy(&bytes).into_owned();
-            return Err(SdkError::Api(match status.as_u16() {
-                404 => ApiError::NotFound(message),
-                400 | 422 => ApiError::InvalidArgument(message),
-                _ => ApiError::Http { status, message },
-            }));
+            return Err(SdkError::Api(status_error(status, &bytes)));
         }
         let mut exec = Execution::default();
         let mut pending: Vec<u8> = Vec::new();

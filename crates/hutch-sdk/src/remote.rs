@@ -84,6 +84,22 @@ struct Created {
     envd_access_token: Option<String>,
 }
 
+/// The error of a non-2xx reply, from the REST API (`{code, message}`) or a service in
+/// a sandbox (plain text).
+pub(crate) fn status_error(status: StatusCode, body: &[u8]) -> ApiError {
+    let message = serde_json::from_slice::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    match status.as_u16() {
+        400 | 413 | 422 => ApiError::InvalidArgument(message),
+        401 => ApiError::Authentication(message),
+        404 => ApiError::NotFound(message),
+        429 => ApiError::RateLimit(message),
+        _ => ApiError::Http { status, message },
+    }
+}
+
 fn enc(s: &str) -> String {
     utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
 }
@@ -121,17 +137,7 @@ impl Api {
         if parts.status.is_success() {
             return Ok((parts.status, parts.headers, bytes));
         }
-        let message = serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_string))
-            .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
-        Err(match parts.status.as_u16() {
-            400 | 413 => ApiError::InvalidArgument(message),
-            401 => ApiError::Authentication(message),
-            404 => ApiError::NotFound(message),
-            429 => ApiError::RateLimit(message),
-            _ => ApiError::Http { status: parts.status, message },
-        })
+        Err(status_error(parts.status, &bytes))
     }
 
     fn json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
