@@ -133,6 +133,7 @@ pub async fn serve(path: PathBuf, app: axum::Router) {
     };
     while let Some(first) = accept(&mut inbound, &outbound).await {
         session(first, &mut inbound, &outbound, app.clone()).await;
+        eprintln!("{}", hutch_proto::agent::IDLE_LINE);
     }
 }
 

@@ -112,6 +112,40 @@ pub fn set_clock(unix_ns: u128) {
     }
 }
 
+/// Mixes `seed` into the kernel's entropy pool, credited, and forces the CRNG to
+/// reseed now, so a restored clone's random numbers diverge from its siblings' at once.
+pub fn reseed_rng(seed: &[u8]) {
+    use std::os::fd::AsRawFd;
+    // <linux/random.h>: RNDADDENTROPY = _IOW('R', 0x03, int[2]), RNDRESEEDCRNG = _IO('R', 0x07).
+    const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+    const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+    let Ok(urandom) = std::fs::OpenOptions::new().write(true).open("/dev/urandom") else { return };
+    // struct rand_pool_info { int entropy_count; int buf_size; u32 buf[]; }
+    let mut info = Vec::with_capacity(8 + seed.len());
+    info.extend_from_slice(&((seed.len() * 8) as i32).to_ne_bytes());
+    info.extend_from_slice(&(seed.len() as i32).to_ne_bytes());
+    info.extend_from_slice(seed);
+    // SAFETY: the buffer is a complete rand_pool_info whose buf_size matches the bytes
+    // that follow the header; the kernel only reads it. The fd is open for the call.
+    let added = unsafe { libc::ioctl(urandom.as_raw_fd(), RNDADDENTROPY as _, info.as_ptr()) };
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    let reseeded = unsafe { libc::ioctl(urandom.as_raw_fd(), RNDRESEEDCRNG as _) };
+    if added < 0 || reseeded < 0 {
+        eprintln!("hutch-agent: reseeding the RNG: {}", std::io::Error::last_os_error());
+    }
+}
+
+/// Where processes can read which sandbox they are in (a restored clone learns it here).
+pub const IDENTITY_FILE: &str = "/run/hutch/sandbox.json";
+
+pub fn write_identity(id: &str, metadata: &std::collections::BTreeMap<String, String>) {
+    let json = serde_json::json!({ "sandboxId": id, "metadata": metadata });
+    let _ = std::fs::create_dir_all("/run/hutch");
+    if let Err(e) = std::fs::write(IDENTITY_FILE, json.to_string()) {
+        tracing::warn!("writing {IDENTITY_FILE}: {e}");
+    }
+}
+
 pub fn set_hostname(name: &str) {
     if nix::unistd::getpid().as_raw() == 1 {
         let _ = nix::unistd::sethostname(name);

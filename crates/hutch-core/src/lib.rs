@@ -8,8 +8,10 @@ pub mod artifacts;
 pub mod ids;
 pub mod manager;
 pub mod sandbox;
+pub mod snapshot;
 pub mod store;
 pub mod sweep;
+pub mod template_snapshot;
 
 /// The envd client lives in hutch-sdk; core uses it over the VM's agent socket.
 pub use hutch_sdk::envd as agent;

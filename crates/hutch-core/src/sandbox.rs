@@ -7,9 +7,10 @@
 use crate::agent::{self, AgentClient};
 use crate::artifacts::Artifacts;
 use crate::ids::{MemMib, SandboxId};
+use crate::snapshot::{MemorySnapshot, SaveError};
 use hutch_image::HutchHome;
 use hutch_proto::agent::InitRequest;
-use hutch_vmm::{Accel, VmBackend, VmHandle, VmSpec};
+use hutch_vmm::{Accel, Incoming, Memory, VmBackend, VmHandle, VmSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,6 +27,10 @@ pub struct SandboxOptions {
     pub die_with_parent: bool,
     /// When set, the agent requires it in `X-Access-Token` (E2B's secure sandboxes).
     pub access_token: Option<String>,
+    /// Handed to the guest (/run/hutch/sandbox.json).
+    pub metadata: BTreeMap<String, String>,
+    /// Boot the kernel instead of restoring the template's memory snapshot.
+    pub cold: bool,
 }
 
 impl Default for SandboxOptions {
@@ -38,6 +43,8 @@ impl Default for SandboxOptions {
             boot_timeout: Duration::from_secs(60),
             die_with_parent: true,
             access_token: None,
+            metadata: BTreeMap::new(),
+            cold: false,
         }
     }
 }
@@ -58,7 +65,48 @@ pub enum CreateError {
     Init(#[source] agent::AgentError),
     #[error("the template's service did not open port {port} within {secs} s; last console lines:\n{console}")]
     ServiceTimeout { port: u16, secs: u64, console: String },
+    #[error("restoring the VM from its saved state")]
+    Restore(#[source] hutch_vmm::SnapshotError),
+    #[error("the restored guest's agent did not answer within {secs} s: {last}")]
+    RestoreTimeout { secs: u64, last: String },
+    #[error("making the template's memory snapshot")]
+    TemplateSnapshot(#[source] Box<crate::template_snapshot::TemplateSnapshotError>),
+    #[error("writing {0}")]
+    Record(PathBuf, #[source] std::io::Error),
 }
+
+#[derive(Debug, thiserror::Error)]
+pub enum PauseError {
+    #[error("the sandbox is not running")]
+    NotRunning,
+    #[error(transparent)]
+    Save(#[from] SaveError),
+    #[error("the paused VM did not stop")]
+    Stop(#[source] hutch_vmm::StopError),
+}
+
+/// How a sandbox came to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StartKind {
+    /// The guest kernel booted.
+    Cold,
+    /// Restored from a memory snapshot (a template's, or a sandbox's for a fork).
+    Snapshot,
+    /// Resumed after a pause.
+    Resumed,
+}
+
+/// What a sandbox directory records about its VM (`vm.json`): enough to resume it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct VmRecord {
+    pub spec: VmSpec,
+    /// The snapshot whose disk layer this sandbox's overlay stacks on.
+    pub base_snapshot: Option<PathBuf>,
+}
+
+pub const VM_RECORD: &str = "vm.json";
+/// Present while the sandbox is paused: its saved state lives beside it.
+pub const PAUSED_STATE: &str = "memory.state";
 
 pub struct Sandbox {
     id: SandboxId,
@@ -66,6 +114,10 @@ pub struct Sandbox {
     vm: Option<Box<dyn VmHandle>>,
     agent: AgentClient,
     boot_time: Duration,
+    record: VmRecord,
+    started: StartKind,
+    /// Paused: the directory holds the sandbox's state and must outlive this value.
+    keep_dir: bool,
 }
 
 /// Removes a half-made sandbox directory unless disarmed.
@@ -92,12 +144,47 @@ pub fn console_tail(path: &Path, lines: usize) -> String {
 }
 
 impl Sandbox {
+    /// A new sandbox of the template: restored from the template's memory snapshot
+    /// (made on first use) unless `opts.cold` asks for a boot.
     pub async fn create(
         home: &HutchHome,
         artifacts: &Artifacts,
         backend: &dyn VmBackend,
         opts: &SandboxOptions,
     ) -> Result<Sandbox, CreateError> {
+        if opts.cold {
+            return Self::create_cold(home, artifacts, backend, opts).await;
+        }
+        let snapshot = crate::template_snapshot::ensure(home, artifacts, backend, opts)
+            .await
+            .map_err(|e| CreateError::TemplateSnapshot(Box::new(e)))?;
+        Self::from_snapshot(home, artifacts, backend, &snapshot, opts).await
+    }
+
+    /// A new sandbox that boots the guest kernel.
+    pub async fn create_cold(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
+        let base = artifacts.template.image();
+        let launch = Launch { base: &base, memory: Memory::Anonymous, incoming: None, base_snapshot: None, kind: StartKind::Cold };
+        Self::launch(home, artifacts, backend, opts, launch).await
+    }
+
+    /// A new sandbox restored from `snapshot`: its processes, memory and files as they
+    /// were when it was taken, with this sandbox's own identity.
+    pub async fn from_snapshot(
+        home: &HutchHome,
+        artifacts: &Artifacts,
+        backend: &dyn VmBackend,
+        snapshot: &MemorySnapshot,
+        opts: &SandboxOptions,
+    ) -> Result<Sandbox, CreateError> {
+        let (memory, incoming) = snapshot.restore_memory();
+        let opts = SandboxOptions { cpus: snapshot.manifest.cpus, memory: MemMib::new(snapshot.manifest.memory_mib).unwrap_or(opts.memory), accel: snapshot.manifest.accel, ..opts.clone() };
+        let disk = snapshot.disk();
+        let launch = Launch { base: &disk, memory, incoming: Some(incoming), base_snapshot: Some(snapshot.dir.clone()), kind: StartKind::Snapshot };
+        Self::launch(home, artifacts, backend, &opts, launch).await
+    }
+
+    async fn launch(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions, launch: Launch<'_>) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
         let id = SandboxId::generate();
         let dir = home.sandboxes().join(id.as_str());
@@ -105,7 +192,7 @@ impl Sandbox {
         let guard = DirGuard(Some(dir.clone()));
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.clone(), e))?;
         let disk = dir.join("disk.qcow2");
-        hutch_vmm::disk::create_overlay(&artifacts.template.image(), &disk).await.map_err(CreateError::Disk)?;
+        hutch_vmm::disk::create_overlay(launch.base, &disk).await.map_err(CreateError::Disk)?;
         let spec = VmSpec {
             id: id.to_string(),
             dir: dir.clone(),
@@ -115,24 +202,100 @@ impl Sandbox {
             cpus: opts.cpus,
             memory_mib: opts.memory.get(),
             accel: opts.accel,
+            memory: launch.memory,
+            incoming: launch.incoming,
             die_with_parent: opts.die_with_parent,
         };
-        let mut vm = backend.start(&spec).await.map_err(CreateError::Start)?;
-        let agent = wait_for_agent(vm.as_mut(), opts.boot_timeout, started).await?;
-        let init = InitRequest {
-            env_vars: opts.envs.clone(),
-            timestamp_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos()),
-            hostname: Some("hutch".into()),
-            access_token: opts.access_token.clone(),
-            ..InitRequest::default()
-        };
-        agent.post_json("/init", &init).await.map_err(CreateError::Init)?;
-        if let Some(port) = artifacts.template.ready_port() {
-            wait_for_port(&agent, port, opts.boot_timeout, started, &dir).await?;
+        let record = VmRecord { spec, base_snapshot: launch.base_snapshot };
+        let (vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
+        init_guest(&agent, id.as_str(), opts).await?;
+        if launch.kind == StartKind::Cold {
+            if let Some(port) = artifacts.template.ready_port() {
+                wait_for_port(&agent, port, opts.boot_timeout, started, &dir).await?;
+            }
         }
+        write_record(&dir, &record)?;
         let mut guard = guard;
         guard.0 = None;
-        Ok(Sandbox { id, dir, vm: Some(vm), agent, boot_time: started.elapsed() })
+        Ok(Sandbox { id, dir, vm: Some(vm), agent, boot_time: started.elapsed(), record, started: launch.kind, keep_dir: false })
+    }
+
+    /// Brings back a paused sandbox from its directory: same id, memory, processes
+    /// and files. On failure the directory is left as it was, still paused.
+    pub async fn resume(dir: &Path, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
+        let started = Instant::now();
+        let read = |e| CreateError::Record(dir.join(VM_RECORD), e);
+        let text = std::fs::read_to_string(dir.join(VM_RECORD)).map_err(read)?;
+        let mut record: VmRecord = serde_json::from_str(&text).map_err(|e| read(e.into()))?;
+        let id = SandboxId::parse(&record.spec.id).ok_or_else(|| read(std::io::Error::other(format!("bad sandbox id '{}'", record.spec.id))))?;
+        record.spec.memory = Memory::Anonymous;
+        record.spec.incoming = Some(Incoming { state: dir.join(PAUSED_STATE), ignore_shared: false });
+        record.spec.die_with_parent = opts.die_with_parent;
+        std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
+        let (vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
+        init_guest(&agent, id.as_str(), opts).await?;
+        record.spec.incoming = None;
+        write_record(dir, &record)?;
+        let _ = std::fs::remove_file(dir.join(PAUSED_STATE));
+        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Resumed, keep_dir: false })
+    }
+
+    /// Saves memory and disk under the sandbox's directory and stops the VM. After
+    /// success the sandbox keeps its directory (see `resume`); after a failure it runs on.
+    pub async fn pause(&mut self) -> Result<(), PauseError> {
+        let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
+        crate::snapshot::release_agent(&self.agent, &self.record.spec.console_log(), RELEASE_WAIT).await?;
+        let state = self.dir.join(PAUSED_STATE);
+        if let Err(e) = vm.save(&state, false).await {
+            let _ = std::fs::remove_file(&state);
+            self.reattach().await;
+            return Err(PauseError::Save(SaveError::Vm(e)));
+        }
+        self.keep_dir = true;
+        let result = vm.stop(Duration::from_secs(5)).await.map_err(PauseError::Stop);
+        self.vm = None;
+        result
+    }
+
+    /// Saves the running sandbox as a memory snapshot in `dir` (a fork's source, an
+    /// E2B snapshot): the guest pauses for the save and then runs on.
+    pub async fn snapshot(&mut self, dir: &Path, template: &str) -> Result<MemorySnapshot, PauseError> {
+        let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
+        crate::snapshot::release_agent(&self.agent, &self.record.spec.console_log(), RELEASE_WAIT).await?;
+        let saved = crate::snapshot::save_vm(vm.as_mut(), &self.record.spec.disk, dir, false).await;
+        let resumed = vm.resume().await;
+        self.reattach().await;
+        saved?;
+        resumed.map_err(|e| PauseError::Save(SaveError::Vm(e)))?;
+        let manifest = crate::snapshot::Manifest {
+            template: template.to_string(),
+            cpus: self.record.spec.cpus,
+            memory_mib: self.record.spec.memory_mib,
+            accel: self.record.spec.accel,
+            shared_memory: false,
+            created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            source_sandbox: Some(self.id.to_string()),
+        };
+        MemorySnapshot::write_manifest(dir, &manifest)?;
+        Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })
+    }
+
+    /// A new agent session after the old one was released.
+    async fn reattach(&mut self) {
+        if let Some(vm) = self.vm.as_mut() {
+            match connect_restored(vm.as_mut(), Duration::from_secs(30), Instant::now()).await {
+                Ok(agent) => self.agent = agent,
+                Err(e) => tracing::warn!(sandbox = %self.id, "reconnecting to the agent: {e}"),
+            }
+        }
+    }
+
+    pub fn started_from(&self) -> StartKind {
+        self.started
+    }
+
+    pub fn base_snapshot(&self) -> Option<&Path> {
+        self.record.base_snapshot.as_deref()
     }
 
     pub fn id(&self) -> &SandboxId {
@@ -177,8 +340,82 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         // Dropping the handle kills QEMU; then nothing holds the directory.
         self.vm = None;
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
+}
+
+/// How long a guest agent may take to end the host's session before a save.
+const RELEASE_WAIT: Duration = Duration::from_secs(10);
+
+struct Launch<'a> {
+    base: &'a Path,
+    memory: Memory,
+    incoming: Option<Incoming>,
+    base_snapshot: Option<PathBuf>,
+    kind: StartKind,
+}
+
+fn write_record(dir: &Path, record: &VmRecord) -> Result<(), CreateError> {
+    let path = dir.join(VM_RECORD);
+    let json = serde_json::to_vec_pretty(record).map_err(|e| CreateError::Record(path.clone(), e.into()))?;
+    std::fs::write(&path, json).map_err(|e| CreateError::Record(path, e))
+}
+
+/// Starts QEMU and gets an agent session: after a boot, or after loading saved state.
+async fn start_vm(backend: &dyn VmBackend, spec: &VmSpec, limit: Duration, started: Instant) -> Result<(Box<dyn VmHandle>, AgentClient), CreateError> {
+    let mut vm = backend.start(spec).await.map_err(CreateError::Start)?;
+    let agent = if spec.incoming.is_some() {
+        vm.load().await.map_err(CreateError::Restore)?;
+        vm.resume().await.map_err(CreateError::Restore)?;
+        connect_restored(vm.as_mut(), limit, started).await?
+    } else {
+        wait_for_agent(vm.as_mut(), limit, started).await?
+    };
+    Ok((vm, agent))
+}
+
+/// Hands the guest its identity, the host's clock and fresh randomness: after a
+/// restore, all three are the snapshot's.
+async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Result<(), CreateError> {
+    let entropy: [[u8; 32]; 2] = rand::random();
+    let entropy = entropy.concat();
+    let init = InitRequest {
+        env_vars: opts.envs.clone(),
+        timestamp_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos()),
+        hostname: Some("hutch".into()),
+        access_token: opts.access_token.clone(),
+        sandbox_id: Some(id.to_string()),
+        metadata: opts.metadata.clone(),
+        entropy: Some(hutch_proto::b64::encode(&entropy)),
+        ..InitRequest::default()
+    };
+    agent.post_json("/init", &init).await.map_err(CreateError::Init)
+}
+
+/// Connects to a restored guest's agent: it is already serving (it was when saved), so
+/// there is no console line to wait for; the first hello may race the guest's wake-up.
+async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
+    let socket = vm.agent_socket();
+    let mut last = String::from("no attempt");
+    while started.elapsed() < limit {
+        if let Some(status) = vm.exit_status() {
+            return Err(CreateError::VmExited { status, console: console_tail(&vm.console_log(), 30) });
+        }
+        let attempt = async {
+            let client = agent::connect(&socket).await.map_err(|e| e.to_string())?;
+            client.health().await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(client)
+        };
+        match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(e)) => last = e,
+            Err(_) => last = "no answer within 5 s".into(),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(CreateError::RestoreTimeout { secs: limit.as_secs(), last })
 }
 
 /// The line the agent prints on the console once it serves the channel.
@@ -187,7 +424,7 @@ pub const READY_LINE: &str = "hutch-agent: ready";
 /// Waits for the booting guest's agent. The console says when the agent serves the
 /// channel, so the host connects once and then waits: reconnecting while the guest
 /// is mid-session (slow under TCG) would hand the new hello to the old session.
-async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
+pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
     let console = vm.console_log();
     let exited = |vm: &mut dyn VmHandle| vm.exit_status().map(|status| CreateError::VmExited { status, console: console_tail(&console, 30) });
     let timed_out = || CreateError::BootTimeout { secs: limit.as_secs(), console: console_tail(&console, 30) };
@@ -227,7 +464,7 @@ async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, started: Instant
 }
 
 /// Waits until the template's service accepts connections on `port` in the guest.
-async fn wait_for_port(agent: &AgentClient, port: u16, limit: Duration, started: Instant, dir: &Path) -> Result<(), CreateError> {
+pub(crate) async fn wait_for_port(agent: &AgentClient, port: u16, limit: Duration, started: Instant, dir: &Path) -> Result<(), CreateError> {
     loop {
         if agent.tunnel(port).await.is_ok() {
             return Ok(());
@@ -261,6 +498,7 @@ mod tests {
                 built_at: String::new(),
                 disk_size: 1 << 20,
                 build_id: "x".into(),
+                recipe: String::new(),
                 dir: root.join("t"),
             },
         }

@@ -7,6 +7,7 @@ use crate::run::{run, ToolError};
 use crate::file_error::{at, FileError};
 use crate::{HutchHome, Progress};
 use serde::{Deserialize, Serialize};
+use sha2::Digest;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -27,7 +28,7 @@ pub const BASE_PACKAGES: &[&str] = &[
 /// data stack, from Debian: nothing is fetched at run time).
 pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
     "python3-ipykernel", "python3-jupyter-client", "python3-numpy", "python3-pandas", "python3-matplotlib",
-    "python3-matplotlib-inline", "fonts-dejavu-core",
+    "python3-matplotlib-inline", "fonts-dejavu-core", "python3-pexpect", "python3-filetype",
 ];
 
 /// A template hutch knows how to build: Debian packages plus files written into the tree.
@@ -38,13 +39,40 @@ pub struct Recipe {
     pub packages: &'static [&'static [&'static str]],
     /// (path in the guest, contents, mode)
     pub files: &'static [(&'static str, &'static str, u32)],
+    /// PyPI packages (exact pins) that Debian lacks: the host's pip downloads them (the
+    /// host has the network and its certificates), the guest's pip installs them
+    /// offline without dependencies (those come from Debian, listed in `packages`).
+    pub wheels: &'static [&'static str],
+    /// Shell commands run in the tree (chroot) once packages, files and wheels are in.
+    pub setup: &'static [&'static str],
     /// A guest port the template's own service listens on; a sandbox is ready only
     /// once it accepts connections.
     pub ready_port: Option<u16>,
+    /// An HTTP request (path, JSON body) to `ready_port` made before the template's
+    /// memory snapshot is taken, so what it starts lazily (a Jupyter kernel) is warm in
+    /// every sandbox restored from it.
+    pub warm_up: Option<(&'static str, &'static str)>,
+}
+
+impl Recipe {
+    /// A fingerprint of everything the recipe puts in the image: a cached template
+    /// built from an older recipe is rebuilt.
+    pub fn fingerprint(&self) -> String {
+        let mut h = sha2::Sha256::new();
+        for part in self.packages.iter().flat_map(|p| p.iter()).chain(self.wheels).chain(self.setup) {
+            h.update(part.as_bytes());
+            h.update([0]);
+        }
+        for (path, contents, mode) in self.files {
+            h.update(format!("{path}\0{mode}\0").as_bytes());
+            h.update(contents.as_bytes());
+        }
+        hex::encode(&h.finalize()[..8])
+    }
 }
 
 pub const RECIPES: &[Recipe] = &[
-    Recipe { name: BASE, aliases: &[], packages: &[BASE_PACKAGES], files: &[], ready_port: None },
+    Recipe { name: BASE, aliases: &[], packages: &[BASE_PACKAGES], files: &[], wheels: &[], setup: &[], ready_port: None, warm_up: None },
     Recipe {
         name: "code-interpreter",
         aliases: &["code-interpreter-v1"],
@@ -53,7 +81,11 @@ pub const RECIPES: &[Recipe] = &[
             ("usr/lib/hutch/code_interpreter.py", include_str!("../guest/code_interpreter.py"), 0o755),
             ("etc/hutch/start", CODE_INTERPRETER_START, 0o755),
         ],
+        // A second kernel language for run_code(language="bash").
+        wheels: &["bash_kernel==0.10.0"],
+        setup: &["python3 -m bash_kernel.install --prefix /usr/local"],
         ready_port: Some(49999),
+        warm_up: Some(("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot"}"#)),
     },
 ];
 
@@ -76,6 +108,9 @@ pub struct Template {
     pub disk_size: u64,
     /// A content id of the image, so snapshots can tell when it changed.
     pub build_id: String,
+    /// The fingerprint of the recipe it was built from (empty: not built by a recipe).
+    #[serde(default)]
+    pub recipe: String,
     #[serde(skip)]
     pub dir: PathBuf,
 }
@@ -88,6 +123,10 @@ impl Template {
     /// The port whose service must accept connections before a sandbox is ready.
     pub fn ready_port(&self) -> Option<u16> {
         recipe(&self.name).and_then(|r| r.ready_port)
+    }
+
+    pub fn warm_up(&self) -> Option<(&'static str, &'static str)> {
+        recipe(&self.name).and_then(|r| r.warm_up)
     }
 }
 
@@ -103,6 +142,8 @@ pub enum TemplateError {
     File(#[from] FileError),
     #[error("reading {path}")]
     Manifest { path: PathBuf, #[source] source: serde_json::Error },
+    #[error("pip did not leave a wheel for {spec} in {dir}")]
+    Wheel { spec: String, dir: PathBuf },
 }
 
 
@@ -119,7 +160,9 @@ pub fn cached(home: &HutchHome, name: &str) -> Result<Option<Template>, Template
     };
     let mut t: Template = serde_json::from_str(&text).map_err(|source| TemplateError::Manifest { path: manifest, source })?;
     t.dir = dir;
-    Ok(t.image().is_file().then_some(t))
+    // A template built from an older recipe of ours is stale: the caller rebuilds it.
+    let stale = recipe(name).is_some_and(|r| r.fingerprint() != t.recipe);
+    Ok((t.image().is_file() && !stale).then_some(t))
 }
 
 /// Names of the templates built under this home.
@@ -192,6 +235,12 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, p
         std::fs::write(&dest, contents).map_err(at("writing", &dest))?;
         std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(*mode)).map_err(at("writing", &dest))?;
     }
+    install_wheels(home, recipe, &tree, progress)?;
+    for command in recipe.setup {
+        let mut cmd = Command::new("chroot");
+        cmd.arg(&tree).args(["/bin/sh", "-c", command]);
+        run(cmd, None, progress)?;
+    }
     let tree_bytes = crate::progress::tree_size(&tree);
     progress.done(&format!("{} unpacked", human_bytes(tree_bytes)), started.elapsed());
 
@@ -217,6 +266,7 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, p
         suite: SUITE.into(),
         packages: packages.iter().map(|s| s.to_string()).collect(),
         build_id: format!("{:016x}", rand_id()),
+        recipe: recipe.fingerprint(),
         built_at,
         disk_size: DISK_SIZE,
         dir: dir.clone(),
@@ -225,6 +275,41 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, p
     let json = serde_json::to_vec_pretty(&template).map_err(|source| TemplateError::Manifest { path: manifest.clone(), source })?;
     std::fs::write(&manifest, json).map_err(at("writing", &manifest))?;
     Ok(template)
+}
+
+/// Downloads the recipe's wheels with the host's pip (cached under `$HUTCH_HOME/cache`)
+/// and installs them in the tree with the guest's pip, offline.
+fn install_wheels(home: &HutchHome, recipe: &Recipe, tree: &Path, progress: &dyn Progress) -> Result<(), TemplateError> {
+    if recipe.wheels.is_empty() {
+        return Ok(());
+    }
+    let cache = home.root().join("cache").join("wheels");
+    std::fs::create_dir_all(&cache).map_err(at("creating", &cache))?;
+    let mut download = Command::new("python3");
+    download.args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest"]).arg(&cache).args(recipe.wheels);
+    run(download, None, progress)?;
+    let inside = tree.join("tmp/hutch-wheels");
+    std::fs::create_dir_all(&inside).map_err(at("creating", &inside))?;
+    let mut wanted = Vec::new();
+    for spec in recipe.wheels {
+        let (name, version) = spec.split_once("==").unwrap_or((spec, ""));
+        let prefix = format!("{}-{version}-", name.replace('-', "_"));
+        let wheel = std::fs::read_dir(&cache)
+            .map_err(at("reading", &cache))?
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|f| f.to_lowercase().starts_with(&prefix.to_lowercase()) && f.ends_with(".whl"));
+        let Some(wheel) = wheel else {
+            return Err(TemplateError::Wheel { spec: spec.to_string(), dir: cache });
+        };
+        std::fs::copy(cache.join(&wheel), inside.join(&wheel)).map_err(at("copying", &inside))?;
+        wanted.push(format!("/tmp/hutch-wheels/{wheel}"));
+    }
+    let mut install = Command::new("chroot");
+    install.arg(tree).args(["pip3", "install", "--quiet", "--no-index", "--no-deps", "--break-system-packages"]).args(&wanted);
+    run(install, None, progress)?;
+    std::fs::remove_dir_all(&inside).map_err(at("removing", &inside))?;
+    Ok(())
 }
 
 fn rand_id() -> u64 {

@@ -18,7 +18,21 @@ pub struct InitRequest {
     pub default_user: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
+    /// The sandbox's id, as processes see it (`E2B_SANDBOX_ID`, /run/hutch/sandbox.json).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Host randomness (base64) the agent mixes into the guest RNG and reseeds from: a
+    /// guest restored from a snapshot would otherwise share its RNG state with every
+    /// other clone of that snapshot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entropy: Option<String>,
 }
+
+/// The console line an agent prints when a host session ends and it waits for the
+/// next one: the moment a template VM can be snapshotted.
+pub const IDLE_LINE: &str = "hutch-agent: idle";
 
 /// Error body of the agent's plain HTTP endpoints (same as envd's).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -1,10 +1,31 @@
 //! The backend seam: what the sandbox manager needs from a VM, whatever runs it.
 
 use crate::accel::Accel;
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// Where guest RAM lives. Memory snapshots need it in a file: a VM whose RAM is a
+/// shared mapping of a file can be saved with `x-ignore-shared`, writing only device
+/// state; clones map the same file privately, so its pages are shared copy-on-write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Memory {
+    Anonymous,
+    /// A shared mapping of the file (writes go to the file): a snapshot's source VM.
+    SharedFile(PathBuf),
+    /// A private (copy-on-write) mapping of a snapshot's memory file.
+    PrivateFile(PathBuf),
+}
+
+/// A saved migration stream to load before the guest runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Incoming {
+    pub state: PathBuf,
+    /// The stream left out RAM that lives in a shared file (`x-ignore-shared`).
+    pub ignore_shared: bool,
+}
 
 /// Everything needed to start one VM. All of its files live in `dir`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VmSpec {
     pub id: String,
     pub dir: PathBuf,
@@ -15,6 +36,9 @@ pub struct VmSpec {
     pub cpus: u32,
     pub memory_mib: u32,
     pub accel: Accel,
+    pub memory: Memory,
+    /// Start from a saved state instead of booting (`-incoming defer`, then load it).
+    pub incoming: Option<Incoming>,
     /// Kill the VM when the process that started it dies (no daemon to adopt it).
     pub die_with_parent: bool,
 }
@@ -48,6 +72,22 @@ pub enum StartError {
 }
 
 #[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("the VM has no QMP connection (it has ended)")]
+    NoQmp,
+    #[error("QMP")]
+    Qmp(#[source] crate::qmp::QmpError),
+    #[error("migration {what} failed: {detail}")]
+    Migration { what: &'static str, detail: String },
+    #[error("migration {what} did not finish within {secs} s")]
+    Timeout { what: &'static str, secs: u64 },
+    #[error("the path {0} cannot be handed to QEMU's exec: migration (it contains a quote)")]
+    BadPath(String),
+    #[error("this backend cannot save or restore VMs")]
+    Unsupported,
+}
+
+#[derive(Debug, thiserror::Error)]
 pub enum StopError {
     #[error("killing QEMU (pid {pid})")]
     Kill { pid: u32, #[source] source: std::io::Error },
@@ -66,6 +106,13 @@ pub trait VmHandle: Send + Sync {
     async fn stop(&mut self, grace: std::time::Duration) -> Result<(), StopError>;
     /// Ends the VM at once.
     async fn kill(&mut self) -> Result<(), StopError>;
+    /// Pauses the guest and writes its state to `state` (with `ignore_shared`, RAM in
+    /// a shared file is left out). The guest stays paused; `resume` or `stop` follows.
+    async fn save(&mut self, state: &Path, ignore_shared: bool) -> Result<(), SnapshotError>;
+    /// Loads the state named by the spec's `incoming`; the guest stays paused.
+    async fn load(&mut self) -> Result<(), SnapshotError>;
+    /// Runs a paused guest (after `save` or `load`).
+    async fn resume(&mut self) -> Result<(), SnapshotError>;
 }
 
 #[async_trait::async_trait]

@@ -1,5 +1,5 @@
-//! Per-sandbox disks: a qcow2 overlay over the read-only template image, so creating a
-//! sandbox copies nothing.
+//! Per-sandbox disks: a qcow2 overlay over a read-only base (a template's raw image or a
+//! snapshot's frozen qcow2 layer), so creating a sandbox copies nothing.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -14,9 +14,16 @@ pub enum DiskError {
     Io(#[source] std::io::Error),
 }
 
+/// The base's format: qcow2 files start with "QFI\xfb"; anything else is raw.
+fn format_of(base: &Path) -> &'static str {
+    let mut magic = [0u8; 4];
+    let is_qcow2 = std::fs::File::open(base).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"QFI\xfb";
+    if is_qcow2 { "qcow2" } else { "raw" }
+}
+
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), DiskError> {
     let out = tokio::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+        .args(["create", "-q", "-f", "qcow2", "-F", format_of(base), "-b"])
         .arg(base)
         .arg(overlay)
         .stdin(Stdio::null())

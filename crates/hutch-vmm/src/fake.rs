@@ -1,8 +1,8 @@
 //! A backend that starts nothing, for unit tests of code above the VMM. It records what
 //! was asked of it and can be told to fail.
 
-use crate::backend::{StartError, StopError, VmBackend, VmHandle, VmSpec};
-use std::path::PathBuf;
+use crate::backend::{SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 #[derive(Default, Clone)]
@@ -63,6 +63,15 @@ impl VmHandle for FakeVm {
     async fn kill(&mut self) -> Result<(), StopError> {
         self.end();
         Ok(())
+    }
+    async fn save(&mut self, _state: &Path, _ignore_shared: bool) -> Result<(), SnapshotError> {
+        Err(SnapshotError::Unsupported)
+    }
+    async fn load(&mut self) -> Result<(), SnapshotError> {
+        Err(SnapshotError::Unsupported)
+    }
+    async fn resume(&mut self) -> Result<(), SnapshotError> {
+        Err(SnapshotError::Unsupported)
     }
 }
 

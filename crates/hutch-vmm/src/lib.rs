@@ -11,4 +11,4 @@ pub mod qemu;
 pub mod qmp;
 
 pub use accel::{Accel, AccelChoice};
-pub use backend::{StartError, StopError, VmBackend, VmHandle, VmSpec};
+pub use backend::{Incoming, Memory, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};

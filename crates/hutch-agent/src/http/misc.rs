@@ -29,8 +29,17 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
     if let Some(name) = &req.hostname {
         crate::guest::set_hostname(name);
     }
+    if let Some(seed) = req.entropy.as_deref().and_then(|s| hutch_proto::b64::decode(s).ok()) {
+        crate::guest::reseed_rng(&seed);
+    }
+    let mut env_vars = req.env_vars;
+    if let Some(id) = &req.sandbox_id {
+        env_vars.entry("E2B_SANDBOX_ID".into()).or_insert_with(|| id.clone());
+        env_vars.entry("HUTCH_SANDBOX_ID".into()).or_insert_with(|| id.clone());
+        crate::guest::write_identity(id, &req.metadata);
+    }
     let mut cfg = st.config.write().unwrap_or_else(|e| e.into_inner());
-    cfg.env_vars = req.env_vars;
+    cfg.env_vars = env_vars;
     cfg.access_token = req.access_token.filter(|t| !t.is_empty());
     if let Some(user) = req.default_user {
         cfg.default_user = user;

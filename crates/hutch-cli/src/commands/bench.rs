@@ -125,6 +125,8 @@ async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Durat
         cpus: 1,
         memory_mib: SandboxOptions::default().memory.get(),
         accel: local.accel.accel,
+        memory: hutch_vmm::Memory::Anonymous,
+        incoming: None,
         die_with_parent: true,
     };
     let started = Instant::now();

@@ -21,8 +21,29 @@ pub struct RunArgs {
     /// Accelerator: auto picks KVM only when it runs at native speed.
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
+    /// Boot the guest kernel instead of restoring the template's memory snapshot.
+    #[arg(long)]
+    pub cold: bool,
     #[command(flatten)]
     pub exec: ExecFlags,
+}
+
+/// The template's memory snapshot for this VM shape, made (and said so) on first use.
+pub async fn ensure_snapshot(local: &Local, opts: &SandboxOptions) -> anyhow::Result<hutch_core::snapshot::MemorySnapshot> {
+    let dir = hutch_core::template_snapshot::dir_for(&local.home, &local.artifacts, opts);
+    let fresh = !dir.join(hutch_core::snapshot::MANIFEST).is_file();
+    let started = std::time::Instant::now();
+    if fresh {
+        eprintln!("hutch: first use of template '{}' at this size: booting it once to save a memory snapshot ...", local.artifacts.template.name);
+    }
+    let backend = hutch_vmm::qemu::QemuBackend::default();
+    let snapshot = hutch_core::template_snapshot::ensure(&local.home, &local.artifacts, &backend, opts)
+        .await
+        .with_context(|| format!("making the memory snapshot of template '{}'", local.artifacts.template.name))?;
+    if fresh {
+        eprintln!("hutch: snapshot saved in {:.1} s; sandboxes of '{}' now start from it", started.elapsed().as_secs_f64(), local.artifacts.template.name);
+    }
+    Ok(snapshot)
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
@@ -31,8 +52,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         cpus: args.cpus,
         memory: args.memory,
         accel: local.accel.accel,
+        cold: args.cold,
         ..SandboxOptions::default()
     };
+    if !args.cold {
+        tokio::select! {
+            s = ensure_snapshot(&local, &opts) => { s?; }
+            _ = tokio::signal::ctrl_c() => return Ok(130),
+        }
+    }
     let backend = hutch_vmm::qemu::QemuBackend::default();
     let create = Sandbox::create(&local.home, &local.artifacts, &backend, &opts);
     let sandbox = tokio::select! {

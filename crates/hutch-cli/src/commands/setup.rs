@@ -18,6 +18,9 @@ pub async fn run(args: SetupArgs) -> anyhow::Result<i32> {
         crate::outln!("initramfs   {}", a.initramfs.display());
         crate::outln!("template    {} ({})", a.template.name, a.template.image().display());
         crate::outln!("accel       {} ({})", local.accel.accel.as_str(), local.accel.why);
+        let opts = hutch_core::SandboxOptions { accel: local.accel.accel, ..Default::default() };
+        let snapshot = super::run::ensure_snapshot(&local, &opts).await?;
+        crate::outln!("snapshot    {}", snapshot.dir.display());
     }
     crate::outln!("hutch is ready: try `hutch run -- python3 -c 'print(42)'`");
     Ok(0)

@@ -55,8 +55,8 @@ pub fn full(data: impl Into<Bytes>) -> Body {
 /// How requests reach the agent.
 #[derive(Clone)]
 enum Transport {
-    /// HTTP/2 over a local VM's agent socket.
-    Socket(hyper::client::conn::http2::SendRequest<Body>),
+    /// HTTP/2 over a local VM's agent socket; the Notify ends the connection.
+    Socket(hyper::client::conn::http2::SendRequest<Body>, Arc<tokio::sync::Notify>),
     /// `hutch serve`'s data proxy.
     Proxy(Arc<Proxy>),
 }
@@ -91,7 +91,7 @@ impl AgentClient {
 
     fn request(&self, method: Method, path_and_query: &str) -> http::request::Builder {
         let mut b = match &self.transport {
-            Transport::Socket(_) => Request::builder().method(method).uri(format!("http://agent{path_and_query}")),
+            Transport::Socket(..) => Request::builder().method(method).uri(format!("http://agent{path_and_query}")),
             Transport::Proxy(p) => {
                 let b = Request::builder()
                     .method(method)
@@ -112,7 +112,7 @@ impl AgentClient {
 
     pub async fn send(&self, req: Request<Body>) -> Result<http::Response<Incoming>, AgentError> {
         match &self.transport {
-            Transport::Socket(sender) => {
+            Transport::Socket(sender, _) => {
                 let mut sender = sender.clone();
                 sender.ready().await.map_err(AgentError::Disconnected)?;
                 sender.send_request(req).await.map_err(AgentError::Disconnected)
@@ -121,8 +121,16 @@ impl AgentClient {
         }
     }
 
-    fn from_socket(sender: hyper::client::conn::http2::SendRequest<Body>) -> AgentClient {
-        AgentClient { transport: Transport::Socket(sender), user: None }
+    fn from_socket(sender: hyper::client::conn::http2::SendRequest<Body>, closer: Arc<tokio::sync::Notify>) -> AgentClient {
+        AgentClient { transport: Transport::Socket(sender, closer), user: None }
+    }
+
+    /// Closes the socket connection now, for every clone, even with requests in
+    /// flight: the guest then sees the host leave (before a snapshot, say).
+    pub fn close(&self) {
+        if let Transport::Socket(_, closer) = &self.transport {
+            closer.notify_one();
+        }
     }
 
     /// Sends `method path` with an optional JSON body; returns the status and body.

@@ -55,12 +55,15 @@ pub async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
     let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
     builder.initial_stream_window_size(4 << 20).initial_connection_window_size(16 << 20).max_frame_size(1 << 20);
     let (sender, conn) = builder.handshake::<_, Body>(TokioIo::new(io)).await.map_err(ConnectError::Handshake)?;
+    let closer = std::sync::Arc::new(tokio::sync::Notify::new());
+    let close = closer.clone();
     tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!("agent connection ended: {e}");
+        tokio::select! {
+            r = conn => if let Err(e) = r { tracing::debug!("agent connection ended: {e}") },
+            _ = close.notified() => tracing::debug!("agent connection closed by the host"),
         }
     });
-    Ok(AgentClient::from_socket(sender))
+    Ok(AgentClient::from_socket(sender, closer))
 }
 
 /// The socket, with bytes read past the hello served first.

@@ -4,7 +4,7 @@
 //! file; `-no-reboot` turns the guest's reset (how the agent powers off) into an exit.
 
 use crate::accel::Accel;
-use crate::backend::VmSpec;
+use crate::backend::{Memory, VmSpec};
 use std::ffi::OsString;
 
 pub const KERNEL_CMDLINE: &str = "console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz=3000000 lpj=6000000";
@@ -12,13 +12,20 @@ pub const KERNEL_CMDLINE: &str = "console=ttyS0 quiet panic=-1 reboot=t tsc_earl
 pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
-    let machine = format!("microvm,accel={}", spec.accel.as_str());
+    // RAM is always an explicit backend named mem0: a migration stream names its RAM
+    // blocks, so a VM saved with one backing can be restored with another.
+    let machine = format!("microvm,accel={},memory-backend=mem0", spec.accel.as_str());
     let cpu = match spec.accel {
         Accel::Kvm => "host",
         Accel::Tcg => "max",
     };
     push(&["-M", &machine, "-cpu", cpu]);
     push(&["-smp", &spec.cpus.to_string(), "-m", &format!("{}M", spec.memory_mib)]);
+    push(&["-object", &memory_backend(spec)]);
+    if spec.incoming.is_some() {
+        // -S: the loaded guest waits for `cont`, so hutch decides when it runs.
+        push(&["-incoming", "defer", "-S"]);
+    }
     push(&["-no-user-config", "-nodefaults", "-display", "none", "-no-reboot"]);
     push(&["-serial", &format!("file:{}", spec.console_log().display())]);
     push(&["-kernel", &spec.kernel.display().to_string()]);
@@ -31,6 +38,15 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     push(&["-device", &format!("virtserialport,chardev=agent,name={}", hutch_proto::AGENT_PORT_NAME)]);
     push(&["-qmp", &format!("unix:{},server=on,wait=off", spec.qmp_socket().display())]);
     a
+}
+
+fn memory_backend(spec: &VmSpec) -> String {
+    let size = format!("size={}M", spec.memory_mib);
+    match &spec.memory {
+        Memory::Anonymous => format!("memory-backend-ram,id=mem0,{size}"),
+        Memory::SharedFile(f) => format!("memory-backend-file,id=mem0,{size},mem-path={},share=on", f.display()),
+        Memory::PrivateFile(f) => format!("memory-backend-file,id=mem0,{size},mem-path={},share=off", f.display()),
+    }
 }
 
 #[cfg(test)]
@@ -48,6 +64,8 @@ mod tests {
             cpus: 2,
             memory_mib: 512,
             accel: Accel::Tcg,
+            memory: Memory::PrivateFile("/snap/mem".into()),
+            incoming: Some(crate::backend::Incoming { state: "/snap/state".into(), ignore_shared: true }),
             die_with_parent: true,
         };
         let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
@@ -57,5 +75,8 @@ mod tests {
         assert!(joined.contains("-smp 2 -m 512M"));
         assert!(joined.contains("socket,id=agent,path=/s/agent.sock,server=on,wait=off"));
         assert!(joined.contains("-serial file:/s/console.log"));
+        assert!(joined.contains("microvm,accel=tcg,memory-backend=mem0"));
+        assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));
+        assert!(joined.contains("-incoming defer"));
     }
 }

@@ -2,14 +2,18 @@
 //! process (tokio's kill_on_drop), and with `die_with_parent` the kernel kills it if
 //! hutch itself dies (PR_SET_PDEATHSIG), so neither a panic nor a SIGKILL leaks QEMU.
 
-use crate::backend::{StartError, StopError, VmHandle, VmSpec};
+use crate::backend::{SnapshotError, StartError, StopError, VmHandle, VmSpec};
 use crate::qmp::Qmp;
-use std::path::PathBuf;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
 const QMP_WAIT: Duration = Duration::from_secs(10);
+/// A whole-RAM migration of a 1 GiB guest into a file takes a few seconds; this only
+/// guards against a wedged QEMU.
+const MIGRATION_WAIT: Duration = Duration::from_secs(300);
 const MAX_SOCKET_PATH: usize = 107;
 
 pub struct QemuVm {
@@ -81,6 +85,39 @@ impl QemuVm {
         }
     }
 
+    fn qmp(&mut self) -> Result<&mut Qmp, SnapshotError> {
+        self.qmp.as_mut().ok_or(SnapshotError::NoQmp)
+    }
+
+    async fn run(&mut self, command: &str, args: Option<Value>) -> Result<Value, SnapshotError> {
+        self.qmp()?.execute(command, args).await.map_err(SnapshotError::Qmp)
+    }
+
+    async fn ignore_shared(&mut self, on: bool) -> Result<(), SnapshotError> {
+        let caps = json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] });
+        self.run("migrate-set-capabilities", Some(caps)).await.map(drop)
+    }
+
+    /// Polls `query-migrate` until the outgoing migration ends.
+    async fn wait_migration(&mut self) -> Result<(), SnapshotError> {
+        let started = Instant::now();
+        loop {
+            let info = self.run("query-migrate", None).await?;
+            match info.get("status").and_then(Value::as_str).unwrap_or("") {
+                "completed" => return Ok(()),
+                "failed" | "cancelled" => {
+                    let detail = info.get("error-desc").and_then(Value::as_str).unwrap_or("no detail").to_string();
+                    return Err(SnapshotError::Migration { what: "save", detail });
+                }
+                _ => {}
+            }
+            if started.elapsed() > MIGRATION_WAIT {
+                return Err(SnapshotError::Timeout { what: "save", secs: MIGRATION_WAIT.as_secs() });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     async fn wait_exit(&mut self, limit: Duration) -> bool {
         match tokio::time::timeout(limit, self.child.wait()).await {
             Ok(Ok(status)) => {
@@ -146,4 +183,54 @@ impl VmHandle for QemuVm {
             Err(source) => Err(StopError::Kill { pid, source }),
         }
     }
+
+    async fn save(&mut self, state: &Path, ignore_shared: bool) -> Result<(), SnapshotError> {
+        let uri = format!("exec:cat > {}", shell_quote(state)?);
+        self.ignore_shared(ignore_shared).await?;
+        self.run("stop", None).await?;
+        self.run("migrate", Some(json!({ "uri": uri }))).await?;
+        self.wait_migration().await
+    }
+
+    async fn load(&mut self) -> Result<(), SnapshotError> {
+        let Some(incoming) = self.spec.incoming.clone() else {
+            return Err(SnapshotError::Migration { what: "load", detail: "the VM was not started to load a state".into() });
+        };
+        let uri = format!("exec:cat {}", shell_quote(&incoming.state)?);
+        self.ignore_shared(incoming.ignore_shared).await?;
+        self.run("migrate-incoming", Some(json!({ "uri": uri }))).await?;
+        // Started with -S: once the state is in, the guest waits in "paused".
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.exit_status() {
+                // QEMU exits when an incoming stream does not fit the machine.
+                return Err(SnapshotError::Migration { what: "load", detail: format!("QEMU exited ({status}): {}", stderr_of(&self.spec)) });
+            }
+            let status = match self.run("query-status", None).await {
+                Ok(s) => s,
+                Err(SnapshotError::Qmp(_)) if self.exit_status().is_some() => continue,
+                Err(e) => return Err(e),
+            };
+            if status.get("status").and_then(Value::as_str) != Some("inmigrate") {
+                return Ok(());
+            }
+            if started.elapsed() > MIGRATION_WAIT {
+                return Err(SnapshotError::Timeout { what: "load", secs: MIGRATION_WAIT.as_secs() });
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    async fn resume(&mut self) -> Result<(), SnapshotError> {
+        self.run("cont", None).await.map(drop)
+    }
+}
+
+/// `path` in single quotes for the shell QEMU runs `exec:` migrations with.
+fn shell_quote(path: &Path) -> Result<String, SnapshotError> {
+    let text = path.display().to_string();
+    if text.contains('\'') {
+        return Err(SnapshotError::BadPath(text));
+    }
+    Ok(format!("'{text}'"))
 }

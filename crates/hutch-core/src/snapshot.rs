@@ -1,0 +1,112 @@
+//! Memory snapshots: a VM saved so it can be restored, any number of times, in a
+//! fraction of a boot. A snapshot directory holds
+//!
+//! - `disk.qcow2`: the VM's disk as it was, a frozen layer restored sandboxes stack
+//!   their own overlay on;
+//! - `state`: QEMU's migration stream (device state, and RAM unless `memory` exists);
+//! - `memory`: guest RAM as a plain file, when the VM ran on a shared file mapping and
+//!   was saved with `x-ignore-shared`; restored VMs map it copy-on-write, so clones
+//!   share its pages in the host page cache;
+//! - `snapshot.json`: the manifest below.
+//!
+//! A snapshot is taken only after the host closed its agent session and the agent said
+//! it is idle, so a restored guest starts a fresh session instead of a half-open one.
+
+use crate::agent::AgentClient;
+use hutch_vmm::{Incoming, Memory, SnapshotError, VmHandle};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+pub const MANIFEST: &str = "snapshot.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Manifest {
+    /// The template the disk descends from.
+    pub template: String,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub accel: hutch_vmm::Accel,
+    /// RAM is in the `memory` file, not in `state`.
+    pub shared_memory: bool,
+    pub created_at: String,
+    /// Where it came from: a template's first boot, or a sandbox (fork, E2B snapshot).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_sandbox: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct MemorySnapshot {
+    pub dir: PathBuf,
+    pub manifest: Manifest,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    #[error("the guest agent did not release its session within {0} s; the sandbox was not snapshotted")]
+    AgentBusy(u64),
+    #[error("saving the VM state")]
+    Vm(#[source] SnapshotError),
+    #[error("{what} {path}")]
+    File { what: &'static str, path: PathBuf, #[source] source: std::io::Error },
+}
+
+fn file_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SaveError + 'a {
+    move |source| SaveError::File { what, path: path.to_path_buf(), source }
+}
+
+impl MemorySnapshot {
+    pub fn open(dir: &Path) -> Option<MemorySnapshot> {
+        let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
+        let manifest = serde_json::from_str(&text).ok()?;
+        Some(MemorySnapshot { dir: dir.to_path_buf(), manifest })
+    }
+
+    pub fn disk(&self) -> PathBuf {
+        self.dir.join("disk.qcow2")
+    }
+
+    /// How a VM restored from it maps its RAM and what it loads.
+    pub fn restore_memory(&self) -> (Memory, Incoming) {
+        let memory = if self.manifest.shared_memory { Memory::PrivateFile(self.dir.join("memory")) } else { Memory::Anonymous };
+        (memory, Incoming { state: self.dir.join("state"), ignore_shared: self.manifest.shared_memory })
+    }
+
+    pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), SaveError> {
+        let path = dir.join(MANIFEST);
+        let json = serde_json::to_vec_pretty(manifest).map_err(|e| SaveError::File { what: "writing", path: path.clone(), source: e.into() })?;
+        std::fs::write(&path, json).map_err(file_err("writing", &path))
+    }
+}
+
+/// How many times `line` appears in the console log.
+pub fn console_count(console: &Path, line: &str) -> usize {
+    let text = std::fs::read(console).unwrap_or_default();
+    text.windows(line.len()).filter(|w| *w == line.as_bytes()).count()
+}
+
+/// Closes the host's agent session and waits until the guest agent says it is idle.
+pub async fn release_agent(agent: &AgentClient, console: &Path, limit: Duration) -> Result<(), SaveError> {
+    let idle_before = console_count(console, hutch_proto::agent::IDLE_LINE);
+    agent.close();
+    let started = Instant::now();
+    while console_count(console, hutch_proto::agent::IDLE_LINE) <= idle_before {
+        if started.elapsed() > limit {
+            return Err(SaveError::AgentBusy(limit.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+/// Saves a paused-for-saving VM into `dir`: its state (RAM left out when it lives in a
+/// shared file) and a copy of its disk overlay, taken while QEMU has the disk flushed
+/// and inactive. The VM stays paused.
+pub async fn save_vm(vm: &mut dyn VmHandle, overlay: &Path, dir: &Path, shared_memory: bool) -> Result<(), SaveError> {
+    vm.save(&dir.join("state"), shared_memory).await.map_err(SaveError::Vm)?;
+    let disk = dir.join("disk.qcow2");
+    if overlay != disk {
+        std::fs::copy(overlay, &disk).map_err(file_err("copying the disk to", &disk))?;
+    }
+    Ok(())
+}

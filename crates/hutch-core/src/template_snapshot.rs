@@ -1,0 +1,183 @@
+//! Template snapshots: the first time a template is used, hutch boots it once, lets
+//! its services come up (and warms them: a Jupyter kernel for the code interpreter),
+//! and saves the VM with its RAM in a shared file. Every later sandbox of the template
+//! restores that instead of booting.
+//!
+//! A snapshot belongs to one exact combination of template build, kernel, initramfs
+//! (which holds the agent), VM shape and QEMU version: its directory name carries a
+//! hash of all of them, so when any changes, a new snapshot is made and the old one is
+//! left for `hutch snapshot prune`-style cleanup (`remove_stale`).
+
+use crate::agent::AgentClient;
+use crate::artifacts::Artifacts;
+use crate::sandbox::{console_tail, wait_for_agent, wait_for_port, CreateError, SandboxOptions};
+use crate::snapshot::{Manifest, MemorySnapshot, SaveError};
+use hutch_image::HutchHome;
+use hutch_vmm::{Memory, VmBackend, VmSpec};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Bumped when the snapshot layout or the agent's restore contract changes.
+const FORMAT: &str = "hutch-snapshot-1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateSnapshotError {
+    #[error("creating {0}")]
+    Dir(PathBuf, #[source] std::io::Error),
+    #[error("booting the template VM")]
+    Boot(#[source] CreateError),
+    #[error("warming up the template's service on port {port}: {detail}")]
+    WarmUp { port: u16, detail: String },
+    #[error(transparent)]
+    Save(#[from] SaveError),
+    #[error("stopping the template VM")]
+    Stop(#[source] hutch_vmm::StopError),
+}
+
+pub fn root(home: &HutchHome) -> PathBuf {
+    home.root().join("snapshots").join("templates")
+}
+
+fn qemu_version() -> String {
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    VERSION
+        .get_or_init(|| {
+            let binary = std::env::var("HUTCH_QEMU").unwrap_or_else(|_| hutch_vmm::qemu::DEFAULT_BINARY.into());
+            hutch_vmm::qemu::version(&binary).unwrap_or_default()
+        })
+        .clone()
+}
+
+/// The directory of the snapshot for this template, kernel, initramfs and VM shape.
+pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions) -> PathBuf {
+    let mut h = Sha256::new();
+    let t = &artifacts.template;
+    let initramfs = artifacts.initramfs.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    for part in [
+        FORMAT,
+        &t.build_id,
+        &t.recipe,
+        &artifacts.kernel.version,
+        &artifacts.kernel.package_version,
+        &initramfs,
+        &opts.cpus.to_string(),
+        &opts.memory.get().to_string(),
+        opts.accel.as_str(),
+        &qemu_version(),
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    root(home).join(format!("{}-{}", t.name, hex::encode(&h.finalize()[..8])))
+}
+
+/// The template's snapshot, made now if it does not exist yet. Concurrent callers
+/// (several `hutch run`s, a server) wait on a lock file and make it once.
+pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<MemorySnapshot, TemplateSnapshotError> {
+    let dir = dir_for(home, artifacts, opts);
+    if let Some(s) = MemorySnapshot::open(&dir) {
+        return Ok(s);
+    }
+    std::fs::create_dir_all(root(home)).map_err(|e| TemplateSnapshotError::Dir(root(home), e))?;
+    let lock_path = dir.with_extension("lock");
+    let lock_file = std::fs::File::create(&lock_path).map_err(|e| TemplateSnapshotError::Dir(lock_path.clone(), e))?;
+    let lock = tokio::task::spawn_blocking(move || nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive))
+        .await
+        .map_err(|e| TemplateSnapshotError::Dir(lock_path.clone(), std::io::Error::other(e.to_string())))?
+        .map_err(|(_, e)| TemplateSnapshotError::Dir(lock_path.clone(), e.into()))?;
+    if let Some(s) = MemorySnapshot::open(&dir) {
+        return Ok(s);
+    }
+    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).map_err(|e| TemplateSnapshotError::Dir(tmp.clone(), e))?;
+    let made = make(artifacts, backend, opts, &tmp).await;
+    let result = match made {
+        Ok(manifest) => std::fs::rename(&tmp, &dir)
+            .map_err(|e| TemplateSnapshotError::Dir(dir.clone(), e))
+            .map(|()| MemorySnapshot { dir: dir.clone(), manifest }),
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_dir_all(&tmp);
+    drop(lock);
+    let _ = std::fs::remove_file(&lock_path);
+    if result.is_ok() {
+        tracing::info!(template = %artifacts.template.name, "saved the template's memory snapshot in {}", dir.display());
+    }
+    result
+}
+
+async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions, dir: &Path) -> Result<Manifest, TemplateSnapshotError> {
+    let started = Instant::now();
+    let disk = dir.join("disk.qcow2");
+    hutch_vmm::disk::create_overlay(&artifacts.template.image(), &disk)
+        .await
+        .map_err(|e| TemplateSnapshotError::Boot(CreateError::Disk(e)))?;
+    let spec = VmSpec {
+        id: "template-snapshot".into(),
+        dir: dir.to_path_buf(),
+        kernel: artifacts.kernel.vmlinuz(),
+        initrd: artifacts.initramfs.clone(),
+        disk: disk.clone(),
+        cpus: opts.cpus,
+        memory_mib: opts.memory.get(),
+        accel: opts.accel,
+        memory: Memory::SharedFile(dir.join("memory")),
+        incoming: None,
+        die_with_parent: true,
+    };
+    let mut vm = backend.start(&spec).await.map_err(|e| TemplateSnapshotError::Boot(CreateError::Start(e)))?;
+    let agent = wait_for_agent(vm.as_mut(), opts.boot_timeout, started).await.map_err(TemplateSnapshotError::Boot)?;
+    if let Some(port) = artifacts.template.ready_port() {
+        wait_for_port(&agent, port, opts.boot_timeout, started, dir).await.map_err(TemplateSnapshotError::Boot)?;
+        if let Some((path, body)) = artifacts.template.warm_up() {
+            warm_up(&agent, port, path, body)
+                .await
+                .map_err(|detail| TemplateSnapshotError::WarmUp { port, detail: format!("{detail}; console:\n{}", console_tail(&spec.console_log(), 20)) })?;
+        }
+    }
+    crate::snapshot::release_agent(&agent, &spec.console_log(), Duration::from_secs(10)).await?;
+    drop(agent);
+    crate::snapshot::save_vm(vm.as_mut(), &disk, dir, true).await?;
+    vm.stop(Duration::from_secs(5)).await.map_err(TemplateSnapshotError::Stop)?;
+    // The boot's console and QEMU files are not part of the snapshot.
+    for f in ["console.log", "qemu.log", "qemu.pid", "agent.sock", "qmp.sock"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    let manifest = Manifest {
+        template: artifacts.template.name.clone(),
+        cpus: opts.cpus,
+        memory_mib: opts.memory.get(),
+        accel: opts.accel,
+        shared_memory: true,
+        created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        source_sandbox: None,
+    };
+    MemorySnapshot::write_manifest(dir, &manifest)?;
+    Ok(manifest)
+}
+
+/// One HTTP/1.1 request to the template's service through the agent, read to the end.
+async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Result<(), String> {
+    let mut tunnel = agent.tunnel(port).await.map_err(|e| e.to_string())?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    tunnel.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+    let mut reply = Vec::new();
+    tokio::time::timeout(Duration::from_secs(120), tunnel.read_to_end(&mut reply))
+        .await
+        .map_err(|_| "no reply within 120 s".to_string())?
+        .map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&reply);
+    if !text.starts_with("HTTP/1.1 200") && !text.starts_with("HTTP/1.0 200") {
+        return Err(format!("unexpected reply: {}", text.lines().next().unwrap_or("(empty)")));
+    }
+    if text.contains("\"error\"") {
+        return Err(format!("the warm-up code failed: {}", text.chars().take(500).collect::<String>()));
+    }
+    Ok(())
+}
