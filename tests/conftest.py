@@ -42,6 +42,15 @@ def qemus_under(home: Path) -> list[int]:
     return pids
 
 
+def link_shared_artifacts(home: Path) -> None:
+    """Kernel, initramfs, templates and template snapshots come from the shared cache
+    (built once by `hutch setup`); everything else under `home` is the test's own."""
+    (home / "snapshots").mkdir(parents=True, exist_ok=True)
+    for sub in ("kernel", "initramfs", "templates", "snapshots/templates"):
+        (shared_home() / sub).mkdir(parents=True, exist_ok=True)
+        (home / sub).symlink_to(shared_home() / sub)
+
+
 class Server:
     def __init__(self, url: str, home: Path, proc: subprocess.Popen):
         self.url, self.home, self.proc, self.key = url, home, proc, API_KEY
@@ -54,9 +63,7 @@ class Server:
 @pytest.fixture(scope="session")
 def server():
     home = Path(tempfile.mkdtemp(prefix="hutch-serve-", dir="/tmp"))
-    for sub in ("kernel", "initramfs", "templates"):
-        (shared_home() / sub).mkdir(parents=True, exist_ok=True)
-        (home / sub).symlink_to(shared_home() / sub)
+    link_shared_artifacts(home)
     port = free_port()
     env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
     log = open(home / "serve.log", "w")

@@ -163,8 +163,20 @@ impl Sandbox {
 
     /// A new sandbox that boots the guest kernel.
     pub async fn create_cold(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
-        let base = artifacts.template.image();
-        let launch = Launch { base: &base, memory: Memory::Anonymous, incoming: None, base_snapshot: None, kind: StartKind::Cold };
+        Self::boot_on(home, artifacts, backend, opts, &artifacts.template.image(), None).await
+    }
+
+    /// A new sandbox that boots the guest kernel on an overlay of `disk` (a template
+    /// image, or a filesystem snapshot's disk in `snapshot_dir`).
+    pub async fn boot_on(
+        home: &HutchHome,
+        artifacts: &Artifacts,
+        backend: &dyn VmBackend,
+        opts: &SandboxOptions,
+        disk: &Path,
+        snapshot_dir: Option<PathBuf>,
+    ) -> Result<Sandbox, CreateError> {
+        let launch = Launch { base: disk, memory: Memory::Anonymous, incoming: None, base_snapshot: snapshot_dir, kind: StartKind::Cold };
         Self::launch(home, artifacts, backend, opts, launch).await
     }
 
@@ -275,6 +287,7 @@ impl Sandbox {
             shared_memory: false,
             created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             source_sandbox: Some(self.id.to_string()),
+            base: self.record.base_snapshot.clone(),
         };
         MemorySnapshot::write_manifest(dir, &manifest)?;
         Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })
@@ -288,6 +301,14 @@ impl Sandbox {
                 Err(e) => tracing::warn!(sandbox = %self.id, "reconnecting to the agent: {e}"),
             }
         }
+    }
+
+    pub fn cpus(&self) -> u32 {
+        self.record.spec.cpus
+    }
+
+    pub fn memory_mib(&self) -> u32 {
+        self.record.spec.memory_mib
     }
 
     pub fn started_from(&self) -> StartKind {

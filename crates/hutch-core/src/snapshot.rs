@@ -33,6 +33,10 @@ pub struct Manifest {
     /// Where it came from: a template's first boot, or a sandbox (fork, E2B snapshot).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source_sandbox: Option<String>,
+    /// The snapshot whose disk layer `disk.qcow2` stacks on, if any: it must outlive
+    /// this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]

@@ -49,6 +49,21 @@ pub struct SandboxRow {
     pub end_at: String,
     pub qemu_pid: Option<i64>,
     pub dir: String,
+    /// On timeout, pause instead of kill.
+    pub auto_pause: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRow {
+    pub id: String,
+    pub key_id: String,
+    pub name: Option<String>,
+    pub template: String,
+    pub source_sandbox: Option<String>,
+    /// Holds memory (restores running processes), not only the disk.
+    pub memory: bool,
+    pub dir: String,
+    pub created_at: String,
 }
 
 pub fn hash_key(key: &str) -> String {
@@ -139,8 +154,8 @@ impl Store {
 
     pub async fn insert_sandbox(&self, s: &SandboxRow) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir, auto_pause) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
         )
         .bind(&s.id)
         .bind(&s.key_id)
@@ -156,8 +171,63 @@ impl Store {
         .bind(&s.end_at)
         .bind(s.qemu_pid)
         .bind(&s.dir)
+        .bind(s.auto_pause)
         .execute(&self.pool)
         .await?;
+        Ok(())
+    }
+
+    /// Records a pause (state `paused`, no QEMU) or a resume (`running`, its pid).
+    pub async fn set_state(&self, id: &str, state: &str, qemu_pid: Option<i64>, end_at: &str) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET state = $1, qemu_pid = $2, end_at = $3 WHERE id = $4")
+            .bind(state)
+            .bind(qemu_pid)
+            .bind(end_at)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn insert_snapshot(&self, s: &SnapshotRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO snapshots (id, key_id, name, template, source_sandbox, memory, dir, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
+        )
+        .bind(&s.id)
+        .bind(&s.key_id)
+        .bind(&s.name)
+        .bind(&s.template)
+        .bind(&s.source_sandbox)
+        .bind(s.memory)
+        .bind(&s.dir)
+        .bind(&s.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// A key's snapshot by id or by name.
+    pub async fn snapshot(&self, key_id: &str, id_or_name: &str) -> Result<Option<SnapshotRow>, StoreError> {
+        let row = sqlx::query("SELECT * FROM snapshots WHERE key_id = $1 AND (id = $2 OR name = $2)")
+            .bind(key_id)
+            .bind(id_or_name)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(snapshot_row))
+    }
+
+    pub async fn snapshots(&self, key_id: &str) -> Result<Vec<SnapshotRow>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM snapshots WHERE key_id = $1 ORDER BY created_at, id").bind(key_id).fetch_all(&self.pool).await?;
+        Ok(rows.iter().map(snapshot_row).collect())
+    }
+
+    /// Every snapshot's directory, whoever owns it (to tell which files are in use).
+    pub async fn snapshot_dirs(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar("SELECT dir FROM snapshots").fetch_all(&self.pool).await?)
+    }
+
+    pub async fn delete_snapshot(&self, id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM snapshots WHERE id = $1").bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -205,7 +275,21 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         end_at: r.get("end_at"),
         qemu_pid: r.get("qemu_pid"),
         dir: r.get("dir"),
+        auto_pause: r.get("auto_pause"),
     })
+}
+
+fn snapshot_row(r: &sqlx::sqlite::SqliteRow) -> SnapshotRow {
+    SnapshotRow {
+        id: r.get("id"),
+        key_id: r.get("key_id"),
+        name: r.get("name"),
+        template: r.get("template"),
+        source_sandbox: r.get("source_sandbox"),
+        memory: r.get("memory"),
+        dir: r.get("dir"),
+        created_at: r.get("created_at"),
+    }
 }
 
 #[cfg(test)]

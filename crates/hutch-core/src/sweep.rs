@@ -36,7 +36,9 @@ pub fn sweep_orphans(home: &HutchHome) -> usize {
     for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
         let dir = entry.path();
         let owner = read_pid(&dir.join("owner.pid"));
-        if owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
+        // A paused sandbox has no process; the server's store owns it.
+        let paused = dir.join(crate::sandbox::PAUSED_STATE).is_file() && dir.join(crate::sandbox::VM_RECORD).is_file();
+        if paused || owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
             continue;
         }
         kill_qemu(&dir);

@@ -22,6 +22,11 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Bumped when the snapshot layout or the agent's restore contract changes.
 const FORMAT: &str = "hutch-snapshot-1";
 
+/// What the snapshot's guest ran before it was saved: a change means a new snapshot.
+fn warm_up_id(artifacts: &Artifacts) -> String {
+    artifacts.template.warm_up().iter().map(|(p, b)| format!("{p} {b}")).collect::<Vec<_>>().join("\n")
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateSnapshotError {
     #[error("creating {0}")]
@@ -66,6 +71,7 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions) -
         &opts.memory.get().to_string(),
         opts.accel.as_str(),
         &qemu_version(),
+        &warm_up_id(artifacts),
     ] {
         h.update(part.as_bytes());
         h.update([0]);
@@ -132,7 +138,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
     let agent = wait_for_agent(vm.as_mut(), opts.boot_timeout, started).await.map_err(TemplateSnapshotError::Boot)?;
     if let Some(port) = artifacts.template.ready_port() {
         wait_for_port(&agent, port, opts.boot_timeout, started, dir).await.map_err(TemplateSnapshotError::Boot)?;
-        if let Some((path, body)) = artifacts.template.warm_up() {
+        for (path, body) in artifacts.template.warm_up() {
             warm_up(&agent, port, path, body)
                 .await
                 .map_err(|detail| TemplateSnapshotError::WarmUp { port, detail: format!("{detail}; console:\n{}", console_tail(&spec.console_log(), 20)) })?;
@@ -154,6 +160,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         shared_memory: true,
         created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         source_sandbox: None,
+        base: None,
     };
     MemorySnapshot::write_manifest(dir, &manifest)?;
     Ok(manifest)

@@ -48,10 +48,10 @@ pub struct Recipe {
     /// A guest port the template's own service listens on; a sandbox is ready only
     /// once it accepts connections.
     pub ready_port: Option<u16>,
-    /// An HTTP request (path, JSON body) to `ready_port` made before the template's
-    /// memory snapshot is taken, so what it starts lazily (a Jupyter kernel) is warm in
+    /// HTTP requests (path, JSON body) to `ready_port` made before the template's
+    /// memory snapshot is taken, so what it starts lazily (Jupyter kernels) is warm in
     /// every sandbox restored from it.
-    pub warm_up: Option<(&'static str, &'static str)>,
+    pub warm_up: &'static [(&'static str, &'static str)],
 }
 
 impl Recipe {
@@ -72,7 +72,7 @@ impl Recipe {
 }
 
 pub const RECIPES: &[Recipe] = &[
-    Recipe { name: BASE, aliases: &[], packages: &[BASE_PACKAGES], files: &[], wheels: &[], setup: &[], ready_port: None, warm_up: None },
+    Recipe { name: BASE, aliases: &[], packages: &[BASE_PACKAGES], files: &[], wheels: &[], setup: &[], ready_port: None, warm_up: &[] },
     Recipe {
         name: "code-interpreter",
         aliases: &["code-interpreter-v1"],
@@ -85,7 +85,10 @@ pub const RECIPES: &[Recipe] = &[
         wheels: &["bash_kernel==0.10.0"],
         setup: &["python3 -m bash_kernel.install --prefix /usr/local"],
         ready_port: Some(49999),
-        warm_up: Some(("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot"}"#)),
+        warm_up: &[
+            ("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot"}"#),
+            ("/execute", r#"{"code": "true", "language": "bash"}"#),
+        ],
     },
 ];
 
@@ -125,8 +128,8 @@ impl Template {
         recipe(&self.name).and_then(|r| r.ready_port)
     }
 
-    pub fn warm_up(&self) -> Option<(&'static str, &'static str)> {
-        recipe(&self.name).and_then(|r| r.warm_up)
+    pub fn warm_up(&self) -> &'static [(&'static str, &'static str)] {
+        recipe(&self.name).map(|r| r.warm_up).unwrap_or(&[])
     }
 }
 

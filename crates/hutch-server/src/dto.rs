@@ -1,6 +1,6 @@
 //! E2B's REST shapes (field names exact; see the protocol spec §2.2).
 
-use hutch_core::store::SandboxRow;
+use hutch_core::store::{SandboxRow, SnapshotRow};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -25,6 +25,52 @@ pub struct NewSandbox {
     pub allow_internet_access: Option<bool>,
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    /// hutch's own: boot the kernel instead of restoring the template's snapshot.
+    #[serde(default)]
+    pub cold: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ForkBody {
+    #[serde(default)]
+    pub timeout: Option<i64>,
+    #[serde(default)]
+    pub count: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct SnapshotBody {
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// E2B's `SnapshotInfo`.
+#[derive(Debug, Serialize)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
+    /// hutch's additions.
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "sandboxID", skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<String>,
+    #[serde(rename = "createdAt")]
+    pub created_at: String,
+    pub memory: bool,
+}
+
+impl From<&SnapshotRow> for SnapshotInfo {
+    fn from(r: &SnapshotRow) -> Self {
+        SnapshotInfo {
+            snapshot_id: r.id.clone(),
+            names: r.name.iter().cloned().collect(),
+            template_id: r.template.clone(),
+            sandbox_id: r.source_sandbox.clone(),
+            created_at: r.created_at.clone(),
+            memory: r.memory,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]

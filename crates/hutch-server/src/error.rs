@@ -49,9 +49,13 @@ impl From<ManagerError> for ApiError {
             ManagerError::AtCapacity { .. } => StatusCode::TOO_MANY_REQUESTS,
             ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
-            ManagerError::Template(_) | ManagerError::Create(_) | ManagerError::Store(_) | ManagerError::Internal(_) => {
-                StatusCode::INTERNAL_SERVER_ERROR
-            }
+            ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Conflict(_) => StatusCode::CONFLICT,
+            ManagerError::Template(_)
+            | ManagerError::Create(_)
+            | ManagerError::Pause(_)
+            | ManagerError::Resume(_)
+            | ManagerError::Store(_)
+            | ManagerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         ApiError::new(status, chain(&e))
     }

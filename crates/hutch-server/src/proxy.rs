@@ -47,6 +47,12 @@ fn not_found(id: &str) -> Response {
     (StatusCode::BAD_GATEWAY, Json(body)).into_response()
 }
 
+/// E2B's edge answers a paused sandbox like a missing one (502), with its own message.
+fn paused(id: &str) -> Response {
+    let body = json!({ "sandboxId": id, "message": "The sandbox is paused; resume it with Sandbox.connect()", "code": 502 });
+    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
 fn port_closed(id: &str, port: u16) -> Response {
     let body = json!({ "sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": 502 });
     (StatusCode::BAD_GATEWAY, Json(body)).into_response()
@@ -59,7 +65,11 @@ fn hop_by_hop(name: &HeaderName) -> bool {
 }
 
 pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {
-    let Some(agent) = state.manager.agent(&target.sandbox) else { return not_found(&target.sandbox) };
+    let agent = match state.manager.agent(&target.sandbox) {
+        Ok(agent) => agent,
+        Err(hutch_core::manager::ManagerError::Paused(_)) => return paused(&target.sandbox),
+        Err(_) => return not_found(&target.sandbox),
+    };
     if target.port == ENVD_PORT && INTERNAL.contains(&req.uri().path().trim_end_matches('/')) {
         let body = json!({ "code": 403, "message": format!("{} is internal to hutch and not reachable through the proxy", req.uri().path()) });
         return (StatusCode::FORBIDDEN, Json(body)).into_response();

@@ -79,7 +79,7 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
     std::fs::write(&bogus, b"this is not a kernel")?;
     broken.kernel.dir = bogus.clone();
     let before: Vec<_> = std::fs::read_dir(env.home.sandboxes())?.flatten().map(|e| e.path()).collect();
-    let result = Sandbox::create(&env.home, &broken, &env.backend, &Env::options()).await;
+    let result = Sandbox::create(&env.home, &broken, &env.backend, &Env::cold()).await;
     let _ = std::fs::remove_file(&bogus);
     let err = match result {
         Err(e) => e,
@@ -97,8 +97,7 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
     let mut panicking = env.artifacts.clone();
     panicking.initramfs = env.home.tmp().join(format!("empty-initrd-{}", std::process::id()));
     std::fs::write(&panicking.initramfs, b"")?;
-    let result = Sandbox::create(&env.home, &panicking, &env.backend, &Env::options()).await;
-    let _ = std::fs::remove_file(&panicking.initramfs);
+    let result = Sandbox::create(&env.home, &panicking, &env.backend, &Env::cold()).await;
     match result {
         Err(CreateError::VmExited { console, .. }) => {
             check!(console.contains("Kernel panic") || console.contains("VFS"), "console tail: {console}")
@@ -109,5 +108,27 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
             anyhow::bail!("a VM with an empty initramfs booted");
         }
     }
+
+    // The same guest when a template snapshot has to be made first: the snapshot
+    // fails with the console, and neither it nor a sandbox is left half-made.
+    let snapshot_dir = hutch_core::template_snapshot::dir_for(&env.home, &panicking, &Env::options());
+    let result = Sandbox::create(&env.home, &panicking, &env.backend, &Env::options()).await;
+    let _ = std::fs::remove_file(&panicking.initramfs);
+    match result {
+        Err(CreateError::TemplateSnapshot(e)) => check!(format!("{:#}", anyhow::Error::from(e)).contains("Kernel panic"), "no console in the error"),
+        Err(e) => anyhow::bail!("unexpected error {e:?}"),
+        Ok(sb) => {
+            sb.destroy().await?;
+            anyhow::bail!("a VM with an empty initramfs was snapshotted");
+        }
+    }
+    let parent = snapshot_dir.parent().map(std::path::Path::to_path_buf).unwrap_or_default();
+    let stray: Vec<_> = std::fs::read_dir(&parent)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&*snapshot_dir.file_name().unwrap_or_default().to_string_lossy())))
+        .collect();
+    check!(stray.is_empty(), "snapshot files left: {stray:?}");
+    check!(qemu_processes_of(&env.home).is_empty(), "QEMU left running");
     Ok(())
 }

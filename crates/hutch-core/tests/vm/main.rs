@@ -6,6 +6,7 @@
 mod files;
 mod lifecycle;
 mod process;
+mod snapshots;
 mod support;
 
 use libtest_mimic::{Arguments, Trial};
@@ -34,7 +35,9 @@ fn main() {
 
     let mut serial = args.clone();
     serial.test_threads = Some(1);
-    let second = libtest_mimic::run(&serial, lifecycle::trials(&env));
+    let mut own = lifecycle::trials(&env);
+    own.extend(snapshots::trials(&env));
+    let second = libtest_mimic::run(&serial, own);
     let leaks = env.leaks();
     if let Some(leak) = &leaks {
         eprintln!("LEAK: {leak}");

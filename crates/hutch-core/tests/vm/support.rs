@@ -39,6 +39,11 @@ impl Env {
         SandboxOptions { accel: hutch_vmm::Accel::Tcg, ..SandboxOptions::default() }
     }
 
+    /// Options that boot the kernel instead of restoring the template snapshot.
+    pub fn cold() -> SandboxOptions {
+        SandboxOptions { cold: true, ..Self::options() }
+    }
+
     pub fn boot(&self) -> anyhow::Result<Sandbox> {
         self.rt.block_on(Sandbox::create(&self.home, &self.artifacts, &self.backend, &Self::options())).context("booting a sandbox")
     }

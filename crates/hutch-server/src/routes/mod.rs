@@ -6,7 +6,7 @@ mod sandboxes;
 use crate::error::ApiError;
 use crate::AppState;
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::Router;
 
 pub fn rest() -> Router<AppState> {
@@ -23,5 +23,9 @@ pub fn rest() -> Router<AppState> {
         .route("/sandboxes/{id}/logs", get(sandboxes::logs))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/sandboxes/{id}/fork", post(sandboxes::fork))
+        .route("/sandboxes/{id}/snapshots", post(sandboxes::create_snapshot))
+        .route("/snapshots", get(sandboxes::list_snapshots))
+        .route("/templates/{id}", delete(sandboxes::delete_snapshot))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
 }

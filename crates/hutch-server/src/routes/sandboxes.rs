@@ -2,7 +2,7 @@
 
 use super::body::JsonBody;
 use crate::auth::KeyId;
-use crate::dto::{ConnectBody, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, TimeoutBody};
+use crate::dto::{ConnectBody, ForkBody, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SnapshotBody, SnapshotInfo, TimeoutBody};
 use crate::error::ApiError;
 use crate::query::pairs;
 use crate::AppState;
@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hutch_core::manager::{CreateSpec, ListFilter};
+use hutch_core::manager::{Connected, CreateSpec, ListFilter};
 use std::collections::BTreeMap;
 
 /// Longest timeout a request may ask for (E2B's int32 seconds).
@@ -28,9 +28,6 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
     if body.template_id.trim().is_empty() {
         return Err(ApiError::bad_request("templateID must not be empty"));
     }
-    if body.auto_pause == Some(true) {
-        return Err(ApiError::bad_request("autoPause is not supported yet: pause/resume arrive with snapshots"));
-    }
     if body.allow_internet_access == Some(true) {
         tracing::info!("allow_internet_access requested: sandboxes have no network in this version");
     }
@@ -40,6 +37,8 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
         secure: body.secure.unwrap_or(false),
+        auto_pause: body.auto_pause.unwrap_or(false),
+        cold: body.cold.unwrap_or(false),
     };
     let row = state.manager.create(&key.0, spec).await?;
     Ok((StatusCode::CREATED, Json(Sandbox::from(&row))).into_response())
@@ -75,14 +74,17 @@ pub async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// E2B's connect: 200 when it was running, 201 when it was paused and is resumed.
 pub async fn connect(
     State(state): State<AppState>,
     key: KeyId,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ConnectBody>,
-) -> Result<Json<Sandbox>, ApiError> {
+) -> Result<Response, ApiError> {
     let secs = body.timeout.map(timeout_secs).transpose()?;
-    Ok(Json(Sandbox::from(&state.manager.connect(&key.0, &id, secs).await?)))
+    let (row, how) = state.manager.connect(&key.0, &id, secs).await?;
+    let status = if how == Connected::Resumed { StatusCode::CREATED } else { StatusCode::OK };
+    Ok((status, Json(Sandbox::from(&row))).into_response())
 }
 
 pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<Vec<SandboxMetric>>, ApiError> {
@@ -109,18 +111,71 @@ pub async fn logs(State(state): State<AppState>, key: KeyId, Path(id): Path<Stri
     Ok(Json(serde_json::json!({ "logs": lines })))
 }
 
-/// Pause and resume: a 404 for unknown sandboxes, else a clear 501 until snapshots land.
-fn not_yet(state: &AppState, key: &KeyId, id: &str, verb: &str) -> Result<StatusCode, ApiError> {
-    state.manager.get(&key.0, id)?;
-    Err(ApiError::new(StatusCode::NOT_IMPLEMENTED, format!("{verb} sandboxes is not supported yet (it arrives with memory snapshots)")))
-}
-
+/// E2B's pause: 204, or 409 when it is already paused.
 pub async fn pause(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    not_yet(&state, &key, &id, "pausing")
+    state.manager.pause(&key.0, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn resume(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    not_yet(&state, &key, &id, "resuming")
+/// The deprecated `POST /sandboxes/{id}/resume`: 201, or 409 when it is running.
+pub async fn resume(
+    State(state): State<AppState>,
+    key: KeyId,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ConnectBody>,
+) -> Result<Response, ApiError> {
+    let secs = body.timeout.map(timeout_secs).transpose()?;
+    if state.manager.get(&key.0, &id)?.state == "running" {
+        return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox '{id}' is already running")));
+    }
+    let (row, _) = state.manager.connect(&key.0, &id, secs).await?;
+    Ok((StatusCode::CREATED, Json(Sandbox::from(&row))).into_response())
+}
+
+/// E2B's fork: 201 with one `{sandbox}` or `{error}` per requested fork.
+pub async fn fork(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, JsonBody(body): JsonBody<ForkBody>) -> Result<Response, ApiError> {
+    let count = body.count.unwrap_or(1);
+    let count = u32::try_from(count).map_err(|_| ApiError::bad_request(format!("count must be between 1 and 20, got {count}")))?;
+    let timeout = body.timeout.map(timeout_secs).transpose()?;
+    let results = state.manager.fork(&key.0, &id, count, timeout).await?;
+    let items: Vec<serde_json::Value> = results
+        .into_iter()
+        .map(|r| match r {
+            Ok(row) => serde_json::json!({ "sandbox": Sandbox::from(&row) }),
+            Err(e) => {
+                let e = ApiError::from(e);
+                serde_json::json!({ "error": { "code": e.status.as_u16(), "message": e.message } })
+            }
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(items)).into_response())
+}
+
+/// E2B's `create_snapshot`: the sandbox's memory and disk, usable as a template.
+pub async fn create_snapshot(
+    State(state): State<AppState>,
+    key: KeyId,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<SnapshotBody>,
+) -> Result<Response, ApiError> {
+    let row = state.manager.create_snapshot(&key.0, &id, body.name.filter(|n| !n.is_empty())).await?;
+    Ok((StatusCode::CREATED, Json(SnapshotInfo::from(&row))).into_response())
+}
+
+pub async fn list_snapshots(State(state): State<AppState>, key: KeyId, uri: Uri) -> Result<Json<Vec<SnapshotInfo>>, ApiError> {
+    let params: BTreeMap<String, String> = pairs(uri.query()).into_iter().collect();
+    let rows = state.manager.list_snapshots(&key.0).await?;
+    let wanted = |r: &&hutch_core::store::SnapshotRow| {
+        params.get("sandboxID").is_none_or(|s| r.source_sandbox.as_deref() == Some(s.as_str()))
+            && params.get("name").is_none_or(|n| r.name.as_deref() == Some(n.as_str()))
+    };
+    Ok(Json(rows.iter().filter(wanted).map(SnapshotInfo::from).collect()))
+}
+
+/// `DELETE /templates/{id}`: E2B deletes snapshots this way (they are templates).
+pub async fn delete_snapshot(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    state.manager.delete_snapshot(&key.0, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// Filter and paging parameters of the list routes.

@@ -27,7 +27,9 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
         push(&["-incoming", "defer", "-S"]);
     }
     push(&["-no-user-config", "-nodefaults", "-display", "none", "-no-reboot"]);
-    push(&["-serial", &format!("file:{}", spec.console_log().display())]);
+    // Appended to: a resumed sandbox's console continues the log of its first run.
+    push(&["-chardev", &format!("file,id=console,path={},append=on", spec.console_log().display())]);
+    push(&["-serial", "chardev:console"]);
     push(&["-kernel", &spec.kernel.display().to_string()]);
     push(&["-initrd", &spec.initrd.display().to_string()]);
     push(&["-append", KERNEL_CMDLINE]);
@@ -74,7 +76,7 @@ mod tests {
         assert!(joined.contains("tsc_early_khz=3000000"));
         assert!(joined.contains("-smp 2 -m 512M"));
         assert!(joined.contains("socket,id=agent,path=/s/agent.sock,server=on,wait=off"));
-        assert!(joined.contains("-serial file:/s/console.log"));
+        assert!(joined.contains("-chardev file,id=console,path=/s/console.log,append=on -serial chardev:console"));
         assert!(joined.contains("microvm,accel=tcg,memory-backend=mem0"));
         assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));
         assert!(joined.contains("-incoming defer"));

@@ -2,10 +2,16 @@
 //! API keys, persisted in the store, with lifetimes enforced by a reaper task. Handlers
 //! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
 
+mod pause;
+mod snapshots;
+
+pub use pause::Connected;
+pub use snapshots::MAX_FORKS;
+
 use crate::agent::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
-use crate::sandbox::{CreateError, Sandbox, SandboxOptions};
+use crate::sandbox::{CreateError, PauseError, Sandbox, SandboxOptions};
 use crate::store::{rfc3339, SandboxRow, Store, StoreError};
 use hutch_image::HutchHome;
 use hutch_proto::agent::Metrics;
@@ -48,6 +54,10 @@ pub struct CreateSpec {
     pub env_vars: BTreeMap<String, String>,
     /// Require the envd access token on the data plane.
     pub secure: bool,
+    /// Pause instead of kill when the timeout is reached.
+    pub auto_pause: bool,
+    /// Boot the kernel instead of restoring the template's memory snapshot.
+    pub cold: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -64,16 +74,42 @@ pub enum ManagerError {
     Create(#[source] CreateError),
     #[error("the sandbox's agent did not answer")]
     Agent(#[source] crate::agent::AgentError),
+    #[error("sandbox '{0}' is paused; resume it with connect (POST /sandboxes/{0}/connect) first")]
+    Paused(String),
+    #[error("sandbox '{0}' is already paused")]
+    AlreadyPaused(String),
+    #[error("pausing the sandbox failed")]
+    Pause(#[source] PauseError),
+    #[error("resuming the sandbox failed")]
+    Resume(#[source] CreateError),
+    #[error("{0}")]
+    Conflict(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
     Internal(String),
 }
 
+/// A sandbox the manager knows: running (a VM and an agent) or paused (files only).
+/// The async mutex serializes pause, resume, fork and kill of one sandbox.
 struct Live {
     row: Mutex<SandboxRow>,
-    agent: AgentClient,
+    agent: Mutex<Option<AgentClient>>,
     sandbox: tokio::sync::Mutex<Option<Sandbox>>,
+}
+
+impl Live {
+    fn running(row: SandboxRow, sandbox: Sandbox) -> Arc<Live> {
+        Arc::new(Live { row: Mutex::new(row), agent: Mutex::new(Some(sandbox.agent().clone())), sandbox: tokio::sync::Mutex::new(Some(sandbox)) })
+    }
+
+    fn paused(row: SandboxRow) -> Arc<Live> {
+        Arc::new(Live { row: Mutex::new(row), agent: Mutex::new(None), sandbox: tokio::sync::Mutex::new(None) })
+    }
+
+    fn is_running(&self) -> bool {
+        lock(&self.row).state == "running"
+    }
 }
 
 pub struct SandboxManager {
@@ -85,6 +121,8 @@ pub struct SandboxManager {
     /// Sandboxes being created, counted against the limit.
     starting: Mutex<usize>,
     artifacts: tokio::sync::Mutex<HashMap<String, Artifacts>>,
+    /// Snapshot directories being made or used right now, which pruning must skip.
+    pinned: Mutex<std::collections::HashSet<std::path::PathBuf>>,
 }
 
 /// Filter of `list`.
@@ -115,13 +153,11 @@ impl SandboxManager {
             live: Mutex::new(HashMap::new()),
             starting: Mutex::new(0),
             artifacts: tokio::sync::Mutex::new(HashMap::new()),
+            pinned: Mutex::new(Default::default()),
         });
-        for row in manager.store.sandboxes().await? {
-            tracing::warn!(sandbox = %row.id, "sandbox from an earlier server run is gone (its VM ended with that server); removing its record and files");
-            let _ = std::fs::remove_dir_all(&row.dir);
-            manager.store.delete_sandbox(&row.id).await?;
-        }
+        manager.adopt_paused().await?;
         crate::sweep::sweep_orphans(&manager.home);
+        manager.prune_snapshot_files().await;
         let reaper = Arc::downgrade(&manager);
         tokio::spawn(async move {
             loop {
@@ -164,42 +200,74 @@ impl SandboxManager {
         wanted.min(started + self.config.max_lifetime)
     }
 
-    pub async fn create(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
-        let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
-        let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
-        {
-            let mut starting = lock(&self.starting);
-            if lock(&self.live).len() + *starting >= self.config.max_sandboxes {
-                return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
-            }
-            *starting += 1;
-        }
-        let result = self.create_counted(key_id, &template, timeout, spec).await;
-        *lock(&self.starting) -= 1;
-        result
+    /// Running sandboxes plus those being started: what the limit counts. Paused
+    /// sandboxes hold no VM and do not count.
+    fn running_count(&self) -> usize {
+        lock(&self.live).values().filter(|l| l.is_running()).count()
     }
 
-    async fn create_counted(&self, key_id: &str, template: &str, timeout: Duration, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
-        let artifacts = self.prepare(template).await?;
-        let token = spec.secure.then(hex_token);
-        let opts = SandboxOptions {
-            access_token: token.clone(),
+    /// Reserves a slot for a VM about to start; the slot is released when the
+    /// returned guard drops.
+    fn reserve_slot(&self) -> Result<SlotGuard<'_>, ManagerError> {
+        let mut starting = lock(&self.starting);
+        if self.running_count() + *starting >= self.config.max_sandboxes {
+            return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
+        }
+        *starting += 1;
+        Ok(SlotGuard(&self.starting))
+    }
+
+    fn options(&self, env_vars: &BTreeMap<String, String>, metadata: &BTreeMap<String, String>, token: Option<String>) -> SandboxOptions {
+        SandboxOptions {
+            access_token: token,
             cpus: self.config.cpus,
             memory: self.config.memory,
             accel: self.config.accel,
-            envs: spec.env_vars.clone(),
+            envs: env_vars.clone(),
+            metadata: metadata.clone(),
             die_with_parent: true,
             ..SandboxOptions::default()
+        }
+    }
+
+    pub async fn create(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
+        let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
+        let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
+        let _slot = self.reserve_slot()?;
+        let token = spec.secure.then(hex_token);
+        let mut opts = self.options(&spec.env_vars, &spec.metadata, token.clone());
+        opts.cold = spec.cold;
+        let (sandbox, base_template) = match self.store.snapshot(key_id, &template).await? {
+            Some(snap) => self.start_from_named_snapshot(&snap, &opts).await?,
+            None => {
+                let artifacts = self.prepare(&template).await?;
+                let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(ManagerError::Create)?;
+                (sandbox, artifacts)
+            }
         };
-        let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(ManagerError::Create)?;
+        self.register(key_id, &template, &base_template, sandbox, spec, token, timeout).await
+    }
+
+    /// Records a freshly started sandbox and starts serving it.
+    #[allow(clippy::too_many_arguments)]
+    async fn register(
+        &self,
+        key_id: &str,
+        template: &str,
+        artifacts: &Artifacts,
+        sandbox: Sandbox,
+        spec: CreateSpec,
+        token: Option<String>,
+        timeout: Duration,
+    ) -> Result<SandboxRow, ManagerError> {
         let started = SystemTime::now();
         let row = SandboxRow {
             id: sandbox.id().to_string(),
             key_id: key_id.to_string(),
             template: template.to_string(),
             state: "running".into(),
-            cpu_count: i64::from(self.config.cpus),
-            memory_mb: i64::from(self.config.memory.get()),
+            cpu_count: i64::from(sandbox.cpus()),
+            memory_mb: i64::from(sandbox.memory_mib()),
             disk_mb: (artifacts.template.disk_size >> 20) as i64,
             metadata: spec.metadata,
             env_vars: spec.env_vars,
@@ -208,13 +276,13 @@ impl SandboxManager {
             end_at: rfc3339(self.end_at(started, timeout)),
             qemu_pid: sandbox.pid().map(i64::from),
             dir: sandbox.dir().display().to_string(),
+            auto_pause: spec.auto_pause,
         };
         if let Err(e) = self.store.insert_sandbox(&row).await {
             let _ = sandbox.destroy().await;
             return Err(e.into());
         }
-        let live = Arc::new(Live { row: Mutex::new(row.clone()), agent: sandbox.agent().clone(), sandbox: tokio::sync::Mutex::new(Some(sandbox)) });
-        lock(&self.live).insert(row.id.clone(), live);
+        lock(&self.live).insert(row.id.clone(), Live::running(row.clone(), sandbox));
         Ok(row)
     }
 
@@ -250,12 +318,22 @@ impl SandboxManager {
 
     async fn remove(&self, id: &str, live: &Live) -> Result<(), ManagerError> {
         lock(&self.live).remove(id);
-        if let Some(sandbox) = live.sandbox.lock().await.take() {
-            if let Err(e) = sandbox.destroy().await {
-                tracing::warn!(sandbox = id, "stopping the VM: {e}");
+        lock(&live.agent).take();
+        let mut slot = live.sandbox.lock().await;
+        match slot.take() {
+            Some(sandbox) => {
+                if let Err(e) = sandbox.destroy().await {
+                    tracing::warn!(sandbox = id, "stopping the VM: {e}");
+                }
+            }
+            // Paused: only files.
+            None => {
+                let _ = std::fs::remove_dir_all(&lock(&live.row).dir);
             }
         }
+        drop(slot);
         self.store.delete_sandbox(id).await?;
+        self.prune_snapshot_files().await;
         Ok(())
     }
 
@@ -270,20 +348,10 @@ impl SandboxManager {
         Ok(row.clone())
     }
 
-    /// E2B's connect: the sandbox, its timeout extended (never shortened) to `secs`.
-    pub async fn connect(&self, key_id: &str, id: &str, secs: Option<u64>) -> Result<SandboxRow, ManagerError> {
-        let row = self.get(key_id, id)?;
-        let Some(secs) = secs else { return Ok(row) };
-        let wanted = SystemTime::now() + Duration::from_secs(secs);
-        if wanted > parse_time(&row.end_at) {
-            return self.set_timeout(key_id, id, secs).await;
-        }
-        Ok(row)
-    }
-
     pub async fn metrics(&self, key_id: &str, id: &str) -> Result<Metrics, ManagerError> {
         let live = self.find(key_id, id)?;
-        live.agent.get_json("/metrics").await.map_err(ManagerError::Agent)
+        let agent = lock(&live.agent).clone().ok_or_else(|| ManagerError::Paused(id.to_string()))?;
+        agent.get_json("/metrics").await.map_err(ManagerError::Agent)
     }
 
     /// The sandbox's serial console so far (kernel and agent messages).
@@ -296,33 +364,58 @@ impl SandboxManager {
 
     /// The agent of a running sandbox, for the data proxy (which has no API key: the
     /// agent itself checks the access token of secure sandboxes).
-    pub fn agent(&self, id: &str) -> Option<AgentClient> {
-        lock(&self.live).get(id).map(|l| l.agent.clone())
+    pub fn agent(&self, id: &str) -> Result<AgentClient, ManagerError> {
+        let live = lock(&self.live).get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        let agent = lock(&live.agent).clone();
+        agent.ok_or_else(|| ManagerError::Paused(id.to_string()))
     }
 
+    /// Running sandboxes past their end: paused when they asked for it, else killed.
+    /// Paused sandboxes do not expire.
     async fn kill_expired(&self) {
         let now = SystemTime::now();
         let expired: Vec<(String, Arc<Live>)> = lock(&self.live)
             .iter()
-            .filter(|(_, l)| parse_time(&lock(&l.row).end_at) <= now)
+            .filter(|(_, l)| l.is_running() && parse_time(&lock(&l.row).end_at) <= now)
             .map(|(id, l)| (id.clone(), l.clone()))
             .collect();
         for (id, live) in expired {
-            tracing::info!(sandbox = %id, "timeout reached; killing the sandbox");
+            if lock(&live.row).auto_pause {
+                tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
+                match self.pause_live(&id, &live).await {
+                    Ok(()) => continue,
+                    Err(e) => tracing::warn!(sandbox = %id, "pausing an expired sandbox failed, killing it: {e}"),
+                }
+            } else {
+                tracing::info!(sandbox = %id, "timeout reached; killing the sandbox");
+            }
             if let Err(e) = self.remove(&id, &live).await {
                 tracing::warn!(sandbox = %id, "removing an expired sandbox: {e}");
             }
         }
     }
 
-    /// Kills every sandbox (server shutdown).
+    /// Server shutdown: kills every running sandbox; paused ones stay for the next
+    /// server (their state is on disk and in the store).
     pub async fn shutdown(&self) {
         let all: Vec<(String, Arc<Live>)> = lock(&self.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (id, live) in all {
-            let _ = self.remove(&id, &live).await;
+            if live.is_running() {
+                let _ = self.remove(&id, &live).await;
+            }
         }
     }
 }
+
+/// A reserved start slot (see `reserve_slot`).
+struct SlotGuard<'a>(&'a Mutex<usize>);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        *lock(self.0) -= 1;
+    }
+}
+
 
 fn hex_token() -> String {
     let bytes: [u8; 32] = rand::random();

@@ -1,0 +1,217 @@
+//! Snapshots of sandboxes and forks. A snapshot (E2B's `create_snapshot`, `hutch
+//! snapshot create`) saves a sandbox's memory and disk; new sandboxes start from it by
+//! giving its id or name as the template. A fork is an unnamed snapshot restored N
+//! times; its files go when the last sandbox stacked on them does.
+
+use super::{hex_token, lock, CreateSpec, Live, ManagerError, SandboxManager};
+use crate::artifacts::Artifacts;
+use crate::sandbox::{Sandbox, SandboxOptions, VmRecord, PAUSED_STATE, VM_RECORD};
+use crate::snapshot::{Manifest, MemorySnapshot};
+use crate::store::{now_rfc3339, SandboxRow, SnapshotRow};
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// E2B caps a fork at 20 sandboxes.
+pub const MAX_FORKS: u32 = 20;
+
+impl SandboxManager {
+    fn snapshots_root(&self) -> PathBuf {
+        self.home.root().join("snapshots").join("sandboxes")
+    }
+
+    /// Saves `id` (running: it pauses for the save and runs on; paused: its saved
+    /// state is copied) as a snapshot in a new directory.
+    async fn snapshot_sandbox(&self, id: &str, live: &Arc<Live>, prefix: &str) -> Result<MemorySnapshot, ManagerError> {
+        let snap_id = format!("{prefix}{}", hex::encode(rand::random::<[u8; 8]>()));
+        let dir = self.snapshots_root().join(&snap_id);
+        std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
+        lock(&self.pinned).insert(dir.clone());
+        let template = lock(&live.row).template.clone();
+        let mut slot = live.sandbox.lock().await;
+        let made = match slot.as_mut() {
+            Some(sandbox) => {
+                lock(&live.agent).take();
+                let made = sandbox.snapshot(&dir, &template).await.map_err(ManagerError::Pause);
+                *lock(&live.agent) = Some(sandbox.agent().clone());
+                made
+            }
+            None => copy_paused(Path::new(&lock(&live.row).dir), &dir, &template, id),
+        };
+        drop(slot);
+        if made.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+            lock(&self.pinned).remove(&dir);
+        }
+        made
+    }
+
+    /// E2B's `create_snapshot`: returns the snapshot's record (its id works as a
+    /// template id; so does its name).
+    pub async fn create_snapshot(&self, key_id: &str, id: &str, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+        if let Some(n) = &name {
+            validate_name(n)?;
+            if self.store.snapshot(key_id, n).await?.is_some() {
+                return Err(ManagerError::Conflict(format!("a snapshot named '{n}' exists; delete it or pick another name")));
+            }
+        }
+        let live = self.find(key_id, id)?;
+        let snap = self.snapshot_sandbox(id, &live, "snap_").await?;
+        let row = SnapshotRow {
+            id: snap.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            key_id: key_id.to_string(),
+            name,
+            template: snap.manifest.template.clone(),
+            source_sandbox: Some(id.to_string()),
+            memory: true,
+            dir: snap.dir.display().to_string(),
+            created_at: now_rfc3339(),
+        };
+        let stored = self.store.insert_snapshot(&row).await;
+        lock(&self.pinned).remove(&snap.dir);
+        if let Err(e) = stored {
+            let _ = std::fs::remove_dir_all(&snap.dir);
+            return Err(e.into());
+        }
+        Ok(row)
+    }
+
+    pub async fn list_snapshots(&self, key_id: &str) -> Result<Vec<SnapshotRow>, ManagerError> {
+        Ok(self.store.snapshots(key_id).await?)
+    }
+
+    /// Deletes a snapshot; sandboxes already started from it keep working (its files
+    /// stay until the last of them is gone).
+    pub async fn delete_snapshot(&self, key_id: &str, id_or_name: &str) -> Result<(), ManagerError> {
+        let Some(row) = self.store.snapshot(key_id, id_or_name).await? else {
+            return Err(ManagerError::NotFound(format!("snapshot {id_or_name}")));
+        };
+        self.store.delete_snapshot(&row.id).await?;
+        self.prune_snapshot_files().await;
+        Ok(())
+    }
+
+    /// A sandbox started from a key's snapshot (its memory when it has one, else a
+    /// boot on its disk), and the artifacts of the template it descends from.
+    pub(super) async fn start_from_named_snapshot(&self, snap: &SnapshotRow, opts: &SandboxOptions) -> Result<(Sandbox, Artifacts), ManagerError> {
+        let artifacts = self.prepare(&snap.template).await?;
+        let dir = PathBuf::from(&snap.dir);
+        lock(&self.pinned).insert(dir.clone());
+        let started = match MemorySnapshot::open(&dir) {
+            Some(memory) if snap.memory => Sandbox::from_snapshot(&self.home, &artifacts, self.backend.as_ref(), &memory, opts).await,
+            _ => Sandbox::boot_on(&self.home, &artifacts, self.backend.as_ref(), opts, &dir.join("disk.qcow2"), Some(dir.clone())).await,
+        };
+        lock(&self.pinned).remove(&dir);
+        Ok((started.map_err(ManagerError::Create)?, artifacts))
+    }
+
+    /// E2B's fork: `count` new sandboxes, each continuing from the source's state as
+    /// it is now (memory, processes, files), independently. One result per fork.
+    pub async fn fork(&self, key_id: &str, id: &str, count: u32, timeout: Option<u64>) -> Result<Vec<Result<SandboxRow, ManagerError>>, ManagerError> {
+        if !(1..=MAX_FORKS).contains(&count) {
+            return Err(ManagerError::InvalidArgument(format!("count must be between 1 and {MAX_FORKS}, got {count}")));
+        }
+        let live = self.find(key_id, id)?;
+        let source = lock(&live.row).clone();
+        if source.state != "running" {
+            return Err(ManagerError::Paused(id.to_string()));
+        }
+        if self.running_count() + count as usize > self.config.max_sandboxes {
+            return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
+        }
+        let artifacts = self.prepare(&source.template).await?;
+        let snap = self.snapshot_sandbox(id, &live, "fork_").await?;
+        let mut results = Vec::new();
+        for _ in 0..count {
+            results.push(self.start_fork(key_id, &source, &artifacts, &snap, timeout).await);
+        }
+        lock(&self.pinned).remove(&snap.dir);
+        self.prune_snapshot_files().await;
+        Ok(results)
+    }
+
+    async fn start_fork(&self, key_id: &str, source: &SandboxRow, artifacts: &Artifacts, snap: &MemorySnapshot, timeout: Option<u64>) -> Result<SandboxRow, ManagerError> {
+        let _slot = self.reserve_slot()?;
+        let token = source.envd_token.as_ref().map(|_| hex_token());
+        let opts = self.options(&source.env_vars, &source.metadata, token.clone());
+        let sandbox = Sandbox::from_snapshot(&self.home, artifacts, self.backend.as_ref(), snap, &opts).await.map_err(ManagerError::Create)?;
+        let spec = CreateSpec {
+            template: source.template.clone(),
+            timeout,
+            metadata: source.metadata.clone(),
+            env_vars: source.env_vars.clone(),
+            secure: token.is_some(),
+            auto_pause: source.auto_pause,
+            cold: false,
+        };
+        let timeout = Duration::from_secs(timeout.unwrap_or(self.config.default_timeout.as_secs()));
+        self.register(key_id, &source.template, artifacts, sandbox, spec, token, timeout).await
+    }
+
+    /// Removes sandbox snapshot directories nothing needs: not a stored snapshot, not
+    /// under a sandbox's disk, not under another kept snapshot, not in use right now.
+    pub(super) async fn prune_snapshot_files(&self) {
+        let Ok(stored) = self.store.snapshot_dirs().await else { return };
+        let mut keep: HashSet<PathBuf> = stored.into_iter().map(PathBuf::from).collect();
+        keep.extend(lock(&self.pinned).iter().cloned());
+        for entry in std::fs::read_dir(self.home.sandboxes()).into_iter().flatten().flatten() {
+            let record = std::fs::read_to_string(entry.path().join(VM_RECORD)).ok();
+            if let Some(base) = record.and_then(|t| serde_json::from_str::<VmRecord>(&t).ok()).and_then(|r| r.base_snapshot) {
+                keep.insert(base);
+            }
+        }
+        // Snapshots stack on snapshots (a fork of a fork): keep every base of a kept one.
+        let mut frontier: Vec<PathBuf> = keep.iter().cloned().collect();
+        while let Some(dir) = frontier.pop() {
+            if let Some(base) = MemorySnapshot::open(&dir).and_then(|s| s.manifest.base) {
+                if keep.insert(base.clone()) {
+                    frontier.push(base);
+                }
+            }
+        }
+        for entry in std::fs::read_dir(self.snapshots_root()).into_iter().flatten().flatten() {
+            let dir = entry.path();
+            if !keep.contains(&dir) {
+                tracing::info!(dir = %dir.display(), "removing snapshot files no sandbox or snapshot uses");
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+    }
+}
+
+/// A snapshot of a paused sandbox: its saved state and disk, copied.
+fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Result<MemorySnapshot, ManagerError> {
+    let io = |what: &str, e: std::io::Error| ManagerError::Internal(format!("{what}: {e}"));
+    let text = std::fs::read_to_string(sandbox_dir.join(VM_RECORD)).map_err(|e| io("reading the sandbox record", e))?;
+    let record: VmRecord = serde_json::from_str(&text).map_err(|e| io("reading the sandbox record", e.into()))?;
+    std::fs::copy(sandbox_dir.join(PAUSED_STATE), dir.join("state")).map_err(|e| io("copying the memory state", e))?;
+    std::fs::copy(&record.spec.disk, dir.join("disk.qcow2")).map_err(|e| io("copying the disk", e))?;
+    let manifest = Manifest {
+        template: template.to_string(),
+        cpus: record.spec.cpus,
+        memory_mib: record.spec.memory_mib,
+        accel: record.spec.accel,
+        shared_memory: false,
+        created_at: now_rfc3339(),
+        source_sandbox: Some(id.to_string()),
+        base: record.base_snapshot,
+    };
+    MemorySnapshot::write_manifest(dir, &manifest).map_err(|e| ManagerError::Internal(e.to_string()))?;
+    Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })
+}
+
+/// Snapshot names share the template namespace: short, plain, unambiguous.
+pub fn validate_name(name: &str) -> Result<(), ManagerError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && !name.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(ManagerError::InvalidArgument(format!(
+            "snapshot name '{name}' is not allowed: use 1-64 letters, digits, '-', '_' or '.', not starting with '.'"
+        )))
+    }
+}

@@ -1,0 +1,134 @@
+//! Memory snapshots with real VMs: template restores, pause/resume, sandbox snapshots
+//! (fork), and no leaks over many restore cycles.
+
+use crate::check;
+use crate::support::{qemu_processes_of, run, Env};
+use hutch_core::sandbox::StartKind;
+use hutch_core::Sandbox;
+use libtest_mimic::Trial;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+pub fn trials(env: &Arc<Env>) -> Vec<Trial> {
+    vec![
+        env.trial("snapshots::restored_sandboxes_get_their_own_identity_clock_and_entropy", fresh_identity),
+        env.trial("snapshots::cold_boots_when_asked", cold_when_asked),
+        env.trial("snapshots::pause_and_resume_keep_processes_files_and_memory", pause_resume),
+        env.trial("snapshots::a_sandbox_snapshot_restores_into_independent_copies", fork_independent),
+        env.trial("snapshots::fifty_restore_cycles_leave_nothing_behind", fifty_cycles),
+    ]
+}
+
+fn now_secs() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
+}
+
+/// The guest's wall clock minus the host's, in seconds.
+async fn clock_skew(sb: &Sandbox) -> anyhow::Result<f64> {
+    let before = now_secs();
+    let out = run(sb.agent(), "date +%s.%N").await?;
+    let after = now_secs();
+    let guest: f64 = out.stdout_str().trim().parse()?;
+    Ok(guest - (before + after) / 2.0)
+}
+
+async fn fresh_identity(env: Arc<Env>) -> anyhow::Result<()> {
+    let a = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
+    let b = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
+    for sb in [&a, &b] {
+        check!(sb.started_from() == StartKind::Snapshot, "{} was not restored from the template snapshot", sb.id());
+        let who = run(sb.agent(), "cat /run/hutch/sandbox.json; echo; echo $E2B_SANDBOX_ID").await?.stdout_str();
+        check!(who.matches(sb.id().as_str()).count() == 2, "{} sees itself as {who:?}", sb.id());
+        let skew = clock_skew(sb).await?;
+        check!(skew.abs() < 1.0, "guest clock is {skew:.3} s off the host's after the restore");
+    }
+    let random = |sb: &Sandbox| {
+        let agent = sb.agent().clone();
+        async move { run(&agent, "head -c 16 /dev/urandom | od -An -tx1").await.map(|o| o.stdout_str()) }
+    };
+    let (ra, rb) = (random(&a).await?, random(&b).await?);
+    check!(ra != rb, "two clones of one snapshot read the same random bytes: {ra}");
+    a.destroy().await?;
+    b.destroy().await?;
+    Ok(())
+}
+
+async fn cold_when_asked(env: Arc<Env>) -> anyhow::Result<()> {
+    let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::cold()).await?;
+    check!(sb.started_from() == StartKind::Cold, "asked for a cold boot, got {:?}", sb.started_from());
+    let out = run(sb.agent(), "echo cold").await?;
+    check!(out.stdout_str() == "cold\n", "got {:?}", out.stdout_str());
+    sb.destroy().await?;
+    Ok(())
+}
+
+async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
+    let mut sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
+    let dir = sb.dir().to_path_buf();
+    // A process holding state in memory only, a file, and a background sleeper.
+    run(sb.agent(), "echo kept > /home/user/file; (sleep 100000 &) ; python3 -c 'import os,time; x=os.urandom(8).hex(); open(\"/tmp/x\",\"w\").write(x); time.sleep(100000)' > /dev/null 2>&1 &").await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = run(sb.agent(), "cat /tmp/x; pgrep -c -f 'sleep 100000'").await?.stdout_str();
+    let qemu = sb.pid().unwrap_or(0);
+    sb.pause().await?;
+    check!(sb.pid().is_none(), "the VM still runs after pause");
+    let id = sb.id().to_string();
+    drop(sb);
+    check!(dir.join(hutch_core::sandbox::PAUSED_STATE).is_file(), "no saved state in {dir:?}");
+    check!(!std::path::Path::new(&format!("/proc/{qemu}")).exists(), "QEMU {qemu} outlived the pause");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let sb = Sandbox::resume(&dir, &env.backend, &Env::options()).await?;
+    check!(sb.id().as_str() == id && sb.started_from() == StartKind::Resumed, "resumed as {} ({:?})", sb.id(), sb.started_from());
+    let after = run(sb.agent(), "cat /tmp/x; pgrep -c -f 'sleep 100000'").await?.stdout_str();
+    check!(after == before, "state before pause {before:?}, after resume {after:?}");
+    let file = run(sb.agent(), "cat /home/user/file").await?.stdout_str();
+    check!(file == "kept\n", "file after resume: {file:?}");
+    let skew = clock_skew(&sb).await?;
+    check!(skew.abs() < 1.0, "guest clock is {skew:.3} s off after resume (it slept 1.5 s paused)");
+    check!(!dir.join(hutch_core::sandbox::PAUSED_STATE).exists(), "the saved state outlived the resume");
+    sb.destroy().await?;
+    check!(!dir.exists(), "{dir:?} left behind");
+    Ok(())
+}
+
+async fn fork_independent(env: Arc<Env>) -> anyhow::Result<()> {
+    let mut source = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
+    run(source.agent(), "echo source > /home/user/who").await?;
+    let snap_dir = env.home.tmp().join(format!("fork-test-{}", std::process::id()));
+    std::fs::create_dir_all(&snap_dir)?;
+    let snap = source.snapshot(&snap_dir, "base").await?;
+    // The source runs on after the snapshot, with a working agent.
+    run(source.agent(), "echo changed > /home/user/who").await?;
+    let a = Sandbox::from_snapshot(&env.home, &env.artifacts, &env.backend, &snap, &Env::options()).await?;
+    let b = Sandbox::from_snapshot(&env.home, &env.artifacts, &env.backend, &snap, &Env::options()).await?;
+    run(a.agent(), "echo a >> /home/user/who").await?;
+    run(b.agent(), "echo b >> /home/user/who").await?;
+    let read = |sb: &Sandbox| {
+        let agent = sb.agent().clone();
+        async move { run(&agent, "cat /home/user/who").await.map(|o| o.stdout_str()) }
+    };
+    let (s, ra, rb) = (read(&source).await?, read(&a).await?, read(&b).await?);
+    check!(s == "changed\n" && ra == "source\na\n" && rb == "source\nb\n", "source {s:?}, forks {ra:?} and {rb:?}");
+    check!(a.id() != b.id() && a.id() != source.id(), "forks share an id");
+    for sb in [source, a, b] {
+        sb.destroy().await?;
+    }
+    std::fs::remove_dir_all(&snap_dir)?;
+    Ok(())
+}
+
+async fn fifty_cycles(env: Arc<Env>) -> anyhow::Result<()> {
+    let before: Vec<_> = std::fs::read_dir(env.home.sandboxes())?.flatten().map(|e| e.path()).collect();
+    for i in 0..50 {
+        let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
+        if i % 10 == 0 {
+            let out = run(sb.agent(), "echo $E2B_SANDBOX_ID").await?;
+            check!(out.stdout_str().trim() == sb.id().as_str(), "cycle {i}: {:?}", out.stdout_str());
+        }
+        sb.destroy().await?;
+    }
+    let after: Vec<_> = std::fs::read_dir(env.home.sandboxes())?.flatten().map(|e| e.path()).filter(|p| !before.contains(p)).collect();
+    check!(after.is_empty(), "left behind: {after:?}");
+    check!(qemu_processes_of(&env.home).is_empty(), "QEMU left running");
+    Ok(())
+}
