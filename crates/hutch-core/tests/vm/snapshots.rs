@@ -23,6 +23,10 @@ fn now_secs() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
 }
 
+fn within_a_second(skew: f64) -> bool {
+    skew.abs() < 1.0
+}
+
 /// The guest's wall clock minus the host's, in seconds.
 async fn clock_skew(sb: &Sandbox) -> anyhow::Result<f64> {
     let before = now_secs();
@@ -40,7 +44,7 @@ async fn fresh_identity(env: Arc<Env>) -> anyhow::Result<()> {
         let who = run(sb.agent(), "cat /run/hutch/sandbox.json; echo; echo $E2B_SANDBOX_ID").await?.stdout_str();
         check!(who.matches(sb.id().as_str()).count() == 2, "{} sees itself as {who:?}", sb.id());
         let skew = clock_skew(sb).await?;
-        check!(skew.abs() < 1.0, "guest clock is {skew:.3} s off the host's after the restore");
+        check!(within_a_second(skew), "guest clock is {skew:.3} s off the host's after the restore");
     }
     let random = |sb: &Sandbox| {
         let agent = sb.agent().clone();
@@ -84,7 +88,7 @@ async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
     let file = run(sb.agent(), "cat /home/user/file").await?.stdout_str();
     check!(file == "kept\n", "file after resume: {file:?}");
     let skew = clock_skew(&sb).await?;
-    check!(skew.abs() < 1.0, "guest clock is {skew:.3} s off after resume (it slept 1.5 s paused)");
+    check!(within_a_second(skew), "guest clock is {skew:.3} s off after resume (it slept 1.5 s paused)");
     check!(!dir.join(hutch_core::sandbox::PAUSED_STATE).exists(), "the saved state outlived the resume");
     sb.destroy().await?;
     check!(!dir.exists(), "{dir:?} left behind");
