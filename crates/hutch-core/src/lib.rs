@@ -4,6 +4,7 @@
 //! Owns sandbox directories under `$HUTCH_HOME/sandboxes`. Must not know about HTTP
 //! routing, the CLI or terminals; those sit above it.
 
+pub mod archive;
 pub mod artifacts;
 pub mod ids;
 pub mod manager;

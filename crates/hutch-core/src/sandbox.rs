@@ -256,6 +256,7 @@ impl Sandbox {
     /// success the sandbox keeps its directory (see `resume`); after a failure it runs on.
     pub async fn pause(&mut self) -> Result<(), PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
+        flush_guest(&self.agent).await;
         crate::snapshot::release_agent(&self.agent, &self.record.spec.console_log(), RELEASE_WAIT).await?;
         let state = self.dir.join(PAUSED_STATE);
         if let Err(e) = vm.save(&state, false).await {
@@ -273,6 +274,7 @@ impl Sandbox {
     /// E2B snapshot): the guest pauses for the save and then runs on.
     pub async fn snapshot(&mut self, dir: &Path, template: &str) -> Result<MemorySnapshot, PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
+        flush_guest(&self.agent).await;
         crate::snapshot::release_agent(&self.agent, &self.record.spec.console_log(), RELEASE_WAIT).await?;
         let saved = crate::snapshot::save_vm(vm.as_mut(), &self.record.spec.disk, dir, false).await;
         let resumed = vm.resume().await;
@@ -364,6 +366,15 @@ impl Drop for Sandbox {
         if !self.keep_dir {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Asks the guest to write its dirty page cache to disk, so the disk saved beside the
+/// memory is complete on its own (exports carry only the disk). Best effort: the memory
+/// state is consistent either way.
+async fn flush_guest(agent: &AgentClient) {
+    if let Err(e) = tokio::time::timeout(Duration::from_secs(30), agent.post_json("/sync", &serde_json::json!({}))).await.unwrap_or_else(|_| Ok(())) {
+        tracing::warn!("the guest did not flush its disk: {e}");
     }
 }
 

@@ -11,8 +11,10 @@
 pub mod envd;
 mod code;
 mod commands;
+mod lifecycle;
 mod remote;
 
 pub use code::{CodeContext, CodeEvent, CodeResult, Execution, ExecutionError};
 pub use commands::{CommandOutput, RunOptions, SdkError};
+pub use lifecycle::SnapshotInfo;
 pub use remote::{Api, ApiError, CreateOptions, Sandbox, SandboxInfo};

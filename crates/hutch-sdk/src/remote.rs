@@ -54,6 +54,10 @@ pub struct CreateOptions {
     pub metadata: BTreeMap<String, String>,
     pub envs: BTreeMap<String, String>,
     pub secure: bool,
+    /// Pause instead of kill when the timeout is reached.
+    pub auto_pause: bool,
+    /// Boot the kernel instead of restoring the template's memory snapshot.
+    pub cold: bool,
 }
 
 /// A client of one `hutch serve`.
@@ -76,7 +80,7 @@ pub struct Sandbox {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Created {
+pub(crate) struct Created {
     #[serde(rename = "sandboxID")]
     sandbox_id: String,
     #[serde(rename = "templateID")]
@@ -100,7 +104,7 @@ pub(crate) fn status_error(status: StatusCode, body: &[u8]) -> ApiError {
     }
 }
 
-fn enc(s: &str) -> String {
+pub(crate) fn enc(s: &str) -> String {
     utf8_percent_encode(s, NON_ALPHANUMERIC).to_string()
 }
 
@@ -121,7 +125,19 @@ impl Api {
         &self.base
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<serde_json::Value>) -> Result<(StatusCode, http::HeaderMap, Bytes), ApiError> {
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    pub(crate) fn http(&self) -> &Client<HttpConnector, Full<Bytes>> {
+        &self.http
+    }
+
+    pub(crate) fn unreachable(&self, e: impl std::error::Error + Send + Sync + 'static) -> ApiError {
+        ApiError::Unreachable { url: self.base.clone(), source: Box::new(e) }
+    }
+
+    pub(crate) async fn call(&self, method: Method, path: &str, body: Option<serde_json::Value>) -> Result<(StatusCode, http::HeaderMap, Bytes), ApiError> {
         let mut req = Request::builder().method(method).uri(format!("{}{path}", self.base)).header("x-api-key", &self.key);
         let payload = match body {
             Some(v) => {
@@ -140,11 +156,11 @@ impl Api {
         Err(status_error(parts.status, &bytes))
     }
 
-    fn json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
+    pub(crate) fn json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ApiError> {
         serde_json::from_slice(bytes).map_err(|e| ApiError::Protocol(e.to_string()))
     }
 
-    fn sandbox(&self, created: Created) -> Sandbox {
+    pub(crate) fn sandbox(&self, created: Created) -> Sandbox {
         let envd = AgentClient::via_proxy(&self.base, &created.sandbox_id, created.envd_access_token.clone());
         Sandbox { id: created.sandbox_id, template: created.template_id, api: self.clone(), envd, token: created.envd_access_token }
     }
@@ -180,6 +196,8 @@ impl Api {
             "metadata": opts.metadata,
             "envVars": opts.envs,
             "secure": opts.secure,
+            "autoPause": opts.auto_pause,
+            "cold": opts.cold,
         });
         if let Some(t) = opts.timeout {
             body["timeout"] = t.into();

@@ -17,7 +17,7 @@ pub const ENVD_PORT: u16 = 49983;
 /// Agent endpoints only hutch itself may call (over the agent socket): `/init` sets the
 /// sandbox's access token and environment, `/shutdown` powers it off. The proxy refuses
 /// them, as E2B's proxy refuses envd's internal endpoints.
-const INTERNAL: &[&str] = &["/init", "/shutdown"];
+const INTERNAL: &[&str] = &["/init", "/shutdown", "/sync"];
 
 pub struct Target {
     pub sandbox: String,

@@ -1,4 +1,4 @@
-//! Small envd endpoints (`/health`, `/envs`, `/metrics`) and hutch's `/init`, `/shutdown`.
+//! Small envd endpoints (`/health`, `/envs`, `/metrics`) and hutch's `/init`, `/sync`, `/shutdown`.
 
 use crate::http::files::http_error;
 use crate::state::AgentState;
@@ -45,6 +45,13 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
         cfg.default_user = user;
     }
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// Flushes the guest's dirty page cache to its disk, so a copy of the disk taken next
+/// (a snapshot, an export) holds every file written so far.
+pub async fn sync() -> StatusCode {
+    let _ = tokio::task::spawn_blocking(nix::unistd::sync).await;
+    StatusCode::NO_CONTENT
 }
 
 pub async fn shutdown() -> StatusCode {

@@ -22,6 +22,7 @@ pub fn router(state: AgentState) -> Router {
         .route("/metrics", get(misc::metrics))
         .route("/init", post(misc::init))
         .route("/shutdown", post(misc::shutdown))
+        .route("/sync", post(misc::sync))
         .route("/files", get(files::download).post(files::upload))
         .route("/tunnel/{port}", post(tunnel::open))
         .route("/process.Process/Start", post(proc_rpc::start))

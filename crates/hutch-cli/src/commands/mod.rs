@@ -6,3 +6,4 @@ pub mod remote;
 pub mod run;
 pub mod serve;
 pub mod setup;
+pub mod snapshot;

@@ -30,7 +30,36 @@ pub enum RemoteCommand {
         metadata: Vec<(String, String)>,
         #[arg(short, long = "env", value_name = "K=V", value_parser = parse_env)]
         envs: Vec<(String, String)>,
+        /// Pause it instead of killing it when the timeout is reached.
+        #[arg(long)]
+        auto_pause: bool,
+        /// Boot the kernel instead of restoring the template's memory snapshot.
+        #[arg(long)]
+        cold: bool,
     },
+    /// Pause sandboxes: memory, processes and files are saved and the VM stops.
+    Pause {
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Resume a paused sandbox under its id.
+    Resume {
+        id: String,
+        /// Seconds until the server ends it again.
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// Copy a running sandbox into COUNT new ones that continue from its state; prints their ids.
+    Fork {
+        id: String,
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        count: u32,
+        #[arg(long)]
+        timeout: Option<u64>,
+    },
+    /// Snapshots of sandboxes: create, list, delete, export, import.
+    #[command(subcommand)]
+    Snapshot(super::snapshot::SnapshotCommand),
     /// List your sandboxes.
     Ls {
         #[arg(long)]
@@ -76,16 +105,22 @@ fn api(server: &Server) -> anyhow::Result<Api> {
 pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
     let api = api(&server)?;
     match cmd {
-        RemoteCommand::Create { template, timeout, metadata, envs } => {
+        RemoteCommand::Create { template, timeout, metadata, envs, auto_pause, cold } => {
             let opts = CreateOptions {
                 template: Some(template),
                 timeout,
                 metadata: metadata.into_iter().collect(),
                 envs: envs.into_iter().collect(),
                 secure: false,
+                auto_pause,
+                cold,
             };
             crate::outln!("{}", api.create(&opts).await?.id);
         }
+        RemoteCommand::Pause { ids } => return super::snapshot::pause(&api, ids).await,
+        RemoteCommand::Resume { id, timeout } => return super::snapshot::resume(&api, &id, timeout).await,
+        RemoteCommand::Fork { id, count, timeout } => return super::snapshot::fork(&api, &id, count, timeout).await,
+        RemoteCommand::Snapshot(cmd) => return super::snapshot::run(&api, cmd).await,
         RemoteCommand::Ls { json, metadata } => {
             let list = api.list(&metadata.into_iter().collect::<BTreeMap<_, _>>()).await?;
             if json {

@@ -169,6 +169,10 @@ impl SandboxManager {
         Ok(manager)
     }
 
+    pub fn home(&self) -> &HutchHome {
+        &self.home
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }

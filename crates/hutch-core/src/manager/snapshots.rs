@@ -4,6 +4,7 @@
 //! times; its files go when the last sandbox stacked on them does.
 
 use super::{hex_token, lock, CreateSpec, Live, ManagerError, SandboxManager};
+use crate::archive::{self, ArchiveError, ArchiveManifest};
 use crate::artifacts::Artifacts;
 use crate::sandbox::{Sandbox, SandboxOptions, VmRecord, PAUSED_STATE, VM_RECORD};
 use crate::snapshot::{Manifest, MemorySnapshot};
@@ -90,6 +91,90 @@ impl SandboxManager {
         self.store.delete_snapshot(&row.id).await?;
         self.prune_snapshot_files().await;
         Ok(())
+    }
+
+    /// Writes the portable archive of a key's snapshot (its filesystem) to a new file
+    /// under `$HUTCH_HOME/tmp`, for the caller to stream and remove.
+    pub async fn export_snapshot(&self, key_id: &str, id_or_name: &str) -> Result<(PathBuf, ArchiveManifest), ManagerError> {
+        let Some(row) = self.store.snapshot(key_id, id_or_name).await? else {
+            return Err(ManagerError::NotFound(format!("snapshot {id_or_name}")));
+        };
+        let work = self.home.tmp().join(format!("export-{}", hex::encode(rand::random::<[u8; 8]>())));
+        std::fs::create_dir_all(&work).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", work.display())))?;
+        let out = work.with_extension("tar");
+        let dir = PathBuf::from(&row.dir);
+        lock(&self.pinned).insert(dir.clone());
+        let (w, o) = (work.clone(), out.clone());
+        let made = tokio::task::spawn_blocking(move || -> Result<ArchiveManifest, ArchiveError> {
+            let file = std::fs::File::create(&o).map_err(|source| ArchiveError::Io { what: "creating", path: o.clone(), source })?;
+            archive::export(&dir.join("disk.qcow2"), row.name.as_deref(), &row.template, &w, std::io::BufWriter::new(file))
+        })
+        .await;
+        lock(&self.pinned).remove(&PathBuf::from(&row.dir));
+        let _ = std::fs::remove_dir_all(&work);
+        match made {
+            Ok(Ok(manifest)) => Ok((out, manifest)),
+            Ok(Err(e)) => {
+                let _ = std::fs::remove_file(&out);
+                Err(ManagerError::Internal(format!("exporting the snapshot: {e}")))
+            }
+            Err(e) => Err(ManagerError::Internal(e.to_string())),
+        }
+    }
+
+    /// Imports an archive (verified: content hash, standalone disk) as a snapshot of
+    /// this key, named `name` or as the archive says.
+    pub async fn import_snapshot(&self, key_id: &str, archive_file: &Path, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+        if let Some(n) = &name {
+            validate_name(n)?;
+        }
+        let id = format!("snap_{}", hex::encode(rand::random::<[u8; 8]>()));
+        let dir = self.snapshots_root().join(&id);
+        std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
+        lock(&self.pinned).insert(dir.clone());
+        let (d, a) = (dir.clone(), archive_file.to_path_buf());
+        let unpacked = tokio::task::spawn_blocking(move || {
+            let file = std::fs::File::open(&a).map_err(|source| ArchiveError::Io { what: "reading", path: a.clone(), source })?;
+            archive::import(std::io::BufReader::new(file), &d)
+        })
+        .await
+        .map_err(|e| ManagerError::Internal(e.to_string()));
+        let result = match unpacked {
+            Ok(Ok(manifest)) => self.register_import(key_id, &id, &dir, manifest, name).await,
+            Ok(Err(e @ (ArchiveError::Io { .. } | ArchiveError::QemuImg { .. }))) => Err(ManagerError::Internal(format!("importing the archive: {e}"))),
+            Ok(Err(e)) => Err(ManagerError::InvalidArgument(format!("{e}; nothing was imported"))),
+            Err(e) => Err(e),
+        };
+        lock(&self.pinned).remove(&dir);
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        result
+    }
+
+    async fn register_import(&self, key_id: &str, id: &str, dir: &Path, manifest: ArchiveManifest, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+        let name = name.or(manifest.name.clone());
+        if let Some(n) = &name {
+            validate_name(n)?;
+            if self.store.snapshot(key_id, n).await?.is_some() {
+                return Err(ManagerError::Conflict(format!("a snapshot named '{n}' exists; import under another name (?name=) or delete it first")));
+            }
+        }
+        // The disk boots with its template's kernel and agent; check the template is one
+        // this server has or can build, before accepting it.
+        self.prepare(&manifest.template).await?;
+        let row = SnapshotRow {
+            id: id.to_string(),
+            key_id: key_id.to_string(),
+            name,
+            template: manifest.template,
+            source_sandbox: None,
+            memory: false,
+            dir: dir.display().to_string(),
+            created_at: now_rfc3339(),
+        };
+        self.store.insert_snapshot(&row).await?;
+        Ok(row)
     }
 
     /// A sandbox started from a key's snapshot (its memory when it has one, else a

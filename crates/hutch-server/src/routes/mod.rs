@@ -1,5 +1,6 @@
 //! REST routes: E2B's control plane (v1 and v2 paths) plus health and the OpenAPI file.
 
+mod archives;
 mod body;
 mod sandboxes;
 
@@ -26,6 +27,8 @@ pub fn rest() -> Router<AppState> {
         .route("/sandboxes/{id}/fork", post(sandboxes::fork))
         .route("/sandboxes/{id}/snapshots", post(sandboxes::create_snapshot))
         .route("/snapshots", get(sandboxes::list_snapshots))
+        .route("/snapshots/archive", post(archives::import))
+        .route("/snapshots/{id}/archive", get(archives::export))
         .route("/templates/{id}", delete(sandboxes::delete_snapshot))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
 }

@@ -1,0 +1,164 @@
+//! Portable snapshot archives: a tar with `manifest.json` first and `disk.qcow2`, the
+//! sandbox's filesystem flattened into one standalone image (no backing file, so it
+//! means the same on any host). Memory is not exported: a memory state only fits the
+//! exact kernel, agent and QEMU that saved it, and a disk is what survives a move.
+//!
+//! The manifest carries the disk's SHA-256; import recomputes it while unpacking and
+//! rejects an archive whose disk does not match, has a backing file (which could name
+//! any file on the importing host), or holds anything besides those two entries.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+pub const FORMAT: &str = "hutch-snapshot-archive/1";
+const MANIFEST: &str = "manifest.json";
+const DISK: &str = "disk.qcow2";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ArchiveManifest {
+    pub format: String,
+    pub name: Option<String>,
+    /// The template whose kernel and agent boot the disk.
+    pub template: String,
+    pub created_at: String,
+    pub disk_sha256: String,
+    pub disk_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("{what} {path}")]
+    Io { what: &'static str, path: PathBuf, #[source] source: std::io::Error },
+    #[error("qemu-img failed on {path}: {stderr}")]
+    QemuImg { path: PathBuf, stderr: String },
+    #[error("not a hutch snapshot archive: {0}")]
+    NotAnArchive(String),
+    #[error("the archive was modified or is corrupt: disk.qcow2 has SHA-256 {actual}, the manifest says {expected}")]
+    HashMismatch { expected: String, actual: String },
+    #[error("the archive's disk is unsafe to use: {0}")]
+    UnsafeDisk(String),
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ArchiveError + 'a {
+    move |source| ArchiveError::Io { what, path: path.to_path_buf(), source }
+}
+
+fn qemu_img(args: &[&std::ffi::OsStr], path: &Path) -> Result<Vec<u8>, ArchiveError> {
+    let out = Command::new("qemu-img").args(args).output().map_err(io("running qemu-img on", path))?;
+    if !out.status.success() {
+        return Err(ArchiveError::QemuImg { path: path.to_path_buf(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+    }
+    Ok(out.stdout)
+}
+
+/// Writes the archive of the disk `disk` (any qcow2 chain) to `out`. `work` is an
+/// empty directory for the flattened image.
+pub fn export(disk: &Path, name: Option<&str>, template: &str, work: &Path, out: impl Write) -> Result<ArchiveManifest, ArchiveError> {
+    let flat = work.join(DISK);
+    qemu_img(&["convert".as_ref(), "-O".as_ref(), "qcow2".as_ref(), disk.as_os_str(), flat.as_os_str()], disk)?;
+    let mut hash = Sha256::new();
+    let mut file = std::fs::File::open(&flat).map_err(io("reading", &flat))?;
+    let disk_bytes = std::io::copy(&mut file, &mut HashWriter(&mut hash)).map_err(io("reading", &flat))?;
+    let manifest = ArchiveManifest {
+        format: FORMAT.into(),
+        name: name.map(str::to_string),
+        template: template.to_string(),
+        created_at: crate::store::now_rfc3339(),
+        disk_sha256: hex::encode(hash.finalize()),
+        disk_bytes,
+    };
+    let json = serde_json::to_vec_pretty(&manifest).map_err(|e| ArchiveError::NotAnArchive(e.to_string()))?;
+    let mut tar = tar::Builder::new(out);
+    let mut header = tar::Header::new_gnu();
+    header.set_size(json.len() as u64);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_cksum();
+    tar.append_data(&mut header, MANIFEST, json.as_slice()).map_err(io("writing the archive for", disk))?;
+    tar.append_path_with_name(&flat, DISK).map_err(io("writing the archive for", disk))?;
+    tar.into_inner().and_then(|mut w| w.flush()).map_err(io("writing the archive for", disk))?;
+    let _ = std::fs::remove_file(&flat);
+    Ok(manifest)
+}
+
+struct HashWriter<'a>(&'a mut Sha256);
+
+impl Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A reader that hashes what passes through it.
+struct HashReader<R> {
+    inner: R,
+    hash: Sha256,
+}
+
+impl<R: Read> Read for HashReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Unpacks and verifies an archive into `dir` (which then holds `disk.qcow2`).
+pub fn import(archive: impl Read, dir: &Path) -> Result<ArchiveManifest, ArchiveError> {
+    let truncated = |e: std::io::Error| ArchiveError::NotAnArchive(format!("it is truncated or not a tar file ({e})"));
+    let mut tar = tar::Archive::new(archive);
+    let mut entries = tar.entries().map_err(truncated)?;
+    let mut next = |want: &str| -> Result<tar::Entry<'_, _>, ArchiveError> {
+        let entry = entries.next().ok_or_else(|| ArchiveError::NotAnArchive(format!("it ends before {want}")))?.map_err(truncated)?;
+        let path = entry.path().map_err(truncated)?.display().to_string();
+        // The disk may be stored sparse (GNU sparse entries read back with their holes).
+        let kind = entry.header().entry_type();
+        if path != want || !(kind.is_file() || kind.is_gnu_sparse()) {
+            return Err(ArchiveError::NotAnArchive(format!("expected the file {want}, found '{path}'")));
+        }
+        Ok(entry)
+    };
+    let mut text = String::new();
+    next(MANIFEST)?.take(1 << 20).read_to_string(&mut text).map_err(truncated)?;
+    let manifest: ArchiveManifest = serde_json::from_str(&text).map_err(|e| ArchiveError::NotAnArchive(format!("bad manifest.json: {e}")))?;
+    if manifest.format != FORMAT {
+        return Err(ArchiveError::NotAnArchive(format!("format '{}' is not {FORMAT}", manifest.format)));
+    }
+    let disk = dir.join(DISK);
+    let mut reader = HashReader { inner: next(DISK)?, hash: Sha256::new() };
+    let mut file = std::fs::File::create(&disk).map_err(io("writing", &disk))?;
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = reader.read(&mut buf).map_err(truncated)?;
+        if n == 0 {
+            break;
+        }
+        file.write_all(&buf[..n]).map_err(io("writing", &disk))?;
+    }
+    let actual = hex::encode(reader.hash.finalize());
+    if actual != manifest.disk_sha256 {
+        return Err(ArchiveError::HashMismatch { expected: manifest.disk_sha256.clone(), actual });
+    }
+    check_standalone(&disk)?;
+    Ok(manifest)
+}
+
+/// A qcow2 image with no backing file and no external data file.
+fn check_standalone(disk: &Path) -> Result<(), ArchiveError> {
+    let out = qemu_img(&["info".as_ref(), "--output=json".as_ref(), "-f".as_ref(), "qcow2".as_ref(), disk.as_os_str()], disk)?;
+    let info: serde_json::Value = serde_json::from_slice(&out).map_err(|e| ArchiveError::UnsafeDisk(e.to_string()))?;
+    if info.get("backing-filename").is_some() || info.get("full-backing-filename").is_some() {
+        return Err(ArchiveError::UnsafeDisk("it names a backing file".into()));
+    }
+    if info.pointer("/format-specific/data/data-file").is_some() {
+        return Err(ArchiveError::UnsafeDisk("it names an external data file".into()));
+    }
+    Ok(())
+}
