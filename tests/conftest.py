@@ -60,13 +60,10 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
-@pytest.fixture(scope="session")
-def server():
-    home = Path(tempfile.mkdtemp(prefix="hutch-serve-", dir="/tmp"))
-    link_shared_artifacts(home)
-    port = free_port()
+def launch(home: Path, port: int) -> subprocess.Popen:
+    """Starts `hutch serve` on `home` and waits until it answers."""
     env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
-    log = open(home / "serve.log", "w")
+    log = open(home / "serve.log", "a")
     proc = subprocess.Popen(
         [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", "3", "--accel", "tcg"],
         env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -76,18 +73,34 @@ def server():
     while True:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
+                return proc
         except httpx.HTTPError:
             pass
         if proc.poll() is not None or time.time() > deadline:
             raise RuntimeError("hutch serve did not start:\n" + (home / "serve.log").read_text())
         time.sleep(0.1)
+
+
+def new_home(prefix: str) -> Path:
+    home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    link_shared_artifacts(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def server():
+    home = new_home("hutch-serve-")
+    port = free_port()
+    proc = launch(home, port)
+    url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, HUTCH_API_URL=url, HUTCH_API_KEY=API_KEY)
     yield Server(url, home, proc)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     left = list((home / "sandboxes").glob("*")) if (home / "sandboxes").exists() else []
+    snaps = list((home / "snapshots" / "sandboxes").glob("*")) if (home / "snapshots" / "sandboxes").exists() else []
     qemus = qemus_under(home)
     shutil.rmtree(home, ignore_errors=True)
     assert not left, f"sandbox directories left: {left}"
+    assert not snaps, f"snapshot files left (forks must go with their sandboxes, tests delete theirs): {snaps}"
     assert not qemus, f"QEMU processes left: {qemus}"

@@ -81,3 +81,28 @@ def test_run_code(server, tmp_path):
         assert r.returncode == 1 and b"NameError" in r.stderr
     finally:
         hutch(server, "kill", sid)
+
+
+def test_pause_resume_fork_from_the_cli(server):
+    sid = hutch(server, "create", "--timeout", "300").stdout.decode().strip()
+    try:
+        assert hutch(server, "exec", sid, "--", "sh", "-c", "echo 1 > /home/user/n").returncode == 0
+        r = hutch(server, "pause", sid)
+        assert (r.returncode, r.stdout.decode().strip()) == (0, sid), r.stderr
+        assert f"{sid}  base       paused" in hutch(server, "ls").stdout.decode()
+        r = hutch(server, "pause", sid)
+        assert r.returncode == 0 and b"already paused" in r.stderr
+        r = hutch(server, "exec", sid, "--", "cat", "/home/user/n")
+        assert r.stdout == b"1\n", "exec resumes a paused sandbox, as E2B's connect does"
+        forks = hutch(server, "fork", sid, "--count", "2")
+        assert forks.returncode == 0, forks.stderr
+        ids = forks.stdout.decode().split()
+        assert len(ids) == 2 and sid not in ids
+        for i, f in enumerate(ids):
+            assert hutch(server, "exec", f, "--", "sh", "-c", f"echo {i} >> /home/user/n").returncode == 0
+        assert [hutch(server, "exec", f, "--", "cat", "/home/user/n").stdout for f in ids] == [b"1\n0\n", b"1\n1\n"]
+        assert hutch(server, "kill", *ids).returncode == 0
+        r = hutch(server, "fork", sid, "--count", "21")
+        assert r.returncode == 2 and b"21" in r.stderr
+    finally:
+        hutch(server, "kill", sid)

@@ -176,7 +176,7 @@ impl Sandbox {
         disk: &Path,
         snapshot_dir: Option<PathBuf>,
     ) -> Result<Sandbox, CreateError> {
-        let launch = Launch { base: disk, memory: Memory::Anonymous, incoming: None, base_snapshot: snapshot_dir, kind: StartKind::Cold };
+        let launch = Launch { seed: None, base: disk, memory: Memory::Anonymous, incoming: None, base_snapshot: snapshot_dir, kind: StartKind::Cold };
         Self::launch(home, artifacts, backend, opts, launch).await
     }
 
@@ -192,7 +192,14 @@ impl Sandbox {
         let (memory, incoming) = snapshot.restore_memory();
         let opts = SandboxOptions { cpus: snapshot.manifest.cpus, memory: MemMib::new(snapshot.manifest.memory_mib).unwrap_or(opts.memory), accel: snapshot.manifest.accel, ..opts.clone() };
         let disk = snapshot.disk();
-        let launch = Launch { base: &disk, memory, incoming: Some(incoming), base_snapshot: Some(snapshot.dir.clone()), kind: StartKind::Snapshot };
+        let launch = Launch {
+            seed: Some(snapshot),
+            base: &disk,
+            memory,
+            incoming: Some(incoming),
+            base_snapshot: Some(snapshot.dir.clone()),
+            kind: StartKind::Snapshot,
+        };
         Self::launch(home, artifacts, backend, &opts, launch).await
     }
 
@@ -205,6 +212,9 @@ impl Sandbox {
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.clone(), e))?;
         let disk = dir.join("disk.qcow2");
         hutch_vmm::disk::create_overlay(launch.base, &disk).await.map_err(CreateError::Disk)?;
+        if let Some(snapshot) = launch.seed {
+            snapshot.seed_console(&dir.join("console.log"));
+        }
         let spec = VmSpec {
             id: id.to_string(),
             dir: dir.clone(),
@@ -382,6 +392,8 @@ async fn flush_guest(agent: &AgentClient) {
 const RELEASE_WAIT: Duration = Duration::from_secs(10);
 
 struct Launch<'a> {
+    /// The snapshot being restored, whose console the new one continues.
+    seed: Option<&'a MemorySnapshot>,
     base: &'a Path,
     memory: Memory,
     incoming: Option<Incoming>,

@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 pub const MANIFEST: &str = "snapshot.json";
+/// The console of the VM the snapshot was saved from, up to the save.
+pub const CONSOLE: &str = "console.log";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Manifest {
@@ -70,6 +72,15 @@ impl MemorySnapshot {
         self.dir.join("disk.qcow2")
     }
 
+    /// Starts a restored sandbox's console with the saved VM's, and says so: the guest
+    /// kernel's messages from its boot are part of the state it continues from.
+    pub fn seed_console(&self, console: &Path) {
+        let mut text = std::fs::read(self.dir.join(CONSOLE)).unwrap_or_default();
+        let when = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
+        text.extend_from_slice(format!("hutch: restored from the snapshot {} at {when}\n", self.dir.display()).as_bytes());
+        let _ = std::fs::write(console, text);
+    }
+
     /// How a VM restored from it maps its RAM and what it loads.
     pub fn restore_memory(&self) -> (Memory, Incoming) {
         let memory = if self.manifest.shared_memory { Memory::PrivateFile(self.dir.join("memory")) } else { Memory::Anonymous };
@@ -108,6 +119,10 @@ pub async fn release_agent(agent: &AgentClient, console: &Path, limit: Duration)
 /// and inactive. The VM stays paused.
 pub async fn save_vm(vm: &mut dyn VmHandle, overlay: &Path, dir: &Path, shared_memory: bool) -> Result<(), SaveError> {
     vm.save(&dir.join("state"), shared_memory).await.map_err(SaveError::Vm)?;
+    let console = dir.join(CONSOLE);
+    if vm.console_log() != console {
+        let _ = std::fs::copy(vm.console_log(), &console);
+    }
     let disk = dir.join("disk.qcow2");
     if overlay != disk {
         std::fs::copy(overlay, &disk).map_err(file_err("copying the disk to", &disk))?;

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Bumped when the snapshot layout or the agent's restore contract changes.
-const FORMAT: &str = "hutch-snapshot-1";
+const FORMAT: &str = "hutch-snapshot-2";
 
 /// What the snapshot's guest ran before it was saved: a change means a new snapshot.
 fn warm_up_id(artifacts: &Artifacts) -> String {
@@ -76,7 +76,35 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions) -
         h.update(part.as_bytes());
         h.update([0]);
     }
-    root(home).join(format!("{}-{}", t.name, hex::encode(&h.finalize()[..8])))
+    root(home).join(format!("{}-{}", shape_prefix(&t.name, opts), hex::encode(&h.finalize()[..8])))
+}
+
+/// The part of a snapshot's directory name that says which template and VM shape it
+/// is for: snapshots with the same prefix replace each other.
+fn shape_prefix(template: &str, opts: &SandboxOptions) -> String {
+    format!("{template}-{}cpu-{}mib-{}", opts.cpus, opts.memory.get(), opts.accel.as_str())
+}
+
+/// Removes the snapshots `current` replaced (same template and shape, older build of
+/// something), unless a sandbox of this home still stacks its disk on one.
+fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
+    let in_use: std::collections::HashSet<PathBuf> = std::fs::read_dir(home.sandboxes())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join(crate::sandbox::VM_RECORD)).ok())
+        .filter_map(|t| serde_json::from_str::<crate::sandbox::VmRecord>(&t).ok())
+        .filter_map(|r| r.base_snapshot)
+        .collect();
+    for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
+        let dir = entry.path();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let replaced = name.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('-') && !rest.contains('.'));
+        if replaced && dir != current && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
+            tracing::info!(dir = %dir.display(), "removing a template snapshot its replacement made stale");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
 }
 
 /// The template's snapshot, made now if it does not exist yet. Concurrent callers
@@ -96,7 +124,8 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     if let Some(s) = MemorySnapshot::open(&dir) {
         return Ok(s);
     }
-    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
+    // Short: the template VM's sockets live in it, and socket paths are limited.
+    let tmp = root(home).join(format!(".t{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| TemplateSnapshotError::Dir(tmp.clone(), e))?;
     let made = make(artifacts, backend, opts, &tmp).await;
@@ -111,6 +140,7 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     let _ = std::fs::remove_file(&lock_path);
     if result.is_ok() {
         tracing::info!(template = %artifacts.template.name, "saved the template's memory snapshot in {}", dir.display());
+        prune_replaced(home, &dir, &shape_prefix(&artifacts.template.name, opts));
     }
     result
 }
@@ -148,8 +178,9 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
     drop(agent);
     crate::snapshot::save_vm(vm.as_mut(), &disk, dir, true).await?;
     vm.stop(Duration::from_secs(5)).await.map_err(TemplateSnapshotError::Stop)?;
-    // The boot's console and QEMU files are not part of the snapshot.
-    for f in ["console.log", "qemu.log", "qemu.pid", "agent.sock", "qmp.sock"] {
+    // QEMU's files are not part of the snapshot; the boot's console is (restored
+    // sandboxes start their console with it).
+    for f in ["qemu.log", "qemu.pid", "agent.sock", "qmp.sock"] {
         let _ = std::fs::remove_file(dir.join(f));
     }
     let manifest = Manifest {

@@ -6,12 +6,13 @@
 
 Configured by HUTCH_API_URL and HUTCH_API_KEY (or the api_url / api_key arguments)."""
 
-from ._wire import CommandResult, EntryInfo, FilesystemEvent, SandboxInfo
+from ._wire import CommandResult, EntryInfo, FilesystemEvent, SandboxInfo, SnapshotInfo
 from .code import Context, Execution, ExecutionError, Logs, Result
 from .aio import AsyncCommandHandle, AsyncSandbox
 from .errors import (
     AuthenticationError,
     CommandExitError,
+    ConflictError,
     HutchError,
     InvalidArgumentError,
     NotFoundError,
@@ -22,7 +23,7 @@ from .sandbox import CommandHandle, Sandbox
 
 __all__ = [
     "Sandbox", "AsyncSandbox", "CommandHandle", "AsyncCommandHandle", "CommandResult", "EntryInfo",
-    "FilesystemEvent", "SandboxInfo", "HutchError", "AuthenticationError", "CommandExitError",
+    "FilesystemEvent", "SandboxInfo", "SnapshotInfo", "HutchError", "ConflictError", "AuthenticationError", "CommandExitError",
     "InvalidArgumentError", "NotFoundError", "RateLimitError", "TimeoutError",
     "Context", "Execution", "ExecutionError", "Logs", "Result",
 ]

@@ -9,7 +9,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from . import errors
 
@@ -60,6 +60,47 @@ class SandboxInfo:
             memory_mb=d.get("memoryMB", 0),
             envd_access_token=d.get("envdAccessToken"),
         )
+
+
+@dataclass
+class SnapshotInfo:
+    """A snapshot: `snapshot_id` (or its name) works as a template for new sandboxes."""
+
+    snapshot_id: str
+    names: List[str]
+    template_id: str
+    sandbox_id: Optional[str]
+    created_at: str
+    memory: bool
+
+    @staticmethod
+    def parse(d: Dict[str, Any]) -> "SnapshotInfo":
+        return SnapshotInfo(
+            d["snapshotID"], list(d.get("names") or []), d.get("templateID", ""), d.get("sandboxID"),
+            d.get("createdAt", ""), bool(d.get("memory")),
+        )
+
+
+def new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold) -> Dict[str, Any]:
+    body: Dict[str, Any] = {
+        "templateID": template, "metadata": metadata or {}, "envVars": envs or {}, "secure": secure,
+        "autoPause": auto_pause, "cold": cold,
+    }
+    if timeout is not None:
+        body["timeout"] = timeout
+    return body
+
+
+def fork_results(items: List[Dict[str, Any]], make: Callable[[Dict[str, Any]], Any]) -> List[Any]:
+    """One sandbox, or the error that kept it from starting, per requested fork."""
+    out: List[Any] = []
+    for item in items:
+        if item.get("sandbox"):
+            out.append(make(item["sandbox"]))
+        else:
+            e = item.get("error") or {}
+            out.append(errors.from_status(int(e.get("code", 500)), e.get("message", "the fork did not start")))
+    return out
 
 
 @dataclass

@@ -11,7 +11,7 @@ import httpx
 
 from . import _wire as w
 from . import code, errors
-from ._wire import CommandResult, Config, EntryInfo, FilesystemEvent, SandboxInfo
+from ._wire import CommandResult, Config, EntryInfo, FilesystemEvent, SandboxInfo, SnapshotInfo
 from .sandbox import _Hybrid
 
 
@@ -55,11 +55,9 @@ class AsyncSandbox:
 
     @classmethod
     async def create(cls, template: str = "base", timeout: Optional[int] = None, metadata=None, envs=None, secure: bool = False,
-                     api_url=None, api_key=None, request_timeout=None) -> "AsyncSandbox":
+                     api_url=None, api_key=None, request_timeout=None, auto_pause: bool = False, cold: bool = False) -> "AsyncSandbox":
         api = _AsyncApi(Config.resolve(api_url, api_key, request_timeout))
-        body: Dict[str, Any] = {"templateID": template, "metadata": metadata or {}, "envVars": envs or {}, "secure": secure}
-        if timeout is not None:
-            body["timeout"] = timeout
+        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold)
         return cls((await api.rest("POST", "/v2/sandboxes", json=body)).json(), api)
 
     @classmethod
@@ -67,6 +65,27 @@ class AsyncSandbox:
         api = _AsyncApi(Config.resolve(api_url, api_key, None))
         body = {"timeout": timeout} if timeout is not None else {}
         return cls((await api.rest("POST", f"/v2/sandboxes/{quote(sandbox_id)}/connect", json=body)).json(), api)
+
+    resume = connect
+
+    async def pause(self) -> bool:
+        """Saves memory, processes and files and stops the VM; False if already paused."""
+        try:
+            await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/pause", json={})
+            return True
+        except errors.ConflictError:
+            return False
+
+    async def fork(self, count: int = 1, timeout: Optional[int] = None) -> List[Any]:
+        body: Dict[str, Any] = {"count": count}
+        if timeout is not None:
+            body["timeout"] = timeout
+        items = (await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/fork", json=body)).json()
+        return w.fork_results(items, lambda info: AsyncSandbox(info, _AsyncApi(self._api.config)))
+
+    async def create_snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
+        body = {"name": name} if name else {}
+        return SnapshotInfo.parse((await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/snapshots", json=body)).json())
 
     @classmethod
     async def list(cls, metadata=None, state=None, api_url=None, api_key=None) -> List[SandboxInfo]:

@@ -19,6 +19,10 @@ class InvalidArgumentError(HutchError):
     """The request was malformed or asked for something impossible (HTTP 400)."""
 
 
+class ConflictError(HutchError):
+    """The sandbox is in the wrong state for the call (paused, running), or a name is taken (HTTP 409)."""
+
+
 class RateLimitError(HutchError):
     """The server is at its sandbox limit (HTTP 429); kill one or retry later."""
 
@@ -38,7 +42,10 @@ class CommandExitError(HutchError):
         super().__init__(f"command exited with code {result.exit_code}: {result.stderr.strip()[-500:]}")
 
 
-_BY_STATUS = {400: InvalidArgumentError, 401: AuthenticationError, 404: NotFoundError, 413: InvalidArgumentError, 429: RateLimitError}
+_BY_STATUS = {
+    400: InvalidArgumentError, 401: AuthenticationError, 404: NotFoundError, 409: ConflictError, 413: InvalidArgumentError,
+    429: RateLimitError,
+}
 _BY_CODE = {
     "not_found": NotFoundError,
     "invalid_argument": InvalidArgumentError,

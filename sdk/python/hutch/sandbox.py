@@ -11,7 +11,7 @@ import httpx
 
 from . import _wire as w
 from . import code, errors
-from ._wire import CommandResult, Config, EntryInfo, FilesystemEvent, SandboxInfo
+from ._wire import CommandResult, Config, EntryInfo, FilesystemEvent, SandboxInfo, SnapshotInfo
 
 
 class _Api:
@@ -67,18 +67,89 @@ class Sandbox:
         api_url: Optional[str] = None,
         api_key: Optional[str] = None,
         request_timeout: Optional[float] = None,
+        auto_pause: bool = False,
+        cold: bool = False,
     ) -> "Sandbox":
+        """A new sandbox of `template` (a template name, or a snapshot's id or name).
+        `auto_pause` pauses it instead of killing it at the timeout; `cold` boots the
+        kernel instead of restoring the template's memory snapshot."""
         api = _Api(Config.resolve(api_url, api_key, request_timeout))
-        body: Dict[str, Any] = {"templateID": template, "metadata": metadata or {}, "envVars": envs or {}, "secure": secure}
-        if timeout is not None:
-            body["timeout"] = timeout
+        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold)
         return cls(api.rest("POST", "/v2/sandboxes", json=body).json(), api)
 
     @classmethod
     def connect(cls, sandbox_id: str, timeout: Optional[int] = None, api_url=None, api_key=None, request_timeout=None) -> "Sandbox":
+        """A sandbox by id; a paused one is resumed first."""
         api = _Api(Config.resolve(api_url, api_key, request_timeout))
         body = {"timeout": timeout} if timeout is not None else {}
         return cls(api.rest("POST", f"/v2/sandboxes/{quote(sandbox_id)}/connect", json=body).json(), api)
+
+    resume = connect
+
+    @classmethod
+    def _pause_by_id(cls, sandbox_id: str, api_url=None, api_key=None) -> bool:
+        return _pause(_Api(Config.resolve(api_url, api_key, None)), sandbox_id)
+
+    def _pause(self) -> bool:
+        return _pause(self._api, self.sandbox_id)
+
+    pause = _Hybrid(_pause_by_id, _pause)
+    pause.__doc__ = "Saves memory, processes and files and stops the VM; False if already paused."
+
+    def fork(self, count: int = 1, timeout: Optional[int] = None) -> List[Union["Sandbox", errors.HutchError]]:
+        """`count` new sandboxes continuing from this one's state now; an error in place
+        of each one that did not start."""
+        body: Dict[str, Any] = {"count": count}
+        if timeout is not None:
+            body["timeout"] = timeout
+        items = self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/fork", json=body).json()
+        return w.fork_results(items, lambda info: Sandbox(info, _Api(self._api.config)))
+
+    def create_snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
+        """Saves memory and disk; `Sandbox.create(snapshot.snapshot_id)` (or the name)
+        starts new sandboxes from it."""
+        body = {"name": name} if name else {}
+        return SnapshotInfo.parse(self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/snapshots", json=body).json())
+
+    @classmethod
+    def list_snapshots(cls, api_url=None, api_key=None) -> List[SnapshotInfo]:
+        api = _Api(Config.resolve(api_url, api_key, None))
+        return [SnapshotInfo.parse(d) for d in api.rest("GET", "/snapshots").json()]
+
+    @classmethod
+    def delete_snapshot(cls, snapshot_id: str, api_url=None, api_key=None) -> bool:
+        api = _Api(Config.resolve(api_url, api_key, None))
+        try:
+            api.rest("DELETE", f"/templates/{quote(snapshot_id)}")
+            return True
+        except errors.NotFoundError:
+            return False
+
+    @classmethod
+    def export_snapshot(cls, snapshot_id: str, path: str, api_url=None, api_key=None) -> int:
+        """Writes the snapshot's filesystem to `path` as a portable archive; returns its size."""
+        api = _Api(Config.resolve(api_url, api_key, None))
+        headers = {"X-API-Key": api.config.api_key}
+        written = 0
+        with api.http.stream("GET", f"/snapshots/{quote(snapshot_id)}/archive", headers=headers, timeout=None) as r:
+            if r.status_code >= 300:
+                w.raise_for_api(r.status_code, r.read())
+            with open(path, "wb") as f:
+                for chunk in r.iter_bytes(1 << 20):
+                    f.write(chunk)
+                    written += len(chunk)
+        return written
+
+    @classmethod
+    def import_snapshot(cls, path: str, name: Optional[str] = None, api_url=None, api_key=None) -> SnapshotInfo:
+        """Uploads an exported archive; the server verifies its hash and disk first."""
+        api = _Api(Config.resolve(api_url, api_key, None))
+        params = {"name": name} if name else None
+        headers = {"X-API-Key": api.config.api_key, "Content-Type": "application/x-tar"}
+        with open(path, "rb") as f:
+            r = api.http.post("/snapshots/archive", content=f, params=params, headers=headers, timeout=None)
+        w.raise_for_api(r.status_code, r.content)
+        return SnapshotInfo.parse(r.json())
 
     @classmethod
     def list(cls, metadata: Optional[Dict[str, str]] = None, state: Optional[List[str]] = None, api_url=None, api_key=None) -> List[SandboxInfo]:
@@ -177,6 +248,14 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.kill()
+
+
+def _pause(api: _Api, sandbox_id: str) -> bool:
+    try:
+        api.rest("POST", f"/sandboxes/{quote(sandbox_id)}/pause", json={})
+        return True
+    except errors.ConflictError:
+        return False
 
 
 class CommandHandle:

@@ -126,7 +126,11 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
     let stray: Vec<_> = std::fs::read_dir(&parent)?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(&*snapshot_dir.file_name().unwrap_or_default().to_string_lossy())))
+        .filter(|p| {
+            let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            // The snapshot itself, its lock, or this process's half-made one.
+            name.starts_with(&*snapshot_dir.file_name().unwrap_or_default().to_string_lossy()) || name == format!(".t{}", std::process::id())
+        })
         .collect();
     check!(stray.is_empty(), "snapshot files left: {stray:?}");
     check!(qemu_processes_of(&env.home).is_empty(), "QEMU left running");

@@ -1,0 +1,96 @@
+"""Pause/resume, fork and snapshots through the official SDKs (e2b 2.63.0,
+e2b-code-interpreter 2.11.5), unchanged, against `hutch serve`."""
+
+import time
+
+import pytest
+from e2b import Sandbox
+from e2b_code_interpreter import Sandbox as CodeSandbox
+
+HOLD = "python3 -c 'import os,time; open(\"/tmp/secret\",\"w\").write(os.urandom(8).hex()); time.sleep(10**6)'"
+
+
+def guest_skew(sbx) -> float:
+    before = time.time()
+    guest = float(sbx.commands.run("date +%s.%N").stdout)
+    return guest - (before + time.time()) / 2
+
+
+def state_of(sandbox_id: str) -> str:
+    return next(s.state.value for s in Sandbox.list().next_items() if s.sandbox_id == sandbox_id)
+
+
+def test_interpreter_variable_file_and_process_survive_pause_and_connect(server):
+    sbx = CodeSandbox.create(timeout=600)
+    try:
+        assert sbx.run_code("kept = 6 * 7").error is None
+        sbx.files.write("/home/user/notes.txt", "written before the pause")
+        sbx.commands.run(HOLD, background=True)
+        time.sleep(1)
+        secret = sbx.files.read("/tmp/secret")
+        assert sbx.pause() is True
+        assert state_of(sbx.sandbox_id) == "paused"
+        assert sbx.pause() is False, "pausing a paused sandbox must answer 409 (False)"
+        time.sleep(2)
+        back = CodeSandbox.connect(sbx.sandbox_id)
+        assert state_of(sbx.sandbox_id) == "running"
+        assert back.run_code("kept").text == "42"
+        assert back.files.read("/home/user/notes.txt") == "written before the pause"
+        assert back.files.read("/tmp/secret") == secret
+        assert "time.sleep" in back.commands.run("pgrep -af python3").stdout
+        assert abs(guest_skew(back)) < 1.0, "the guest clock did not follow the host across the pause"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+def test_fork_gives_independent_copies(server):
+    src = Sandbox.create(timeout=300)
+    try:
+        src.files.write("/home/user/who", "source\n")
+        forks = src.fork(count=2)
+        assert all(isinstance(f, Sandbox) for f in forks), forks
+        a, b = forks
+        assert len({src.sandbox_id, a.sandbox_id, b.sandbox_id}) == 3
+        a.commands.run("echo a >> /home/user/who")
+        b.commands.run("echo b >> /home/user/who")
+        src.commands.run("echo src >> /home/user/who")
+        assert a.files.read("/home/user/who") == "source\na\n"
+        assert b.files.read("/home/user/who") == "source\nb\n"
+        assert src.files.read("/home/user/who") == "source\nsrc\n"
+        assert abs(guest_skew(a)) < 1.0
+        for f in forks:
+            f.kill()
+    finally:
+        src.kill()
+
+
+def test_snapshot_is_a_template_and_can_be_deleted(server):
+    src = Sandbox.create(timeout=300)
+    try:
+        src.files.write("/home/user/from-snapshot", "yes")
+        snap = src.create_snapshot(name="persist-test")
+        assert snap.snapshot_id and snap.names == ["persist-test"]
+        listed = [s.snapshot_id for s in Sandbox.list_snapshots().next_items()]
+        assert snap.snapshot_id in listed
+        for template in (snap.snapshot_id, "persist-test"):
+            child = Sandbox.create(template, timeout=120)
+            assert child.files.read("/home/user/from-snapshot") == "yes"
+            child.kill()
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is True
+        assert Sandbox.delete_snapshot(snap.snapshot_id) is False
+    finally:
+        src.kill()
+
+
+def test_timeout_pauses_when_asked(server):
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("/home/user/kept", "after auto-pause")
+        deadline = time.time() + 60
+        while state_of(sbx.sandbox_id) != "paused":
+            assert time.time() < deadline, "the sandbox was not paused at its timeout"
+            time.sleep(0.5)
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert back.files.read("/home/user/kept") == "after auto-pause"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
