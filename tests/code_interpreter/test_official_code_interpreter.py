@@ -133,3 +133,15 @@ def test_a_crashed_kernel_is_restarted_with_a_clear_error(server):
         assert s.run_code("kept").error.name == "NameError"
     finally:
         s.kill()
+
+
+def test_bash_kernel_by_language(sbx):
+    e = sbx.run_code("X=$((6*7)); echo answer $X", language="bash")
+    assert e.error is None and e.logs.stdout == ["answer 42\n"], e
+    # A bash context keeps its shell state, separate from Python's.
+    ctx = sbx.create_code_context(language="bash")
+    sbx.run_code("cd /tmp && export KEPT=yes", context=ctx)
+    e = sbx.run_code("echo $(pwd) $KEPT", context=ctx)
+    assert e.logs.stdout == ["/tmp yes\n"], e
+    e = sbx.run_code("no-such-command-here", language="bash")
+    assert "command not found" in "".join(e.logs.stderr + e.logs.stdout) or e.error is not None, e
