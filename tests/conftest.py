@@ -60,12 +60,12 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
-def launch(home: Path, port: int) -> subprocess.Popen:
+def launch(home: Path, port: int, *extra: str) -> subprocess.Popen:
     """Starts `hutch serve` on `home` and waits until it answers."""
     env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
     log = open(home / "serve.log", "a")
     proc = subprocess.Popen(
-        [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", "3", "--accel", "tcg"],
+        [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", "3", "--accel", "tcg", *extra],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

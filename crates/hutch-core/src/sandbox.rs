@@ -315,6 +315,12 @@ impl Sandbox {
         }
     }
 
+    /// Hands the guest a new identity, environment, clock and entropy (a pooled
+    /// sandbox being taken by a request).
+    pub async fn reinit(&self, opts: &SandboxOptions) -> Result<(), CreateError> {
+        init_guest(&self.agent, self.id.as_str(), opts).await
+    }
+
     pub fn cpus(&self) -> u32 {
         self.record.spec.cpus
     }

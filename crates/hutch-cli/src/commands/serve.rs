@@ -35,6 +35,20 @@ pub struct ServeArgs {
     /// Memory per sandbox.
     #[arg(long, default_value = "512")]
     pub memory: MemMib,
+    /// Keep N sandboxes of TEMPLATE restored and waiting, so creates take one at once
+    /// (repeatable: --pool base=2 --pool code-interpreter=1). They count against
+    /// --max-sandboxes.
+    #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = parse_pool)]
+    pub pool: Vec<(String, usize)>,
+}
+
+fn parse_pool(s: &str) -> Result<(String, usize), String> {
+    let (template, n) = s.split_once('=').ok_or_else(|| format!("'{s}' is not TEMPLATE=N (for example base=2)"))?;
+    let n: usize = n.parse().map_err(|_| format!("'{n}' in '{s}' is not a number of sandboxes"))?;
+    if template.is_empty() {
+        return Err(format!("'{s}' names no template"));
+    }
+    Ok((template.to_string(), n))
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
@@ -57,7 +71,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         accel: local.accel.accel,
         cpus: args.cpus,
         memory: args.memory,
+        pool: args.pool.iter().cloned().collect(),
     };
+    let pooled: usize = config.pool.values().sum();
+    anyhow::ensure!(
+        pooled < args.max_sandboxes,
+        "the warm pools ({pooled} sandboxes) must leave room under --max-sandboxes ({}) for sandboxes in use",
+        args.max_sandboxes
+    );
     let backend = Arc::new(hutch_vmm::qemu::QemuBackend::default());
     let manager = SandboxManager::start(local.home.clone(), store, backend, config).await?;
     manager.prepare("base").await?;

@@ -3,6 +3,7 @@
 //! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
 
 mod pause;
+mod pool;
 mod snapshots;
 
 pub use pause::Connected;
@@ -30,6 +31,8 @@ pub struct ManagerConfig {
     pub accel: Accel,
     pub cpus: u32,
     pub memory: MemMib,
+    /// Warm pool size per template (canonical name).
+    pub pool: BTreeMap<String, usize>,
 }
 
 impl Default for ManagerConfig {
@@ -41,6 +44,7 @@ impl Default for ManagerConfig {
             accel: Accel::Tcg,
             cpus: 1,
             memory: MemMib::DEFAULT,
+            pool: BTreeMap::new(),
         }
     }
 }
@@ -123,6 +127,10 @@ pub struct SandboxManager {
     artifacts: tokio::sync::Mutex<HashMap<String, Artifacts>>,
     /// Snapshot directories being made or used right now, which pruning must skip.
     pinned: Mutex<std::collections::HashSet<std::path::PathBuf>>,
+    pools: Mutex<pool::Pools>,
+    shutting_down: std::sync::atomic::AtomicBool,
+    /// This manager, for the background tasks it starts.
+    me: std::sync::Weak<SandboxManager>,
 }
 
 /// Filter of `list`.
@@ -145,7 +153,9 @@ impl SandboxManager {
     /// Opens the manager. Sandboxes recorded by an earlier server whose VMs are gone (or
     /// that this server cannot take over) are cleaned up and logged, never left behind.
     pub async fn start(home: HutchHome, store: Store, backend: Arc<dyn VmBackend>, config: ManagerConfig) -> Result<Arc<SandboxManager>, ManagerError> {
-        let manager = Arc::new(SandboxManager {
+        let mut config = config;
+        config.pool = config.pool.into_iter().filter(|(_, n)| *n > 0).map(|(t, n)| (canonical(&t), n)).collect();
+        let manager = Arc::new_cyclic(|me| SandboxManager {
             home,
             store,
             backend,
@@ -154,10 +164,14 @@ impl SandboxManager {
             starting: Mutex::new(0),
             artifacts: tokio::sync::Mutex::new(HashMap::new()),
             pinned: Mutex::new(Default::default()),
+            pools: Mutex::new(Default::default()),
+            shutting_down: Default::default(),
+            me: me.clone(),
         });
         manager.adopt_paused().await?;
         crate::sweep::sweep_orphans(&manager.home);
         manager.prune_snapshot_files().await;
+        manager.fill_pools();
         let reaper = Arc::downgrade(&manager);
         tokio::spawn(async move {
             loop {
@@ -204,10 +218,21 @@ impl SandboxManager {
         wanted.min(started + self.config.max_lifetime)
     }
 
-    /// Running sandboxes plus those being started: what the limit counts. Paused
-    /// sandboxes hold no VM and do not count.
+    /// Running and pooled sandboxes (plus those being started): what the limit
+    /// counts. Paused sandboxes hold no VM and do not count.
     fn running_count(&self) -> usize {
-        lock(&self.live).values().filter(|l| l.is_running()).count()
+        lock(&self.live).values().filter(|l| l.is_running()).count() + self.pooled_count()
+    }
+
+    /// (running, paused) sandboxes of all keys, pools not included.
+    pub fn counts(&self) -> (usize, usize) {
+        let live = lock(&self.live);
+        let running = live.values().filter(|l| l.is_running()).count();
+        (running, live.len() - running)
+    }
+
+    fn shutting_down(&self) -> bool {
+        self.shutting_down.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Reserves a slot for a VM about to start; the slot is released when the
@@ -237,11 +262,21 @@ impl SandboxManager {
     pub async fn create(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
         let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
         let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
-        let _slot = self.reserve_slot()?;
         let token = spec.secure.then(hex_token);
         let mut opts = self.options(&spec.env_vars, &spec.metadata, token.clone());
         opts.cold = spec.cold;
-        let (sandbox, base_template) = match self.store.snapshot(key_id, &template).await? {
+        let named = self.store.snapshot(key_id, &template).await?;
+        if named.is_none() && !spec.cold {
+            if let Some((sandbox, slot)) = self.take_pooled(&canonical(&template), &opts).await {
+                let artifacts = self.prepare(&template).await?;
+                let row = self.register(key_id, &template, &artifacts, sandbox, spec, token, timeout).await;
+                drop(slot);
+                self.refill(&canonical(&template));
+                return row;
+            }
+        }
+        let _slot = self.reserve_slot()?;
+        let (sandbox, base_template) = match named {
             Some(snap) => self.start_from_named_snapshot(&snap, &opts).await?,
             None => {
                 let artifacts = self.prepare(&template).await?;
@@ -338,6 +373,7 @@ impl SandboxManager {
         drop(slot);
         self.store.delete_sandbox(id).await?;
         self.prune_snapshot_files().await;
+        self.fill_pools();
         Ok(())
     }
 
@@ -402,6 +438,8 @@ impl SandboxManager {
     /// Server shutdown: kills every running sandbox; paused ones stay for the next
     /// server (their state is on disk and in the store).
     pub async fn shutdown(&self) {
+        self.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.drain_pools().await;
         let all: Vec<(String, Arc<Live>)> = lock(&self.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (id, live) in all {
             if live.is_running() {
@@ -409,6 +447,11 @@ impl SandboxManager {
             }
         }
     }
+}
+
+/// A template's own name for one of its aliases (`code-interpreter-v1`).
+fn canonical(template: &str) -> String {
+    hutch_image::rootfs::recipe(template).map_or(template, |r| r.name).to_string()
 }
 
 /// A reserved start slot (see `reserve_slot`).

@@ -13,6 +13,7 @@ use axum::Router;
 pub fn rest() -> Router<AppState> {
     Router::new()
         .route("/health", get(|| async { "ok" }))
+        .route("/status", get(status))
         .route("/openapi.json", get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::OPENAPI) }))
         .route("/sandboxes", post(sandboxes::create_v1).get(sandboxes::list_all))
         .route("/v2/sandboxes", post(sandboxes::create_v2).get(sandboxes::list_v2))
@@ -31,4 +32,16 @@ pub fn rest() -> Router<AppState> {
         .route("/snapshots/{id}/archive", get(archives::export))
         .route("/templates/{id}", delete(sandboxes::delete_snapshot))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
+}
+
+/// hutch's own: what the server holds, all keys together (counts only, no ids).
+async fn status(axum::extract::State(state): axum::extract::State<AppState>, _key: crate::auth::KeyId) -> axum::Json<serde_json::Value> {
+    let pools: serde_json::Map<String, serde_json::Value> = state
+        .manager
+        .pools()
+        .into_iter()
+        .map(|(t, ready, size)| (t, serde_json::json!({ "ready": ready, "size": size })))
+        .collect();
+    let (running, paused) = state.manager.counts();
+    axum::Json(serde_json::json!({ "running": running, "paused": paused, "maxSandboxes": state.manager.config().max_sandboxes, "pools": pools }))
 }
