@@ -137,6 +137,27 @@ pub async fn serve(path: PathBuf, app: axum::Router) {
     }
 }
 
+/// How long a single "host gone" is checked before the session ends on it.
+const GONE_CONFIRM: Duration = Duration::from_millis(100);
+
+/// The next bytes from the host, or None once the host has really left. A lone EOF
+/// can be stale: right after a snapshot restore, the port replays the disconnect it
+/// saw before the save while the new host is already connected. A host that left
+/// makes every read see EOF (a "gone" each poll), so one is confirmed by a second
+/// within `GONE_CONFIRM`; data or silence instead means the host is still there.
+async fn next_data(inbound: &mut mpsc::Receiver<Inbound>) -> Option<Bytes> {
+    loop {
+        match inbound.recv().await? {
+            Inbound::Data(d) => return Some(d),
+            Inbound::HostGone => match tokio::time::timeout(GONE_CONFIRM, inbound.recv()).await {
+                Ok(Some(Inbound::Data(d))) => return Some(d),
+                Ok(Some(Inbound::HostGone)) | Ok(None) => return None,
+                Err(_) => tracing::debug!("a stale host-gone on the port; the session goes on"),
+            },
+        }
+    }
+}
+
 /// One HTTP/2 session, until the host goes away or the session ends.
 async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>, app: axum::Router) {
     let (server_io, bridge) = tokio::io::duplex(PIPE);
@@ -146,7 +167,7 @@ async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound
     tokio::pin!(http);
     let into_http = async {
         if to_http.write_all(&first).await.is_ok() {
-            while let Some(Inbound::Data(d)) = inbound.recv().await {
+            while let Some(d) = next_data(inbound).await {
                 if to_http.write_all(&d).await.is_err() {
                     break;
                 }

@@ -63,6 +63,8 @@ pub enum CreateError {
     BootTimeout { secs: u64, console: String },
     #[error("initializing the agent")]
     Init(#[source] agent::AgentError),
+    #[error("the guest agent did not answer its init within {secs} s")]
+    InitTimeout { secs: u64 },
     #[error("the template's service did not open port {port} within {secs} s; last console lines:\n{console}")]
     ServiceTimeout { port: u16, secs: u64, console: String },
     #[error("restoring the VM from its saved state")]
@@ -441,11 +443,19 @@ async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Res
         entropy: Some(hutch_proto::b64::encode(&entropy)),
         ..InitRequest::default()
     };
-    agent.post_json("/init", &init).await.map_err(CreateError::Init)
+    // Bounded: a guest that lost the session must not hang the create.
+    match tokio::time::timeout(INIT_WAIT, agent.post_json("/init", &init)).await {
+        Ok(r) => r.map_err(CreateError::Init),
+        Err(_) => Err(CreateError::InitTimeout { secs: INIT_WAIT.as_secs() }),
+    }
 }
+
+const INIT_WAIT: Duration = Duration::from_secs(20);
 
 /// Connects to a restored guest's agent: it is already serving (it was when saved), so
 /// there is no console line to wait for; the first hello may race the guest's wake-up.
+/// The echoed hello proves the agent serves; the `/init` that follows is the first
+/// request (no separate health check: every round trip is slow in a fresh TCG).
 async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
     let socket = vm.agent_socket();
     let mut last = String::from("no attempt");
@@ -453,14 +463,9 @@ async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, started: Insta
         if let Some(status) = vm.exit_status() {
             return Err(CreateError::VmExited { status, console: console_tail(&vm.console_log(), 30) });
         }
-        let attempt = async {
-            let client = agent::connect(&socket).await.map_err(|e| e.to_string())?;
-            client.health().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>(client)
-        };
-        match tokio::time::timeout(Duration::from_secs(5), attempt).await {
+        match tokio::time::timeout(Duration::from_secs(5), agent::connect(&socket)).await {
             Ok(Ok(client)) => return Ok(client),
-            Ok(Err(e)) => last = e,
+            Ok(Err(e)) => last = e.to_string(),
             Err(_) => last = "no answer within 5 s".into(),
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

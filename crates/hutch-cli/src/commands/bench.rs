@@ -18,15 +18,19 @@ pub struct BenchArgs {
     pub runs: u32,
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
+    /// What to measure: `boot` (cold boot and exec against a bare QEMU boot) or
+    /// `snapshots` (start paths, pause/resume, memory, throughput).
+    #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots"])]
+    pub suite: String,
 }
 
-struct Series {
-    name: &'static str,
-    samples: Vec<Duration>,
+pub struct Series {
+    pub name: &'static str,
+    pub samples: Vec<Duration>,
 }
 
 impl Series {
-    fn pct(&self, p: f64) -> Duration {
+    pub fn pct(&self, p: f64) -> Duration {
         let mut s = self.samples.clone();
         s.sort();
         let idx = ((s.len() as f64 - 1.0) * p).round() as usize;
@@ -34,16 +38,21 @@ impl Series {
     }
 }
 
-fn ms(d: Duration) -> String {
+pub fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
     let local = Local::prepare("base", args.accel).await?;
     let runs = args.runs as usize;
-    let backend = QemuBackend::default();
-    let opts = SandboxOptions { accel: local.accel.accel, ..SandboxOptions::default() };
     eprintln!("hutch bench: {runs} runs each, accel {} ({})", local.accel.accel.as_str(), local.accel.why);
+    if args.suite == "snapshots" {
+        super::bench_snapshots::run(&local, runs).await?;
+        return Ok(0);
+    }
+    let backend = QemuBackend::default();
+    // The boot suite measures booting: no template snapshot.
+    let opts = SandboxOptions { accel: local.accel.accel, cold: true, ..SandboxOptions::default() };
 
     let mut bare = Series { name: "bare QEMU: start -> agent ready on console", samples: vec![] };
     let mut boot = Series { name: "hutch: create -> agent ready (API usable)", samples: vec![] };
@@ -59,18 +68,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
         sb.destroy().await?;
         let started = Instant::now();
         let status = tokio::process::Command::new(std::env::current_exe()?)
-            .args(["run", "--accel", local.accel.accel.as_str(), "--", "true"])
+            .args(["run", "--cold", "--accel", local.accel.accel.as_str(), "--", "true"])
             .status()
             .await?;
         anyhow::ensure!(status.success(), "hutch run -- true failed: {status}");
         cli.samples.push(started.elapsed());
     }
     let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
-    let req = StartRequest {
-        process: ProcessConfig { cmd: "true".into(), ..Default::default() },
-        stdin: Some(false),
-        ..Default::default()
-    };
+    let req = true_request();
     for _ in 0..3 {
         exec_once(&sb, &req).await?; // warm up TCG's translation of the exec path
     }
@@ -96,12 +101,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-async fn exec_once(sb: &Sandbox, req: &StartRequest) -> anyhow::Result<Duration> {
+/// `true`, run directly (no shell).
+pub fn true_request() -> StartRequest {
+    StartRequest { process: ProcessConfig { cmd: "true".into(), ..Default::default() }, stdin: Some(false), ..Default::default() }
+}
+
+/// Runs `req` in the sandbox to its end; fails unless it exits 0.
+pub async fn exec_once(sb: &Sandbox, req: &StartRequest) -> anyhow::Result<Duration> {
     let started = Instant::now();
     let mut stream = sb.agent().start(req).await?;
     while let Some(ev) = stream.next().await {
         if let ProcessEvent::End(end) = ev? {
-            anyhow::ensure!(end.exit_code == 0, "true failed: {end:?}");
+            anyhow::ensure!(end.exit_code == 0, "{} failed: {end:?}", req.process.cmd);
             return Ok(started.elapsed());
         }
     }

@@ -1,0 +1,236 @@
+//! `hutch bench --suite snapshots`: start paths (cold boot, snapshot restore, warm
+//! pool) next to a bare QEMU restore of the same snapshot, pause/resume by guest size,
+//! memory per idle sandbox, and create throughput (method in docs/BENCHMARKS.md).
+
+use super::bench::{exec_once, ms, true_request, Series};
+use crate::local::Local;
+use anyhow::Context;
+use hutch_core::snapshot::MemorySnapshot;
+use hutch_core::{MemMib, Sandbox, SandboxOptions};
+use hutch_vmm::qemu::QemuBackend;
+use hutch_vmm::VmSpec;
+use std::time::{Duration, Instant};
+
+pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
+    let backend = QemuBackend::default();
+    let opts = SandboxOptions { accel: local.accel.accel, ..SandboxOptions::default() };
+    let snapshot = super::run::ensure_snapshot(local, &opts).await?;
+    let req = true_request();
+
+    let mut hello = Series { name: "bare QEMU restore of the same snapshot: spawn -> agent session open (hello echoed, HTTP/2 up)", samples: vec![] };
+    let mut bare = Series { name: "bare QEMU restore + raw agent session: spawn -> first command result", samples: vec![] };
+    let mut restored = Series { name: "snapshot restore: create -> first command result", samples: vec![] };
+    let mut pooled = Series { name: "warm pool: take (identity, clock, entropy) -> first command result", samples: vec![] };
+    let mut cold = Series { name: "cold boot: create -> first command result", samples: vec![] };
+    let cold_opts = SandboxOptions { cold: true, ..opts.clone() };
+    for i in 0..runs {
+        eprint!("\rstart paths: run {}/{runs}", i + 1);
+        let (echo, first) = bare_restore(local, &backend, &snapshot).await?;
+        hello.samples.push(echo);
+        bare.samples.push(first);
+        let started = Instant::now();
+        let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
+        exec_once(&sb, &req).await?;
+        restored.samples.push(started.elapsed());
+        // A pool holds restored sandboxes; taking one re-initializes it.
+        let started = Instant::now();
+        sb.reinit(&opts).await?;
+        exec_once(&sb, &req).await?;
+        pooled.samples.push(started.elapsed());
+        sb.destroy().await?;
+        let started = Instant::now();
+        let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &cold_opts).await?;
+        exec_once(&sb, &req).await?;
+        cold.samples.push(started.elapsed());
+        sb.destroy().await?;
+    }
+    eprintln!();
+    let floor = bare.pct(0.5);
+    println!("### Start paths ({runs} runs each, base template, 512 MiB)\n");
+    println!("| path | p50 ms | p95 ms | p50 / bare restore + first command | cold p50 / this p50 |");
+    println!("|---|---:|---:|---:|---:|");
+    for s in [&hello, &bare, &restored, &pooled, &cold] {
+        let ratio = s.pct(0.5).as_secs_f64() / floor.as_secs_f64().max(1e-9);
+        let speedup = cold.pct(0.5).as_secs_f64() / s.pct(0.5).as_secs_f64().max(1e-9);
+        println!("| {} | {} | {} | {ratio:.2} | {speedup:.1}x |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
+    }
+
+    println!("\n### Pause and resume (5 runs each; the guest holds a 100 MiB file in its page cache)\n");
+    println!("| guest memory | pause p50 ms | pause max ms | resume p50 ms | resume max ms | saved state MiB |");
+    println!("|---|---:|---:|---:|---:|---:|");
+    for mib in [256u32, 1024] {
+        let (pause, resume, state) = pause_resume(local, &backend, &opts, mib, 5).await?;
+        println!("| {mib} MiB | {} | {} | {} | {} | {} |", ms(pause.pct(0.5)), ms(pause.pct(1.0)), ms(resume.pct(0.5)), ms(resume.pct(1.0)), state >> 20);
+    }
+
+    let (per_restored, per_cold) = memory_per_sandbox(local, &backend, &opts, 20).await?;
+    println!("\n### Host memory per idle sandbox (PSS of its QEMU, 512 MiB guests)\n");
+    println!("| sandboxes | PSS per sandbox MiB |");
+    println!("|---|---:|");
+    println!("| 20 restored from one snapshot | {:.1} |", per_restored);
+    println!("| 3 cold-booted (reference) | {:.1} |", per_cold);
+
+    let (rate, n) = creates_per_second(local, &backend, &opts, 2, 10).await?;
+    println!("\n### Throughput\n");
+    println!("| clients | creates (restore + `true` + destroy) | creates per second |");
+    println!("|---|---:|---:|");
+    println!("| 2 concurrent | {n} | {rate:.2} |");
+    Ok(())
+}
+
+/// The snapshot restored by QEMU alone: hutch's command line for the same snapshot
+/// (on an overlay made beforehand), `migrate-incoming`, `cont`; timed to an agent
+/// session being open (hello echoed, HTTP/2 handshake) and to the first command's
+/// result on it: what any client of the guest must do at least. No sandbox directory,
+/// record, overlay creation or /init.
+async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySnapshot) -> anyhow::Result<(Duration, Duration)> {
+    let dir = local.home.tmp().join(format!("bench-restore-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+    let disk = dir.join("disk.qcow2");
+    hutch_vmm::disk::create_overlay(&snapshot.disk(), &disk).await?;
+    let (memory, incoming) = snapshot.restore_memory();
+    let spec = VmSpec {
+        id: "bench".into(),
+        dir: dir.clone(),
+        kernel: local.artifacts.kernel.vmlinuz(),
+        initrd: local.artifacts.initramfs.clone(),
+        disk,
+        cpus: snapshot.manifest.cpus,
+        memory_mib: snapshot.manifest.memory_mib,
+        accel: snapshot.manifest.accel,
+        memory,
+        incoming: Some(incoming.clone()),
+        die_with_parent: true,
+    };
+    let started = Instant::now();
+    let mut child = tokio::process::Command::new(&backend.binary)
+        .args(hutch_vmm::qemu::command_line(&spec))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting QEMU")?;
+    let mut qmp = loop {
+        if let Ok(q) = hutch_vmm::qmp::Qmp::connect(&spec.qmp_socket()).await {
+            break q;
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(10), "QMP did not come up");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let caps = serde_json::json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": incoming.ignore_shared }] });
+    qmp.execute("migrate-set-capabilities", Some(caps)).await?;
+    qmp.execute("migrate-incoming", Some(serde_json::json!({ "uri": format!("exec:cat '{}'", incoming.state.display()) }))).await?;
+    while qmp.execute("query-status", None).await?.get("status").and_then(|s| s.as_str()) == Some("inmigrate") {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    qmp.execute("cont", None).await?;
+    // What any client of the restored guest must do: hello, HTTP/2, Process.Start.
+    let agent = hutch_sdk::envd::connect(&spec.agent_socket()).await?;
+    let session = started.elapsed();
+    let mut stream = agent.start(&true_request()).await?;
+    while let Some(ev) = stream.next().await {
+        if let hutch_proto::process::ProcessEvent::End(_) = ev? {
+            break;
+        }
+    }
+    let first_command = started.elapsed();
+    agent.close();
+    child.kill().await?;
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok((session, first_command))
+}
+
+async fn pause_resume(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, mib: u32, runs: usize) -> anyhow::Result<(Series, Series, u64)> {
+    let opts = SandboxOptions { memory: MemMib::new(mib).map_err(anyhow::Error::msg)?, ..opts.clone() };
+    super::run::ensure_snapshot(local, &opts).await?;
+    let mut sb = Sandbox::create(&local.home, &local.artifacts, backend, &opts).await?;
+    let ballast = hutch_proto::process::StartRequest {
+        process: hutch_proto::process::ProcessConfig {
+            cmd: "/bin/sh".into(),
+            args: vec!["-c".into(), "head -c 100M /dev/urandom > /tmp/ballast".into()],
+            ..Default::default()
+        },
+        stdin: Some(false),
+        ..Default::default()
+    };
+    exec_once(&sb, &ballast).await?;
+    let mut pause = Series { name: "pause", samples: vec![] };
+    let mut resume = Series { name: "resume", samples: vec![] };
+    let mut state_bytes = 0;
+    for i in 0..runs {
+        eprint!("\rpause/resume {mib} MiB: run {}/{runs}", i + 1);
+        let dir = sb.dir().to_path_buf();
+        let started = Instant::now();
+        sb.pause().await?;
+        pause.samples.push(started.elapsed());
+        state_bytes = std::fs::metadata(dir.join(hutch_core::sandbox::PAUSED_STATE))?.len();
+        drop(sb);
+        let started = Instant::now();
+        sb = Sandbox::resume(&dir, backend, &opts).await?;
+        resume.samples.push(started.elapsed());
+    }
+    eprintln!();
+    exec_once(&sb, &true_request()).await?;
+    sb.destroy().await?;
+    Ok((pause, resume, state_bytes))
+}
+
+/// Proportional set size of a process, in MiB (shared pages split among sharers).
+fn pss_mib(pid: u32) -> f64 {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let kib: u64 = text.lines().find(|l| l.starts_with("Pss:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0);
+    kib as f64 / 1024.0
+}
+
+async fn mean_pss(sandboxes: &[Sandbox]) -> f64 {
+    tokio::time::sleep(Duration::from_secs(3)).await; // let them settle idle
+    let total: f64 = sandboxes.iter().filter_map(|s| s.pid()).map(pss_mib).sum();
+    total / sandboxes.len().max(1) as f64
+}
+
+async fn memory_per_sandbox(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, n: usize) -> anyhow::Result<(f64, f64)> {
+    let mut restored = Vec::new();
+    for i in 0..n {
+        eprint!("\rmemory: restoring sandbox {}/{n}", i + 1);
+        let sb = Sandbox::create(&local.home, &local.artifacts, backend, opts).await?;
+        exec_once(&sb, &true_request()).await?;
+        restored.push(sb);
+    }
+    eprintln!();
+    let per_restored = mean_pss(&restored).await;
+    for sb in restored {
+        sb.destroy().await?;
+    }
+    let cold_opts = SandboxOptions { cold: true, ..opts.clone() };
+    let mut cold = Vec::new();
+    for _ in 0..3 {
+        let sb = Sandbox::create(&local.home, &local.artifacts, backend, &cold_opts).await?;
+        exec_once(&sb, &true_request()).await?;
+        cold.push(sb);
+    }
+    let per_cold = mean_pss(&cold).await;
+    for sb in cold {
+        sb.destroy().await?;
+    }
+    Ok((per_restored, per_cold))
+}
+
+async fn creates_per_second(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, clients: usize, each: usize) -> anyhow::Result<(f64, usize)> {
+    let started = Instant::now();
+    let one_client = || async {
+        for _ in 0..each {
+            let sb = Sandbox::create(&local.home, &local.artifacts, backend, opts).await?;
+            exec_once(&sb, &true_request()).await?;
+            sb.destroy().await?;
+        }
+        Ok::<_, anyhow::Error>(())
+    };
+    let results = futures::future::join_all((0..clients).map(|_| one_client())).await;
+    for r in results {
+        r?;
+    }
+    let n = clients * each;
+    Ok((n as f64 / started.elapsed().as_secs_f64(), n))
+}
