@@ -11,14 +11,13 @@ import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
-from conftest import API_KEY, HUTCH, free_port, shared_home  # noqa: E402
+from conftest import API_KEY, HUTCH, free_port, new_home  # noqa: E402
 
 from hutch import Sandbox  # noqa: E402
 
@@ -42,9 +41,7 @@ def cli_run_true(env):
 
 
 def main():
-    home = Path(tempfile.mkdtemp(prefix="hutch-bench-", dir="/tmp"))
-    for sub in ("kernel", "initramfs", "templates"):
-        (home / sub).symlink_to(shared_home() / sub)
+    home = new_home("hutch-bench-")
     port = free_port()
     env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
     server = subprocess.Popen([str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--accel", "tcg", "--max-sandboxes", "12"],
@@ -118,7 +115,10 @@ def main():
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
-        shutil.rmtree(home, ignore_errors=True)
+        if sys.exc_info()[0] is None:
+            shutil.rmtree(home, ignore_errors=True)
+        else:
+            print(f"kept {home} for a look (serve.log, sandboxes/)", file=sys.stderr)
 
 
 if __name__ == "__main__":

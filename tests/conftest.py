@@ -65,7 +65,7 @@ def launch(home: Path, port: int, *extra: str) -> subprocess.Popen:
     env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
     log = open(home / "serve.log", "a")
     proc = subprocess.Popen(
-        [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", "3", "--accel", "tcg", *extra],
+        [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", os.environ.get("HUTCH_TEST_MAX", "3"), "--accel", "tcg", *extra],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"

@@ -94,3 +94,19 @@ def test_timeout_pauses_when_asked(server):
         assert back.files.read("/home/user/kept") == "after auto-pause"
     finally:
         Sandbox.kill(sbx.sandbox_id)
+
+
+def test_fifty_snapshot_create_kill_cycles_leave_nothing(server):
+    import sqlite3
+
+    for i in range(50):
+        sbx = Sandbox.create(timeout=60)
+        if i % 10 == 0:
+            assert sbx.commands.run("echo $E2B_SANDBOX_ID").stdout.strip() == sbx.sandbox_id
+        assert sbx.kill() is True
+    assert [s for s in Sandbox.list().next_items()] == []
+    assert not list((server.home / "sandboxes").glob("*")), "sandbox directories left"
+    with sqlite3.connect(server.home / "hutch.db") as db:
+        assert db.execute("SELECT COUNT(*) FROM sandboxes").fetchone()[0] == 0, "sandbox rows left"
+    from conftest import qemus_under
+    assert not qemus_under(server.home), "QEMU processes left"

@@ -93,13 +93,16 @@ fn start_port_threads(path: &PathBuf) -> std::io::Result<(mpsc::Receiver<Inbound
     Ok((in_rx, out_tx))
 }
 
-/// Waits for a host's hello, echoes it, and returns the bytes that followed it.
-async fn accept(inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>) -> Option<Vec<u8>> {
-    let mut pending = Vec::new();
+/// Waits for a host's hello (`carried`: bytes a session already read from the next
+/// host), echoes it, and returns the bytes that followed it.
+async fn accept(inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>, carried: Option<Bytes>) -> Option<Vec<u8>> {
+    let mut pending = carried.map(|b| b.to_vec()).unwrap_or_default();
     loop {
-        match inbound.recv().await? {
-            Inbound::HostGone => pending.clear(),
-            Inbound::Data(d) => pending.extend_from_slice(&d),
+        if find_hello(&pending).is_none() {
+            match inbound.recv().await? {
+                Inbound::HostGone => pending.clear(),
+                Inbound::Data(d) => pending.extend_from_slice(&d),
+            }
         }
         if let Some((end, nonce)) = find_hello(&pending) {
             outbound.send(Bytes::from(hello_line(nonce))).await.ok()?;
@@ -131,8 +134,9 @@ pub async fn serve(path: PathBuf, app: axum::Router) {
             }
         }
     };
-    while let Some(first) = accept(&mut inbound, &outbound).await {
-        session(first, &mut inbound, &outbound, app.clone()).await;
+    let mut carried = None;
+    while let Some(first) = accept(&mut inbound, &outbound, carried.take()).await {
+        carried = session(first, &mut inbound, &outbound, app.clone()).await;
         eprintln!("{}", hutch_proto::agent::IDLE_LINE);
     }
 }
@@ -140,36 +144,59 @@ pub async fn serve(path: PathBuf, app: axum::Router) {
 /// How long a single "host gone" is checked before the session ends on it.
 const GONE_CONFIRM: Duration = Duration::from_millis(100);
 
-/// The next bytes from the host, or None once the host has really left. A lone EOF
-/// can be stale: right after a snapshot restore, the port replays the disconnect it
-/// saw before the save while the new host is already connected. A host that left
-/// makes every read see EOF (a "gone" each poll), so one is confirmed by a second
-/// within `GONE_CONFIRM`; data or silence instead means the host is still there.
-async fn next_data(inbound: &mut mpsc::Receiver<Inbound>) -> Option<Bytes> {
+/// What the port brings a running session.
+enum Next {
+    Data(Bytes),
+    /// The host left.
+    Gone,
+    /// The host left and a new one connected: these bytes start with its hello.
+    NewHost(Bytes),
+}
+
+/// The next bytes from the host. A lone EOF can be stale: right after a snapshot
+/// restore, the port replays the disconnect the guest saw before the save while the
+/// new host is already connected. A host that left makes every read see EOF (a "gone"
+/// each poll), so one is confirmed by a second within `GONE_CONFIRM`; silence means the
+/// host is still there, and data after it is the same host's unless it opens with a
+/// hello (a host that left and reconnected at once).
+async fn next_data(inbound: &mut mpsc::Receiver<Inbound>) -> Next {
     loop {
-        match inbound.recv().await? {
-            Inbound::Data(d) => return Some(d),
-            Inbound::HostGone => match tokio::time::timeout(GONE_CONFIRM, inbound.recv()).await {
-                Ok(Some(Inbound::Data(d))) => return Some(d),
-                Ok(Some(Inbound::HostGone)) | Ok(None) => return None,
+        match inbound.recv().await {
+            None => return Next::Gone,
+            Some(Inbound::Data(d)) => return Next::Data(d),
+            Some(Inbound::HostGone) => match tokio::time::timeout(GONE_CONFIRM, inbound.recv()).await {
+                Ok(Some(Inbound::Data(d))) if d.starts_with(HELLO_PREFIX) => return Next::NewHost(d),
+                Ok(Some(Inbound::Data(d))) => return Next::Data(d),
+                Ok(Some(Inbound::HostGone)) | Ok(None) => return Next::Gone,
                 Err(_) => tracing::debug!("a stale host-gone on the port; the session goes on"),
             },
         }
     }
 }
 
-/// One HTTP/2 session, until the host goes away or the session ends.
-async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>, app: axum::Router) {
+/// One HTTP/2 session, until the host goes away or the session ends. Returns the
+/// opening bytes of the next host when one connected right away.
+async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>, app: axum::Router) -> Option<Bytes> {
     let (server_io, bridge) = tokio::io::duplex(PIPE);
     let (mut from_http, mut to_http) = tokio::io::split(bridge);
     let service = TowerToHyperService::new(app);
     let http = http2().serve_connection(TokioIo::new(server_io), service);
     tokio::pin!(http);
+    let mut next_host = None;
     let into_http = async {
         if to_http.write_all(&first).await.is_ok() {
-            while let Some(d) = next_data(inbound).await {
-                if to_http.write_all(&d).await.is_err() {
-                    break;
+            loop {
+                match next_data(inbound).await {
+                    Next::Data(d) => {
+                        if to_http.write_all(&d).await.is_err() {
+                            break;
+                        }
+                    }
+                    Next::Gone => break,
+                    Next::NewHost(d) => {
+                        next_host = Some(d);
+                        break;
+                    }
                 }
             }
         }
@@ -197,4 +224,5 @@ async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound
         }
     }
     tracing::debug!("agent session closed after {:?}", started.elapsed());
+    next_host
 }

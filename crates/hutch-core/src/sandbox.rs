@@ -231,8 +231,8 @@ impl Sandbox {
             die_with_parent: opts.die_with_parent,
         };
         let record = VmRecord { spec, base_snapshot: launch.base_snapshot };
-        let (vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
-        init_guest(&agent, id.as_str(), opts).await?;
+        let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
+        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, record.spec.incoming.is_some()).await?;
         if launch.kind == StartKind::Cold {
             if let Some(port) = artifacts.template.ready_port() {
                 wait_for_port(&agent, port, opts.boot_timeout, started, &dir).await?;
@@ -256,8 +256,8 @@ impl Sandbox {
         record.spec.incoming = Some(Incoming { state: dir.join(PAUSED_STATE), ignore_shared: false });
         record.spec.die_with_parent = opts.die_with_parent;
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
-        let (vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
-        init_guest(&agent, id.as_str(), opts).await?;
+        let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
+        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true).await?;
         record.spec.incoming = None;
         write_record(dir, &record)?;
         let _ = std::fs::remove_file(dir.join(PAUSED_STATE));
@@ -428,6 +428,27 @@ async fn start_vm(backend: &dyn VmBackend, spec: &VmSpec, limit: Duration, start
     Ok((vm, agent))
 }
 
+/// Connects to the agent and initializes the guest, retrying on a fresh session when
+/// a session does not answer (a guest starved of CPU can miss a reconnect). `/init` is
+/// idempotent. Before each retry the old session is released: the guest must see the
+/// host leave before a new hello, or the hello would land in the old session.
+async fn init_with_retry(vm: &mut dyn VmHandle, mut agent: AgentClient, id: &str, opts: &SandboxOptions, restored: bool) -> Result<AgentClient, CreateError> {
+    let started = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match init_guest(&agent, id, opts).await {
+            Ok(()) => return Ok(agent),
+            Err(e @ CreateError::InitTimeout { .. }) if restored && attempt < 3 && started.elapsed() < opts.boot_timeout => {
+                tracing::warn!(sandbox = id, "{e}; reconnecting (attempt {attempt})");
+                let _ = crate::snapshot::release_agent(&agent, &vm.console_log(), Duration::from_secs(5)).await;
+                agent = connect_restored(vm, opts.boot_timeout, Instant::now()).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
 /// Hands the guest its identity, the host's clock and fresh randomness: after a
 /// restore, all three are the snapshot's.
 async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Result<(), CreateError> {
@@ -450,7 +471,7 @@ async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Res
     }
 }
 
-const INIT_WAIT: Duration = Duration::from_secs(20);
+const INIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Connects to a restored guest's agent: it is already serving (it was when saved), so
 /// there is no console line to wait for; the first hello may race the guest's wake-up.
@@ -468,7 +489,8 @@ async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, started: Insta
             Ok(Err(e)) => last = e.to_string(),
             Err(_) => last = "no answer within 5 s".into(),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        // Long enough for the guest to see this host leave before the next hello.
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Err(CreateError::RestoreTimeout { secs: limit.as_secs(), last })
 }

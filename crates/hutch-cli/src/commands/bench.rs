@@ -119,6 +119,19 @@ pub async fn exec_once(sb: &Sandbox, req: &StartRequest) -> anyhow::Result<Durat
     anyhow::bail!("no end event")
 }
 
+/// QEMU with hutch's command line for `spec`, started directly (no QMP session, no
+/// sandbox); killed when dropped.
+pub fn spawn_bare_qemu(backend: &QemuBackend, spec: &VmSpec) -> anyhow::Result<tokio::process::Child> {
+    tokio::process::Command::new(&backend.binary)
+        .args(hutch_vmm::qemu::command_line(spec))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting QEMU")
+}
+
 /// The same QEMU command line hutch uses, started directly: from spawn to the agent's
 /// ready line on the serial console. No overlay creation, QMP, channel or init call.
 async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Duration> {
@@ -141,14 +154,7 @@ async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Durat
         die_with_parent: true,
     };
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(&backend.binary)
-        .args(hutch_vmm::qemu::command_line(&spec))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting QEMU")?;
+    let mut child = spawn_bare_qemu(backend, &spec)?;
     let console = spec.console_log();
     let took = loop {
         if std::fs::read_to_string(&console).is_ok_and(|c| c.contains(READY_LINE)) {

@@ -4,7 +4,6 @@
 
 use super::bench::{exec_once, ms, true_request, Series};
 use crate::local::Local;
-use anyhow::Context;
 use hutch_core::snapshot::MemorySnapshot;
 use hutch_core::{MemMib, Sandbox, SandboxOptions};
 use hutch_vmm::qemu::QemuBackend;
@@ -22,6 +21,8 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
     let mut restored = Series { name: "snapshot restore: create -> first command result", samples: vec![] };
     let mut pooled = Series { name: "warm pool: take (identity, clock, entropy) -> first command result", samples: vec![] };
     let mut cold = Series { name: "cold boot: create -> first command result", samples: vec![] };
+    let mut restored_ready = Series { name: "snapshot restore: create -> ready (agent answered /init)", samples: vec![] };
+    let mut cold_ready = Series { name: "cold boot: create -> ready (agent answered /init)", samples: vec![] };
     let cold_opts = SandboxOptions { cold: true, ..opts.clone() };
     for i in 0..runs {
         eprint!("\rstart paths: run {}/{runs}", i + 1);
@@ -30,6 +31,7 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
         bare.samples.push(first);
         let started = Instant::now();
         let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
+        restored_ready.samples.push(sb.boot_time());
         exec_once(&sb, &req).await?;
         restored.samples.push(started.elapsed());
         // A pool holds restored sandboxes; taking one re-initializes it.
@@ -40,6 +42,7 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
         sb.destroy().await?;
         let started = Instant::now();
         let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &cold_opts).await?;
+        cold_ready.samples.push(sb.boot_time());
         exec_once(&sb, &req).await?;
         cold.samples.push(started.elapsed());
         sb.destroy().await?;
@@ -53,6 +56,12 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
         let ratio = s.pct(0.5).as_secs_f64() / floor.as_secs_f64().max(1e-9);
         let speedup = cold.pct(0.5).as_secs_f64() / s.pct(0.5).as_secs_f64().max(1e-9);
         println!("| {} | {} | {} | {ratio:.2} | {speedup:.1}x |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
+    }
+    println!("\n| until the sandbox is ready, before any command | p50 ms | p95 ms | cold p50 / this p50 |");
+    println!("|---|---:|---:|---:|");
+    for s in [&restored_ready, &cold_ready] {
+        let speedup = cold_ready.pct(0.5).as_secs_f64() / s.pct(0.5).as_secs_f64().max(1e-9);
+        println!("| {} | {} | {} | {speedup:.1}x |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
     }
 
     println!("\n### Pause and resume (5 runs each; the guest holds a 100 MiB file in its page cache)\n");
@@ -104,14 +113,7 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
         die_with_parent: true,
     };
     let started = Instant::now();
-    let mut child = tokio::process::Command::new(&backend.binary)
-        .args(hutch_vmm::qemu::command_line(&spec))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting QEMU")?;
+    let mut child = super::bench::spawn_bare_qemu(backend, &spec)?;
     let mut qmp = loop {
         if let Ok(q) = hutch_vmm::qmp::Qmp::connect(&spec.qmp_socket()).await {
             break q;

@@ -16,6 +16,7 @@ pub fn trials(env: &Arc<Env>) -> Vec<Trial> {
         env.trial("snapshots::pause_and_resume_keep_processes_files_and_memory", pause_resume),
         env.trial("snapshots::a_sandbox_snapshot_restores_into_independent_copies", fork_independent),
         env.trial("snapshots::fifty_restore_cycles_leave_nothing_behind", fifty_cycles),
+        env.trial("snapshots::a_host_that_leaves_and_comes_back_gets_a_fresh_session", quick_reconnect),
     ]
 }
 
@@ -134,5 +135,23 @@ async fn fifty_cycles(env: Arc<Env>) -> anyhow::Result<()> {
     let after: Vec<_> = std::fs::read_dir(env.home.sandboxes())?.flatten().map(|e| e.path()).filter(|p| !before.contains(p)).collect();
     check!(after.is_empty(), "left behind: {after:?}");
     check!(qemu_processes_of(&env.home).is_empty(), "QEMU left running");
+    Ok(())
+}
+
+/// A host that leaves and comes back (as hutch does around every save) gets a fresh,
+/// working session each time, on a restored guest.
+async fn quick_reconnect(env: Arc<Env>) -> anyhow::Result<()> {
+    let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
+    let socket = sb.dir().join("agent.sock");
+    let console = sb.dir().join("console.log");
+    let mut agent = sb.agent().clone();
+    for i in 0..10 {
+        hutch_core::snapshot::release_agent(&agent, &console, Duration::from_secs(10)).await?;
+        agent = tokio::time::timeout(Duration::from_secs(10), hutch_core::agent::connect(&socket)).await??;
+        let out = tokio::time::timeout(Duration::from_secs(10), run(&agent, &format!("echo {i}"))).await;
+        check!(matches!(&out, Ok(Ok(o)) if o.stdout_str() == format!("{i}\n")), "reconnect {i}: {out:?}");
+    }
+    agent.close();
+    sb.destroy().await?;
     Ok(())
 }
