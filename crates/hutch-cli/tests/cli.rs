@@ -21,7 +21,8 @@ impl Home {
     fn new() -> Home {
         let dir = tempfile::Builder::new().prefix("hutch-cli-").tempdir_in("/tmp").expect("temp home");
         let shared = shared_home();
-        for sub in ["kernel", "initramfs", "templates"] {
+        std::fs::create_dir_all(dir.path().join("snapshots")).expect("snapshots dir");
+        for sub in ["kernel", "initramfs", "templates", "snapshots/templates"] {
             std::fs::create_dir_all(shared.join(sub)).expect("shared dir");
             std::os::unix::fs::symlink(shared.join(sub), dir.path().join(sub)).expect("link");
         }

@@ -26,7 +26,8 @@ fn start_server() -> Server {
     let shared = std::env::var_os("HUTCH_HOME")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".local/share/hutch"));
-    for sub in ["kernel", "initramfs", "templates"] {
+    std::fs::create_dir_all(home.path().join("snapshots")).expect("snapshots dir");
+    for sub in ["kernel", "initramfs", "templates", "snapshots/templates"] {
         std::fs::create_dir_all(shared.join(sub)).expect("shared");
         std::os::unix::fs::symlink(shared.join(sub), home.path().join(sub)).expect("link");
     }

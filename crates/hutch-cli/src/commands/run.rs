@@ -33,14 +33,18 @@ pub async fn ensure_snapshot(local: &Local, opts: &SandboxOptions) -> anyhow::Re
     let dir = hutch_core::template_snapshot::dir_for(&local.home, &local.artifacts, opts);
     let fresh = !dir.join(hutch_core::snapshot::MANIFEST).is_file();
     let started = std::time::Instant::now();
-    if fresh {
+    // Said on a terminal only: piped, stderr is the command's.
+    let say = fresh && std::io::IsTerminal::is_terminal(&std::io::stderr());
+    if say {
         eprintln!("hutch: first use of template '{}' at this size: booting it once to save a memory snapshot ...", local.artifacts.template.name);
+    } else if fresh {
+        tracing::info!(template = %local.artifacts.template.name, "making the template's memory snapshot (first use at this size)");
     }
     let backend = hutch_vmm::qemu::QemuBackend::default();
     let snapshot = hutch_core::template_snapshot::ensure(&local.home, &local.artifacts, &backend, opts)
         .await
         .with_context(|| format!("making the memory snapshot of template '{}'", local.artifacts.template.name))?;
-    if fresh {
+    if say {
         eprintln!("hutch: snapshot saved in {:.1} s; sandboxes of '{}' now start from it", started.elapsed().as_secs_f64(), local.artifacts.template.name);
     }
     Ok(snapshot)
