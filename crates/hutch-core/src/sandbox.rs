@@ -596,8 +596,16 @@ mod tests {
         let (_tmp, home, artifacts) = setup();
         let backend = FakeBackend::default();
         *backend.fail_start.lock().expect("lock") = Some("no luck".into());
-        let err = Sandbox::create(&home, &artifacts, &backend, &SandboxOptions::default()).await.err();
+        let cold = SandboxOptions { cold: true, ..SandboxOptions::default() };
+        let err = Sandbox::create(&home, &artifacts, &backend, &cold).await.err();
         assert!(matches!(err, Some(CreateError::Start(_))), "{err:?}");
+        // The default path makes the template snapshot first: it fails the same way,
+        // and leaves neither a sandbox nor snapshot files.
+        let err = Sandbox::create(&home, &artifacts, &backend, &SandboxOptions::default()).await.err();
+        assert!(matches!(err, Some(CreateError::TemplateSnapshot(_))), "{err:?}");
+        let snapshots = crate::template_snapshot::root(&home);
+        let left: Vec<_> = std::fs::read_dir(&snapshots).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        assert!(left.is_empty(), "snapshot files left: {left:?}");
         assert_eq!(std::fs::read_dir(home.sandboxes()).expect("dir").count(), 0);
     }
 
@@ -605,7 +613,7 @@ mod tests {
     async fn a_guest_that_never_answers_times_out_and_is_stopped() {
         let (_tmp, home, artifacts) = setup();
         let backend = FakeBackend::default();
-        let opts = SandboxOptions { boot_timeout: Duration::from_millis(300), ..SandboxOptions::default() };
+        let opts = SandboxOptions { boot_timeout: Duration::from_millis(300), cold: true, ..SandboxOptions::default() };
         let err = Sandbox::create(&home, &artifacts, &backend, &opts).await.err();
         assert!(matches!(&err, Some(CreateError::BootTimeout { console, .. }) if console.contains("empty")), "{err:?}");
         assert_eq!(backend.started.lock().expect("lock").len(), 1);

@@ -94,6 +94,52 @@ impl MemorySnapshot {
     }
 }
 
+/// Rewrites a snapshot saved with its RAM inside the state (a fork's, an E2B
+/// snapshot's) into the shared-memory form template snapshots have: QEMU loads the
+/// state into RAM that is a shared mapping of `memory` and, without running the guest,
+/// saves again with `x-ignore-shared`. Sandboxes restored from it then map `memory`
+/// copy-on-write and share its pages, instead of each loading a private copy.
+pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::VmBackend, kernel: PathBuf, initrd: PathBuf) -> Result<MemorySnapshot, SaveError> {
+    if snapshot.manifest.shared_memory {
+        return Ok(snapshot.clone());
+    }
+    let dir = &snapshot.dir;
+    // Short: QEMU's sockets live here while it runs.
+    let work = dir.join("s");
+    std::fs::create_dir_all(&work).map_err(file_err("creating", &work))?;
+    let spec = hutch_vmm::VmSpec {
+        id: "share-memory".into(),
+        dir: work.clone(),
+        kernel,
+        initrd,
+        disk: snapshot.disk(),
+        cpus: snapshot.manifest.cpus,
+        memory_mib: snapshot.manifest.memory_mib,
+        accel: snapshot.manifest.accel,
+        memory: Memory::SharedFile(dir.join("memory")),
+        incoming: Some(Incoming { state: dir.join("state"), ignore_shared: false }),
+        die_with_parent: true,
+    };
+    let result = async {
+        let mut vm = backend.start(&spec).await.map_err(|e| SaveError::Vm(SnapshotError::Migration { what: "load", detail: e.to_string() }))?;
+        vm.load().await.map_err(SaveError::Vm)?;
+        // The guest never runs here: the state goes out as it came in, minus RAM.
+        vm.save(&dir.join("state.shared"), true).await.map_err(SaveError::Vm)?;
+        let _ = vm.kill().await;
+        std::fs::rename(dir.join("state.shared"), dir.join("state")).map_err(file_err("replacing", &dir.join("state")))?;
+        let manifest = Manifest { shared_memory: true, ..snapshot.manifest.clone() };
+        MemorySnapshot::write_manifest(dir, &manifest)?;
+        Ok(MemorySnapshot { dir: dir.clone(), manifest })
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&work);
+    if result.is_err() {
+        let _ = std::fs::remove_file(dir.join("memory"));
+        let _ = std::fs::remove_file(dir.join("state.shared"));
+    }
+    result
+}
+
 /// How many times `line` appears in the console log.
 pub fn console_count(console: &Path, line: &str) -> usize {
     let text = std::fs::read(console).unwrap_or_default();

@@ -41,6 +41,21 @@ impl SandboxManager {
             None => copy_paused(Path::new(&lock(&live.row).dir), &dir, &template, id),
         };
         drop(slot);
+        // Restored copies share the snapshot's RAM pages (see `share_memory`); if that
+        // fails the full-state snapshot still works, each copy loading its own RAM.
+        let made = match made {
+            Ok(snap) => match self.prepare(&template).await {
+                Ok(a) => match crate::snapshot::share_memory(&snap, self.backend.as_ref(), a.kernel.vmlinuz(), a.initramfs.clone()).await {
+                    Ok(shared) => Ok(shared),
+                    Err(e) => {
+                        tracing::warn!(sandbox = id, "snapshot memory stays private to each restore: {e}");
+                        Ok(snap)
+                    }
+                },
+                Err(_) => Ok(snap),
+            },
+            Err(e) => Err(e),
+        };
         if made.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
             lock(&self.pinned).remove(&dir);

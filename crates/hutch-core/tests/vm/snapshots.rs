@@ -14,7 +14,7 @@ pub fn trials(env: &Arc<Env>) -> Vec<Trial> {
         env.trial("snapshots::restored_sandboxes_get_their_own_identity_clock_and_entropy", fresh_identity),
         env.trial("snapshots::cold_boots_when_asked", cold_when_asked),
         env.trial("snapshots::pause_and_resume_keep_processes_files_and_memory", pause_resume),
-        env.trial("snapshots::a_sandbox_snapshot_restores_into_independent_copies", fork_independent),
+        env.trial("snapshots::a_sandbox_snapshot_restores_into_independent_copies_sharing_its_memory", fork_independent),
         env.trial("snapshots::fifty_restore_cycles_leave_nothing_behind", fifty_cycles),
         env.trial("snapshots::a_host_that_leaves_and_comes_back_gets_a_fresh_session", quick_reconnect),
     ]
@@ -101,7 +101,11 @@ async fn fork_independent(env: Arc<Env>) -> anyhow::Result<()> {
     run(source.agent(), "echo source > /home/user/who").await?;
     let snap_dir = env.home.tmp().join(format!("fork-test-{}", std::process::id()));
     std::fs::create_dir_all(&snap_dir)?;
-    let snap = source.snapshot(&snap_dir, "base").await?;
+    let full = source.snapshot(&snap_dir, "base").await?;
+    // As the manager does for forks: RAM moves into a shared file the copies map.
+    let snap = hutch_core::snapshot::share_memory(&full, &env.backend, env.artifacts.kernel.vmlinuz(), env.artifacts.initramfs.clone()).await?;
+    let state = std::fs::metadata(snap_dir.join("state"))?.len();
+    check!(snap.manifest.shared_memory && state < (1 << 20), "state is {state} bytes after share_memory");
     // The source runs on after the snapshot, with a working agent.
     run(source.agent(), "echo changed > /home/user/who").await?;
     let a = Sandbox::from_snapshot(&env.home, &env.artifacts, &env.backend, &snap, &Env::options()).await?;

@@ -72,7 +72,7 @@ mod tests {
         };
         let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
         let joined = line.join(" ");
-        assert!(joined.contains("-M microvm,accel=tcg -cpu max"));
+        assert!(joined.contains("-M microvm,accel=tcg,memory-backend=mem0 -cpu max"));
         assert!(joined.contains("tsc_early_khz=3000000"));
         assert!(joined.contains("-smp 2 -m 512M"));
         assert!(joined.contains("socket,id=agent,path=/s/agent.sock,server=on,wait=off"));
