@@ -1,6 +1,7 @@
 """hutch's Python SDK and CLI: paused sandboxes outlive a server restart; snapshot
 archives round-trip between servers, and a tampered archive is refused."""
 
+import shutil
 import signal
 import subprocess
 import tarfile
@@ -44,6 +45,7 @@ def test_a_paused_sandbox_resumes_after_the_server_restarts(tmp_path):
     finally:
         stop(proc)
     assert not list((home / "sandboxes").glob("*")), "sandbox files left"
+    shutil.rmtree(home)
 
 
 def test_archive_round_trip_and_tampering(server, tmp_path):
@@ -91,4 +93,5 @@ def test_archive_round_trip_and_tampering(server, tmp_path):
     finally:
         stop(proc)
     assert not list((home / "snapshots" / "sandboxes").glob("*")), "snapshot files left after delete"
+    shutil.rmtree(home)
     assert Sandbox.delete_snapshot(snap.snapshot_id)

@@ -1,6 +1,7 @@
 """`hutch serve --pool`: creates take a waiting sandbox, which gets its own identity,
 envs and clock; the pool refills, counts against the limit, and leaves nothing behind."""
 
+import shutil
 import signal
 import time
 
@@ -61,3 +62,4 @@ def test_creates_take_pooled_sandboxes_and_the_pool_refills():
         proc.wait(timeout=60)
     assert not list((home / "sandboxes").glob("*")), "pooled sandboxes left behind"
     assert not qemus_under(home)
+    shutil.rmtree(home)
