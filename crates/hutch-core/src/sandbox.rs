@@ -107,6 +107,18 @@ pub struct VmRecord {
 }
 
 pub const VM_RECORD: &str = "vm.json";
+
+/// The snapshot directories the sandboxes of this home stack their disks on.
+pub fn base_snapshots_in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
+    std::fs::read_dir(home.sandboxes())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join(VM_RECORD)).ok())
+        .filter_map(|t| serde_json::from_str::<VmRecord>(&t).ok())
+        .filter_map(|r| r.base_snapshot)
+        .collect()
+}
 /// Present while the sandbox is paused: its saved state lives beside it.
 pub const PAUSED_STATE: &str = "memory.state";
 

@@ -88,14 +88,7 @@ fn shape_prefix(template: &str, opts: &SandboxOptions) -> String {
 /// Removes the snapshots `current` replaced (same template and shape, older build of
 /// something), unless a sandbox of this home still stacks its disk on one.
 fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
-    let in_use: std::collections::HashSet<PathBuf> = std::fs::read_dir(home.sandboxes())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join(crate::sandbox::VM_RECORD)).ok())
-        .filter_map(|t| serde_json::from_str::<crate::sandbox::VmRecord>(&t).ok())
-        .filter_map(|r| r.base_snapshot)
-        .collect();
+    let in_use = crate::sandbox::base_snapshots_in_use(home);
     for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
         let dir = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();

@@ -255,12 +255,7 @@ impl SandboxManager {
         let Ok(stored) = self.store.snapshot_dirs().await else { return };
         let mut keep: HashSet<PathBuf> = stored.into_iter().map(PathBuf::from).collect();
         keep.extend(lock(&self.pinned).iter().cloned());
-        for entry in std::fs::read_dir(self.home.sandboxes()).into_iter().flatten().flatten() {
-            let record = std::fs::read_to_string(entry.path().join(VM_RECORD)).ok();
-            if let Some(base) = record.and_then(|t| serde_json::from_str::<VmRecord>(&t).ok()).and_then(|r| r.base_snapshot) {
-                keep.insert(base);
-            }
-        }
+        keep.extend(crate::sandbox::base_snapshots_in_use(&self.home));
         // Snapshots stack on snapshots (a fork of a fork): keep every base of a kept one.
         let mut frontier: Vec<PathBuf> = keep.iter().cloned().collect();
         while let Some(dir) = frontier.pop() {
