@@ -2,6 +2,8 @@
 linked to the shared cache, so the database and sandboxes are this run's alone), a
 free port, and an API key in the E2B format. Teardown checks nothing was left behind."""
 
+import asyncio
+import inspect
 import os
 import shutil
 import signal
@@ -10,6 +12,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import httpx
 import pytest
@@ -17,6 +20,46 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HUTCH = Path(os.environ.get("HUTCH_BIN", ROOT / "target" / "release" / "hutch"))
 API_KEY = "e2b_" + "0" * 40
+
+
+def _timed_out(what: str, timeout: float, detail: Callable[[], Any] | None) -> AssertionError:
+    message = f"timed out after {timeout}s waiting for {what}"
+    if detail is not None:
+        message += f"; {detail()}"
+    return AssertionError(message)
+
+
+def wait_until(predicate: Callable[[], Any], what: str, timeout: float = 30.0, interval: float = 0.1,
+               detail: Callable[[], Any] | None = None) -> Any:
+    """Polls `predicate()` until it returns something truthy and returns that, or fails
+    with an AssertionError naming `what` was awaited (plus `detail()`, if given, for the
+    state seen at the deadline). The only pause the suite takes to synchronise with
+    anything: a poll interval inside a wait for the condition itself, bounded by a
+    deadline. Deadlines are meant for a slow, loaded machine emulating the guest (TCG)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise _timed_out(what, timeout, detail)
+        time.sleep(interval)  # the poll interval of this deadline-bounded wait
+
+
+async def wait_until_async(predicate: Callable[[], Any], what: str, timeout: float = 30.0, interval: float = 0.1,
+                           detail: Callable[[], Any] | None = None) -> Any:
+    """`wait_until` for async tests: the event loop keeps running between polls (so
+    callbacks it delivers can arrive); `predicate` may return an awaitable."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise _timed_out(what, timeout, detail)
+        await asyncio.sleep(interval)  # the poll interval of this deadline-bounded wait
 
 
 def shared_home() -> Path:
@@ -69,16 +112,18 @@ def launch(home: Path, port: int, *extra: str) -> subprocess.Popen:
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
+    serve_log = home / "serve.log"
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise RuntimeError(f"hutch serve exited ({proc.returncode}) before it answered:\n" + serve_log.read_text())
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc
+            return httpx.get(url + "/health", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            raise RuntimeError("hutch serve did not start:\n" + (home / "serve.log").read_text())
-        time.sleep(0.1)
+            return False
+
+    wait_until(answers, f"hutch serve to answer GET {url}/health", timeout=120, detail=lambda: "\n" + serve_log.read_text())
+    return proc
 
 
 def new_home(prefix: str) -> Path:

@@ -5,6 +5,7 @@ import pytest
 from e2b import Sandbox
 from e2b.exceptions import NotFoundException
 from e2b.sandbox.commands.command_handle import CommandExitException
+from conftest import wait_until
 
 
 @pytest.fixture
@@ -49,7 +50,7 @@ def test_commands(sbx):
     handle = sbx.commands.run("read line; echo got:$line", background=True, stdin=True)
     sbx.commands.send_stdin(handle.pid, "ping\n")
     assert handle.wait().stdout == "got:ping\n"
-    sleeper = sbx.commands.run("sleep 600", background=True)
+    sleeper = sbx.commands.run("sleep 600", background=True)  # the guest's sleep: a long-running process to list and kill
     assert sleeper.pid in [p.pid for p in sbx.commands.list()]
     assert sbx.commands.kill(sleeper.pid)
     assert not sbx.commands.kill(999999)
@@ -98,17 +99,19 @@ def test_list_info_timeout_connect(sbx):
 
 def test_ports_are_reachable_through_the_proxy(server, sbx):
     import httpx
-    import time
 
     sbx.commands.run("mkdir -p /home/user/www && head -c 5000000 /dev/urandom > /home/user/www/blob && echo hi > /home/user/www/hi.txt")
     server_proc = sbx.commands.run("cd /home/user/www && python3 -m http.server 8001", background=True)
     headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8001"}
-    deadline = time.time() + 60
-    while True:
-        r = httpx.get(server.url + "/hi.txt", headers=headers, timeout=30)
-        if r.status_code == 200 or time.time() > deadline:
-            break
-        time.sleep(0.3)
+    tries = []
+
+    def answers():
+        tries.append(httpx.get(server.url + "/hi.txt", headers=headers, timeout=30))
+        return tries[-1].status_code == 200
+
+    wait_until(answers, "the guest's http.server on port 8001 to answer GET /hi.txt through the proxy", timeout=60,
+               interval=0.3, detail=lambda: f"last answer {tries[-1].status_code}: {tries[-1].text}")
+    r = tries[-1]
     assert r.status_code == 200 and r.text == "hi\n", r.text
     # Routing by Host, as get_host() addresses it, and a large streamed body.
     host = f"8001-{sbx.sandbox_id}.sandbox.test"
@@ -140,10 +143,20 @@ while True:
 '''
 
 
+def listening(sbx, port: int) -> bool:
+    """Whether a TCP socket in the guest listens on `port` (IPv4), read from
+    /proc/net/tcp without connecting: a probe connection would use up a server that
+    accepts once."""
+    for line in sbx.commands.run("cat /proc/net/tcp").stdout.splitlines():
+        fields = line.split()
+        if len(fields) > 3 and fields[1].endswith(f":{port:04X}") and fields[3] == "0A":  # 0A: LISTEN
+            return True
+    return False
+
+
 def test_upgraded_connections_are_spliced_through(server, sbx):
     """A WebSocket-style upgrade through the proxy: after 101 the bytes flow both ways."""
     import socket
-    import time
     from urllib.parse import urlparse
 
     sbx.files.write("/home/user/echo.py", ECHO_SERVER)
@@ -153,20 +166,15 @@ def test_upgraded_connections_are_spliced_through(server, sbx):
         f"GET /chat HTTP/1.1\r\nHost: {u.netloc}\r\nUpgrade: echo\r\nConnection: Upgrade\r\n"
         f"E2b-Sandbox-Id: {sbx.sandbox_id}\r\nE2b-Sandbox-Port: 9000\r\n\r\n"
     ).encode()
-    deadline = time.time() + 30
-    while True:
-        conn = socket.create_connection((u.hostname, u.port), timeout=30)
-        conn.sendall(request)
-        head = b""
-        while b"\r\n\r\n" not in head:
-            chunk = conn.recv(1024)
-            if not chunk:
-                break
-            head += chunk
-        if head.startswith(b"HTTP/1.1 101") or time.time() > deadline:
+    wait_until(lambda: listening(sbx, 9000), "the guest's echo server to listen on 127.0.0.1:9000", timeout=60)
+    conn = socket.create_connection((u.hostname, u.port), timeout=30)
+    conn.sendall(request)
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = conn.recv(1024)
+        if not chunk:
             break
-        conn.close()
-        time.sleep(0.3)  # the echo server is still starting
+        head += chunk
     assert head.startswith(b"HTTP/1.1 101"), head
     conn.sendall(b"hello through the tunnel")
     got = b""

@@ -1,8 +1,8 @@
 """Bad input to the REST API gets the right 4xx JSON, and the server keeps serving."""
 
-import time
-
 import httpx
+
+from conftest import wait_until
 
 
 def error(resp: httpx.Response, status: int) -> str:
@@ -54,10 +54,14 @@ def test_expiry_limits_and_key_isolation(server):
     assert len(page.json()) == 2 and page.headers["x-next-token"]
     rest = api.get(f"/v2/sandboxes?limit=2&nextToken={page.headers['x-next-token']}")
     assert len(rest.json()) == 1 and "x-next-token" not in rest.headers
-    # Shortened timeouts end them: gone from the API, 502 on the data plane.
+    # Shortened timeouts end them: gone from the API, 502 on the data plane. (The last of
+    # them was created moments ago with 120 s: were the shortening ignored, it would
+    # outlive the wait's 30 s deadline, so the wait still tells the two apart.)
     for sid in ids:
         assert api.post(f"/sandboxes/{sid}/timeout", json={"timeout": 1}).status_code == 204
-    time.sleep(3)
+    wait_until(lambda: all(api.get(f"/sandboxes/{sid}").status_code == 404 for sid in ids),
+               "the three sandboxes to end at their shortened 1 s timeout (GET /sandboxes/{id} answering 404)", timeout=30,
+               detail=lambda: {sid: api.get(f"/sandboxes/{sid}").status_code for sid in ids})
     for sid in ids:
         error(api.get(f"/sandboxes/{sid}"), 404)
         resp = httpx.get(server.url + "/health", headers={"E2b-Sandbox-Id": sid})

@@ -6,8 +6,19 @@ import time
 import pytest
 from e2b import Sandbox
 from e2b_code_interpreter import Sandbox as CodeSandbox
+from conftest import wait_until
 
+# In the guest: writes a secret, then stays alive (its sleep keeps the process whose survival is checked).
 HOLD = "python3 -c 'import os,time; open(\"/tmp/secret\",\"w\").write(os.urandom(8).hex()); time.sleep(10**6)'"
+
+
+def held_secret(sbx) -> str:
+    """The 16 hex digits HOLD writes to /tmp/secret, once they are all there (the file
+    exists, empty, before the write lands)."""
+    def written():
+        secret = sbx.commands.run("cat /tmp/secret 2>/dev/null || true").stdout
+        return secret if len(secret) == 16 else None
+    return wait_until(written, "HOLD's python to write its 16 hex digits to /tmp/secret", timeout=60)
 
 
 def guest_skew(sbx) -> float:
@@ -26,11 +37,14 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         assert sbx.run_code("kept = 6 * 7").error is None
         sbx.files.write("/home/user/notes.txt", "written before the pause")
         sbx.commands.run(HOLD, background=True)
-        time.sleep(1)
-        secret = sbx.files.read("/tmp/secret")
+        secret = held_secret(sbx)
+        assert sbx.files.read("/tmp/secret") == secret
         assert sbx.pause() is True
         assert state_of(sbx.sandbox_id) == "paused"
         assert sbx.pause() is False, "pausing a paused sandbox must answer 409 (False)"
+        # Not a synchronisation: the sandbox stays paused for a while on purpose, longer
+        # than the 1 s skew bound below, so a guest clock that did not follow the host
+        # across the pause cannot pass unnoticed.
         time.sleep(2)
         back = CodeSandbox.connect(sbx.sandbox_id)
         assert state_of(sbx.sandbox_id) == "running"
@@ -86,10 +100,8 @@ def test_timeout_pauses_when_asked(server):
     sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
     try:
         sbx.files.write("/home/user/kept", "after auto-pause")
-        deadline = time.time() + 60
-        while state_of(sbx.sandbox_id) != "paused":
-            assert time.time() < deadline, "the sandbox was not paused at its timeout"
-            time.sleep(0.5)
+        wait_until(lambda: state_of(sbx.sandbox_id) == "paused", "the sandbox to be paused at its 3 s timeout (on_timeout: pause)",
+                   timeout=60, interval=0.5, detail=lambda: f"state {state_of(sbx.sandbox_id)!r}")
         back = Sandbox.connect(sbx.sandbox_id, timeout=120)
         assert back.files.read("/home/user/kept") == "after auto-pause"
     finally:

@@ -10,7 +10,7 @@ import pytest
 
 import hutch
 from hutch import AsyncSandbox, Sandbox
-from conftest import ROOT
+from conftest import ROOT, wait_until, wait_until_async
 
 
 @pytest.fixture
@@ -31,12 +31,12 @@ def test_commands(sbx):
     h = sbx.commands.run("read x; echo got $x", background=True, stdin=True)
     h.send_stdin("it\n")
     assert h.wait().stdout == "got it\n"
-    bg = sbx.commands.run("sleep 600", background=True)
+    bg = sbx.commands.run("sleep 600", background=True)  # the guest's sleep: a long-running process to list and kill
     assert bg.pid in [p["pid"] for p in sbx.commands.list()]
     assert bg.kill() is True
     assert sbx.commands.kill(999999) is False
     started = time.time()
-    with pytest.raises(hutch.TimeoutError):
+    with pytest.raises(hutch.TimeoutError):  # the guest's sleep is what the 2 s timeout cuts short
         sbx.commands.run("sleep 30", timeout=2)
     assert time.time() - started < 20
 
@@ -59,11 +59,12 @@ def test_files(sbx):
         sbx.files.read("/nope")
     events = []
     handle = sbx.files.watch_dir("/home/user", events.append)
-    sbx.files.write("/home/user/watched.txt", "w")
-    deadline = time.time() + 10
-    while not any(e.name == "watched.txt" for e in events) and time.time() < deadline:
-        time.sleep(0.1)
-    handle.stop()
+    try:
+        sbx.files.write("/home/user/watched.txt", "w")
+        wait_until(lambda: any(e.name == "watched.txt" for e in events), "watch_dir to report /home/user/watched.txt",
+                   detail=lambda: f"events {events}")
+    finally:
+        handle.stop()
     assert any(e.name == "watched.txt" and e.type in ("create", "write") for e in events), events
 
 
@@ -94,12 +95,12 @@ def test_async_sandbox(server):
             assert [e.name for e in await s.files.list("/home/user") if e.name == "x.txt"] == ["x.txt"]
             events = []
             watch = await s.files.watch_dir("/home/user", events.append)
-            await s.commands.run("touch /home/user/seen")
-            for _ in range(100):
-                if any(e.name == "seen" for e in events):
-                    break
-                await asyncio.sleep(0.1)
-            await watch.stop()
+            try:
+                await s.commands.run("touch /home/user/seen")
+                await wait_until_async(lambda: any(e.name == "seen" for e in events), "the async watch_dir to report /home/user/seen",
+                                       detail=lambda: f"events {events}")
+            finally:
+                await watch.stop()
             assert any(e.name == "seen" for e in events), events
             with pytest.raises(hutch.CommandExitError):
                 await s.commands.run("false")

@@ -19,8 +19,12 @@ impl Local {
         if swept > 0 {
             tracing::info!("removed {swept} sandbox(es) left behind by hutch processes that died");
         }
-        let cache = home.root().join("accel-probe");
         let _ = std::fs::create_dir_all(home.root());
+        // Before anything is downloaded or built: a missing or too old QEMU is one sentence.
+        let qemu = hutch_vmm::qemu::QemuBackend::with_cache_dir(home.root());
+        let version = tokio::task::spawn_blocking(move || qemu.version()).await??;
+        tracing::debug!(qemu = %version.line, "QEMU");
+        let cache = home.root().join("accel-probe");
         let accel = tokio::task::spawn_blocking(move || accel::select(accel_choice, Some(&cache))).await??;
         tracing::info!(accel = accel.accel.as_str(), "{}", accel.why);
         if accel.accel == hutch_vmm::Accel::Tcg {
@@ -35,5 +39,10 @@ impl Local {
         .await?
         .with_context(|| format!("preparing template '{template}'"))?;
         Ok(Local { home, accel, artifacts })
+    }
+
+    /// The QEMU backend, caching host facts in this home.
+    pub fn backend(&self) -> hutch_vmm::qemu::QemuBackend {
+        hutch_vmm::qemu::QemuBackend::with_cache_dir(self.home.root())
     }
 }

@@ -49,7 +49,7 @@ async fn ready(api: &Api) {
     let deadline = Instant::now() + Duration::from_secs(120);
     while api.list(&Default::default()).await.is_err() {
         assert!(Instant::now() < deadline, "hutch serve did not come up");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await; // poll interval of the wait
     }
 }
 

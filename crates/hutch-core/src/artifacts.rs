@@ -55,19 +55,26 @@ pub fn locate_agent() -> Result<PathBuf, ArtifactsError> {
         .ok_or_else(|| ArtifactsError::NoAgent { looked: candidates.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ") })
 }
 
-/// An x86-64 ELF executable without a program interpreter (PT_INTERP).
+/// An x86-64 ELF executable without a program interpreter (PT_INTERP). Reads the
+/// headers only: every `hutch run` checks this, and the binary is megabytes.
 fn is_static_elf(path: &Path) -> bool {
-    let Ok(data) = std::fs::read(path) else { return false };
-    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else { return false };
+    let mut header = [0u8; 64];
+    if file.read_exact(&mut header).is_err() || &header[..4] != b"\x7fELF" || header[4] != 2 {
         return false;
     }
-    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(data[32..40].try_into().unwrap_or([0; 8])) as usize;
+    let u16_at = |o: usize| u16::from_le_bytes([header[o], header[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(header[32..40].try_into().unwrap_or([0; 8]));
     let (phentsize, phnum) = (u16_at(54), u16_at(56));
-    (0..phnum).all(|i| {
-        let at = phoff + i * phentsize;
-        data.get(at..at + 4).is_some_and(|t| u32::from_le_bytes([t[0], t[1], t[2], t[3]]) != 3)
-    })
+    if phentsize < 4 || phnum > 256 {
+        return false;
+    }
+    let mut table = vec![0u8; phentsize * phnum];
+    if file.seek(SeekFrom::Start(phoff)).is_err() || file.read_exact(&mut table).is_err() {
+        return false;
+    }
+    table.chunks(phentsize).all(|entry| u32::from_le_bytes([entry[0], entry[1], entry[2], entry[3]]) != 3)
 }
 
 impl Artifacts {

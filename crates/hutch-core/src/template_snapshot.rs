@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Bumped when the snapshot layout or the agent's restore contract changes.
-const FORMAT: &str = "hutch-snapshot-2";
+const FORMAT: &str = "hutch-snapshot-3";
 
 /// What the snapshot's guest ran before it was saved: a change means a new snapshot.
 fn warm_up_id(artifacts: &Artifacts) -> String {
@@ -45,14 +45,23 @@ pub fn root(home: &HutchHome) -> PathBuf {
     home.root().join("snapshots").join("templates")
 }
 
-fn qemu_version() -> String {
+/// The QEMU that saves and restores the snapshots (its version line, cached in the home).
+fn qemu_version(home: &HutchHome) -> String {
     static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     VERSION
         .get_or_init(|| {
             let binary = std::env::var("HUTCH_QEMU").unwrap_or_else(|_| hutch_vmm::qemu::DEFAULT_BINARY.into());
-            hutch_vmm::qemu::version(&binary).unwrap_or_default()
+            hutch_vmm::qemu::version::probe(&binary, Some(home.root())).map(|v| v.line).unwrap_or_default()
         })
         .clone()
+}
+
+/// The host's TSC rate in MHz: the snapshot's kernel was told the rate in kHz when it
+/// booted, and keeps its clock by it. MHz, so that a re-measurement after a reboot
+/// (a few ppm off) keeps the snapshot while a different host makes a new one.
+fn tsc_mhz(home: &HutchHome) -> String {
+    let cache = home.root().join("host-tsc");
+    ((hutch_vmm::clock::host_tsc_khz(Some(&cache)) + 500) / 1000).to_string()
 }
 
 /// The directory of the snapshot for this template, kernel, initramfs and VM shape.
@@ -70,7 +79,8 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions) -
         &opts.cpus.to_string(),
         &opts.memory.get().to_string(),
         opts.accel.as_str(),
-        &qemu_version(),
+        &qemu_version(home),
+        &tsc_mhz(home),
         &warm_up_id(artifacts),
     ] {
         h.update(part.as_bytes());

@@ -91,7 +91,7 @@ pub fn select(choice: AccelChoice, cache: Option<&std::path::Path>) -> Result<Se
     }
 }
 
-fn boot_id() -> String {
+pub(crate) fn boot_id() -> String {
     std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default().trim().to_string()
 }
 

@@ -57,8 +57,8 @@ impl VmSpec {
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    #[error("QEMU ({binary}) is not installed; install it with: apt-get install qemu-system-x86")]
-    QemuMissing { binary: String },
+    #[error(transparent)]
+    Qemu(crate::qemu::QemuVersionError),
     #[error("starting QEMU")]
     Spawn(#[source] std::io::Error),
     #[error("QEMU exited while starting ({status}): {stderr}")]

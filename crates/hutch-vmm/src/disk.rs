@@ -6,7 +6,7 @@ use std::process::Stdio;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
-    #[error("qemu-img is not installed; install it with: apt-get install qemu-utils")]
+    #[error("qemu-img is not installed (package qemu-utils); {}", crate::qemu::version::install_hint())]
     NoQemuImg,
     #[error("qemu-img could not create the overlay {path}: {stderr}")]
     Failed { path: String, stderr: String },

@@ -50,7 +50,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
         super::bench_snapshots::run(&local, runs).await?;
         return Ok(0);
     }
-    let backend = QemuBackend::default();
+    let backend = local.backend();
     // The boot suite measures booting: no template snapshot.
     let opts = SandboxOptions { accel: local.accel.accel, cold: true, ..SandboxOptions::default() };
 

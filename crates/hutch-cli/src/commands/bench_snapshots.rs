@@ -11,7 +11,7 @@ use hutch_vmm::VmSpec;
 use std::time::{Duration, Instant};
 
 pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
-    let backend = QemuBackend::default();
+    let backend = local.backend();
     let opts = SandboxOptions { accel: local.accel.accel, ..SandboxOptions::default() };
     let snapshot = super::run::ensure_snapshot(local, &opts).await?;
     let req = true_request();

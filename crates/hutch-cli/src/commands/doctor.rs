@@ -14,17 +14,43 @@ fn line(ok: bool, what: &str, detail: impl std::fmt::Display) {
 pub async fn run(_args: DoctorArgs) -> anyhow::Result<i32> {
     let home = HutchHome::from_env();
     let mut healthy = true;
-    let binary = hutch_vmm::qemu::QemuBackend::default().binary;
-    match hutch_vmm::qemu::version(&binary) {
-        Ok(v) => line(true, "qemu", v),
+    let qemu = hutch_vmm::qemu::QemuBackend::default();
+    let system = qemu.version();
+    match &system {
+        Ok(v) => line(true, "qemu", format!("{} ({})", v.line, qemu.binary)),
         Err(e) => {
             healthy = false;
             line(false, "qemu", e);
         }
     }
-    let qemu_img = std::process::Command::new("qemu-img").arg("--version").output().is_ok();
-    line(qemu_img, "qemu-img", if qemu_img { "found" } else { "missing; install it with: apt-get install qemu-utils" });
-    healthy &= qemu_img;
+    // qemu-img makes the overlays; it must come from the same QEMU release.
+    match hutch_vmm::qemu::version::probe("qemu-img", None) {
+        Ok(img) => match &system {
+            Ok(sys) if (sys.major, sys.minor) != (img.major, img.minor) => {
+                healthy = false;
+                line(false, "qemu-img", format!("{} is from another QEMU release than {}; install qemu-utils of the same release ({})", img.number(), sys.number(), hutch_vmm::qemu::version::install_hint()));
+            }
+            _ => line(true, "qemu-img", &img.line),
+        },
+        Err(hutch_vmm::qemu::QemuVersionError::Missing { .. }) => {
+            healthy = false;
+            line(false, "qemu-img", format!("missing (package qemu-utils); {}", hutch_vmm::qemu::version::install_hint()));
+        }
+        Err(e) => {
+            healthy = false;
+            line(false, "qemu-img", e);
+        }
+    }
+    for (tool, package, purpose) in [("mkfs.ext4", "e2fsprogs", "template images"), ("mmdebstrap", "mmdebstrap", "template builds"), ("apt-get", "apt", "the guest kernel download"), ("dpkg-deb", "dpkg", "unpacking the guest kernel")] {
+        let found = std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(tool).is_file()));
+        healthy &= found;
+        line(found, tool, if found { format!("found (for {purpose})") } else { format!("missing; hutch needs it for {purpose}: apt-get install {package}") });
+    }
+    let tsc = tokio::task::spawn_blocking(hutch_vmm::clock::measure).await?;
+    match tsc {
+        Some(khz) => line(true, "tsc", format!("{:.3} MHz: the guest kernel is told this rate, so its clock keeps the host's", khz as f64 / 1000.0)),
+        None => line(true, "tsc", format!("cannot be measured here; guests assume {} MHz and their clocks may drift", hutch_vmm::clock::FALLBACK_TSC_KHZ / 1000)),
+    }
 
     let (probe, took) = tokio::task::spawn_blocking(hutch_vmm::accel::probe_timed).await?;
     let accel = if probe.kvm_usable { "kvm" } else { "tcg" };

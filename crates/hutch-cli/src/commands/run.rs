@@ -40,7 +40,7 @@ pub async fn ensure_snapshot(local: &Local, opts: &SandboxOptions) -> anyhow::Re
     } else if fresh {
         tracing::info!(template = %local.artifacts.template.name, "making the template's memory snapshot (first use at this size)");
     }
-    let backend = hutch_vmm::qemu::QemuBackend::default();
+    let backend = local.backend();
     let snapshot = hutch_core::template_snapshot::ensure(&local.home, &local.artifacts, &backend, opts)
         .await
         .with_context(|| format!("making the memory snapshot of template '{}'", local.artifacts.template.name))?;
@@ -65,7 +65,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
             _ = tokio::signal::ctrl_c() => return Ok(130),
         }
     }
-    let backend = hutch_vmm::qemu::QemuBackend::default();
+    let backend = local.backend();
     let create = Sandbox::create(&local.home, &local.artifacts, &backend, &opts);
     let sandbox = tokio::select! {
         s = create => s.context("creating the sandbox")?,

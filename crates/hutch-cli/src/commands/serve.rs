@@ -79,7 +79,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         "the warm pools ({pooled} sandboxes) must leave room under --max-sandboxes ({}) for sandboxes in use",
         args.max_sandboxes
     );
-    let backend = Arc::new(hutch_vmm::qemu::QemuBackend::default());
+    let backend = Arc::new(local.backend());
     let manager = SandboxManager::start(local.home.clone(), store, backend, config).await?;
     manager.prepare("base").await?;
     let app = hutch_server::router(hutch_server::AppState { manager: manager.clone(), domain: args.domain.clone() });

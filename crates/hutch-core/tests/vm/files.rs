@@ -142,12 +142,14 @@ async fn watcher(sb: Shared) -> anyhow::Result<()> {
     let w: WatcherId = sb.agent.unary(&fs("CreateWatcher"), &json!({"path": "watched", "recursive": true})).await?;
     run(&sb.agent, "cd ~/watched && mkdir sub && echo x > sub/f && echo y > g && rm g").await?;
     let mut events = Vec::new();
-    for _ in 0..50 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
         let got: WatcherEvents = sb.agent.unary(&fs("GetWatcherEvents"), &json!({"watcherId": w.watcher_id})).await?;
         events.extend(got.events);
         if events.iter().any(|e| e.name == "g" && e.event_type == EventType::Remove) {
             break;
         }
+        // Polling interval of a deadline-bounded wait for the removal event.
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let has = |name: &str, t: EventType| events.iter().any(|e| e.name == name && e.event_type == t);

@@ -3,6 +3,7 @@
 //! checks boot their own, one phase after the other, so no more than two VMs boot at once
 //! on a 2-core machine (three for the test that runs three sandboxes at once).
 
+mod clock;
 mod files;
 mod lifecycle;
 mod process;
@@ -30,6 +31,8 @@ fn main() {
     let mut trials: Vec<Trial> = Vec::new();
     trials.extend(process::trials(&env, &shared));
     trials.extend(files::trials(&env, &shared));
+    // Its own sandbox, held for minutes beside the shared phase's trials.
+    trials.extend(clock::trials(&env));
     let first = libtest_mimic::run(&args, trials);
     env.destroy(shared);
 

@@ -7,7 +7,7 @@ use hutch_core::sandbox::StartKind;
 use hutch_core::Sandbox;
 use libtest_mimic::Trial;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 pub fn trials(env: &Arc<Env>) -> Vec<Trial> {
     vec![
@@ -20,23 +20,6 @@ pub fn trials(env: &Arc<Env>) -> Vec<Trial> {
     ]
 }
 
-fn now_secs() -> f64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0)
-}
-
-fn within_a_second(skew: f64) -> bool {
-    skew.abs() < 1.0
-}
-
-/// The guest's wall clock minus the host's, in seconds.
-async fn clock_skew(sb: &Sandbox) -> anyhow::Result<f64> {
-    let before = now_secs();
-    let out = run(sb.agent(), "date +%s.%N").await?;
-    let after = now_secs();
-    let guest: f64 = out.stdout_str().trim().parse()?;
-    Ok(guest - (before + after) / 2.0)
-}
-
 async fn fresh_identity(env: Arc<Env>) -> anyhow::Result<()> {
     let a = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
     let b = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
@@ -44,8 +27,7 @@ async fn fresh_identity(env: Arc<Env>) -> anyhow::Result<()> {
         check!(sb.started_from() == StartKind::Snapshot, "{} was not restored from the template snapshot", sb.id());
         let who = run(sb.agent(), "cat /run/hutch/sandbox.json; echo; echo $E2B_SANDBOX_ID").await?.stdout_str();
         check!(who.matches(sb.id().as_str()).count() == 2, "{} sees itself as {who:?}", sb.id());
-        let skew = clock_skew(sb).await?;
-        check!(within_a_second(skew), "guest clock is {skew:.3} s off the host's after the restore");
+        crate::clock::check_skew(sb.agent(), "after the restore").await?;
     }
     let random = |sb: &Sandbox| {
         let agent = sb.agent().clone();
@@ -67,13 +49,23 @@ async fn cold_when_asked(env: Arc<Env>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the pause test's guest holds: the python's random line and the sleeper count
+/// (`-x`: the whole command line, so the shell running pgrep does not count itself).
+const HELD_STATE: &str = "cat /tmp/x 2>/dev/null; echo; pgrep -c -x -f 'sleep 100000'";
+
 async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
     let mut sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
     let dir = sb.dir().to_path_buf();
     // A process holding state in memory only, a file, and a background sleeper.
-    run(sb.agent(), "echo kept > /home/user/file; (sleep 100000 &) ; python3 -c 'import os,time; x=os.urandom(8).hex(); open(\"/tmp/x\",\"w\").write(x); time.sleep(100000)' > /dev/null 2>&1 &").await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let before = run(sb.agent(), "cat /tmp/x; pgrep -c -f 'sleep 100000'").await?.stdout_str();
+    run(sb.agent(), "echo kept > /home/user/file; (sleep 100000 &) ; python3 -c 'import os,time; x=os.urandom(8).hex(); open(\"/tmp/x.new\",\"w\").write(x); os.rename(\"/tmp/x.new\", \"/tmp/x\"); time.sleep(100000)' > /dev/null 2>&1 &").await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let before = loop {
+        let state = run(sb.agent(), HELD_STATE).await?.stdout_str();
+        if state.lines().next().is_some_and(|x| x.len() == 16) && state.ends_with("\n1\n") {
+            break state;
+        }
+        check!(Instant::now() < deadline, "the background python did not write /tmp/x (and the sleeper start) within 30 s: {state:?}");
+    };
     let qemu = sb.pid().unwrap_or(0);
     sb.pause().await?;
     check!(sb.pid().is_none(), "the VM still runs after pause");
@@ -81,15 +73,15 @@ async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
     drop(sb);
     check!(dir.join(hutch_core::sandbox::PAUSED_STATE).is_file(), "no saved state in {dir:?}");
     check!(!std::path::Path::new(&format!("/proc/{qemu}")).exists(), "QEMU {qemu} outlived the pause");
+    // Time passing while paused is the behaviour under test (the clock must catch up).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let sb = Sandbox::resume(&dir, &env.backend, &Env::options()).await?;
     check!(sb.id().as_str() == id && sb.started_from() == StartKind::Resumed, "resumed as {} ({:?})", sb.id(), sb.started_from());
-    let after = run(sb.agent(), "cat /tmp/x; pgrep -c -f 'sleep 100000'").await?.stdout_str();
+    let after = run(sb.agent(), HELD_STATE).await?.stdout_str();
     check!(after == before, "state before pause {before:?}, after resume {after:?}");
     let file = run(sb.agent(), "cat /home/user/file").await?.stdout_str();
     check!(file == "kept\n", "file after resume: {file:?}");
-    let skew = clock_skew(&sb).await?;
-    check!(within_a_second(skew), "guest clock is {skew:.3} s off after resume (it slept 1.5 s paused)");
+    crate::clock::check_skew(sb.agent(), "after a resume (it slept 1.5 s paused)").await?;
     check!(!dir.join(hutch_core::sandbox::PAUSED_STATE).exists(), "the saved state outlived the resume");
     sb.destroy().await?;
     check!(!dir.exists(), "{dir:?} left behind");

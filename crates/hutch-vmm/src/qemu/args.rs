@@ -1,13 +1,17 @@
 //! The QEMU command line. The flags are the ones measured to boot reliably under TCG
 //! (DESIGN.md): without `tsc_early_khz` about half the boots hang at "Marking TSC
-//! unstable"; `-nodefaults` drops microvm's serial, so the console is added back as a
+//! unstable", and it must be the host's real TSC rate or the guest clock drifts
+//! (`clock.rs`); `-nodefaults` drops microvm's serial, so the console is added back as a
 //! file; `-no-reboot` turns the guest's reset (how the agent powers off) into an exit.
 
 use crate::accel::Accel;
 use crate::backend::{Memory, VmSpec};
 use std::ffi::OsString;
 
-pub const KERNEL_CMDLINE: &str = "console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz=3000000 lpj=6000000";
+/// The guest kernel's command line for a guest whose TSC runs at `tsc_khz`.
+pub fn kernel_cmdline(tsc_khz: u32) -> String {
+    format!("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz={tsc_khz} lpj=6000000")
+}
 
 pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
@@ -32,7 +36,10 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     push(&["-serial", "chardev:console"]);
     push(&["-kernel", &spec.kernel.display().to_string()]);
     push(&["-initrd", &spec.initrd.display().to_string()]);
-    push(&["-append", KERNEL_CMDLINE]);
+    // A restored guest booted long ago: its command line no longer matters, so a
+    // restore does not pay for measuring the TSC.
+    let tsc_khz = if spec.incoming.is_some() { crate::clock::FALLBACK_TSC_KHZ } else { crate::clock::host_tsc_khz(None) };
+    push(&["-append", &kernel_cmdline(tsc_khz)]);
     push(&["-drive", &format!("id=root,file={},format=qcow2,if=none,discard=unmap", spec.disk.display())]);
     push(&["-device", "virtio-blk-device,drive=root"]);
     push(&["-device", "virtio-serial-device"]);
@@ -73,7 +80,7 @@ mod tests {
         let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
         let joined = line.join(" ");
         assert!(joined.contains("-M microvm,accel=tcg,memory-backend=mem0 -cpu max"));
-        assert!(joined.contains("tsc_early_khz=3000000"));
+        assert!(joined.contains("tsc_early_khz="));
         assert!(joined.contains("-smp 2 -m 512M"));
         assert!(joined.contains("socket,id=agent,path=/s/agent.sock,server=on,wait=off"));
         assert!(joined.contains("-chardev file,id=console,path=/s/console.log,append=on -serial chardev:console"));

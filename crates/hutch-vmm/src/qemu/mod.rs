@@ -1,23 +1,43 @@
 //! The QEMU `microvm` backend: one QEMU process per VM, driven over QMP.
 
 mod args;
+pub mod version;
 mod vm;
 
-pub use args::{command_line, KERNEL_CMDLINE};
+pub use args::{command_line, kernel_cmdline};
+pub use version::{QemuVersion, QemuVersionError, MIN_VERSION};
 pub use vm::QemuVm;
 
 use crate::backend::{StartError, VmBackend, VmHandle, VmSpec};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 
 pub const DEFAULT_BINARY: &str = "qemu-system-x86_64";
 
 #[derive(Debug, Clone)]
 pub struct QemuBackend {
     pub binary: String,
+    /// Where host facts (the QEMU version) are cached between processes.
+    cache_dir: Option<PathBuf>,
+    /// The version check, made once per backend before its first VM.
+    version: Arc<OnceLock<Result<QemuVersion, QemuVersionError>>>,
 }
 
 impl Default for QemuBackend {
     fn default() -> Self {
-        QemuBackend { binary: std::env::var("HUTCH_QEMU").unwrap_or_else(|_| DEFAULT_BINARY.into()) }
+        QemuBackend { binary: std::env::var("HUTCH_QEMU").unwrap_or_else(|_| DEFAULT_BINARY.into()), cache_dir: None, version: Arc::default() }
+    }
+}
+
+impl QemuBackend {
+    /// The default backend, caching what it learns about the host in `dir`.
+    pub fn with_cache_dir(dir: impl Into<PathBuf>) -> Self {
+        QemuBackend { cache_dir: Some(dir.into()), ..QemuBackend::default() }
+    }
+
+    /// This QEMU's version, or why hutch cannot use it (missing, too old).
+    pub fn version(&self) -> Result<QemuVersion, QemuVersionError> {
+        self.version.get_or_init(|| version::probe(&self.binary, self.cache_dir.as_deref())).clone()
     }
 }
 
@@ -28,17 +48,7 @@ impl VmBackend for QemuBackend {
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError> {
+        self.version().map_err(StartError::Qemu)?;
         Ok(Box::new(QemuVm::start(&self.binary, spec).await?))
-    }
-}
-
-/// `qemu-system-x86_64 --version`'s first line, or why it cannot be run.
-pub fn version(binary: &str) -> Result<String, String> {
-    match std::process::Command::new(binary).arg("--version").output() {
-        Ok(out) => Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or("").to_string()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            Err(format!("{binary} is not installed; install it with: apt-get install qemu-system-x86"))
-        }
-        Err(e) => Err(format!("cannot run {binary}: {e}")),
     }
 }

@@ -55,7 +55,7 @@ impl QemuVm {
             }
         }
         let child = cmd.spawn().map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => StartError::QemuMissing { binary: binary.into() },
+            std::io::ErrorKind::NotFound => StartError::Qemu(crate::qemu::QemuVersionError::Missing { binary: binary.into() }),
             _ => StartError::Spawn(e),
         })?;
         let mut vm = QemuVm { spec: spec.clone(), child, qmp: None, exit: None };
