@@ -18,9 +18,10 @@ pub struct BenchArgs {
     pub runs: u32,
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
-    /// What to measure: `boot` (cold boot and exec against a bare QEMU boot) or
-    /// `snapshots` (start paths, pause/resume, memory, throughput).
-    #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots"])]
+    /// What to measure: `boot` (cold boot and exec against a bare QEMU boot),
+    /// `snapshots` (start paths, pause/resume, memory, throughput) or `start` (the
+    /// start paths alone).
+    #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots", "start"])]
     pub suite: String,
 }
 
@@ -46,8 +47,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
     let local = Local::prepare("base", args.accel).await?;
     let runs = args.runs as usize;
     eprintln!("hutch bench: {runs} runs each, accel {} ({})", local.accel.accel.as_str(), local.accel.why);
-    if args.suite == "snapshots" {
-        super::bench_snapshots::run(&local, runs).await?;
+    if args.suite == "snapshots" || args.suite == "start" {
+        super::bench_snapshots::run(&local, runs, args.suite == "start").await?;
         return Ok(0);
     }
     let backend = local.backend();

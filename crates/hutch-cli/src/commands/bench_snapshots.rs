@@ -10,7 +10,9 @@ use hutch_vmm::qemu::QemuBackend;
 use hutch_vmm::VmSpec;
 use std::time::{Duration, Instant};
 
-pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
+/// `start_only`: the start paths alone (`--suite start`), without pause, memory and
+/// throughput.
+pub async fn run(local: &Local, runs: usize, start_only: bool) -> anyhow::Result<()> {
     let backend = local.backend();
     let opts = SandboxOptions { accel: local.accel.accel, ..SandboxOptions::default() };
     let snapshot = super::run::ensure_snapshot(local, &opts).await?;
@@ -19,6 +21,7 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
     let mut hello = Series { name: "bare QEMU restore of the same snapshot: spawn -> agent session open (hello echoed, HTTP/2 up)", samples: vec![] };
     let mut bare = Series { name: "bare QEMU restore + raw agent session: spawn -> first command result", samples: vec![] };
     let mut restored = Series { name: "snapshot restore: create -> first command result", samples: vec![] };
+    let mut cli = Series { name: "hutch run -- true (wall: a new process restores, runs, destroys)", samples: vec![] };
     let mut pooled = Series { name: "warm pool: take (identity, clock, entropy) -> first command result", samples: vec![] };
     let mut cold = Series { name: "cold boot: create -> first command result", samples: vec![] };
     let mut restored_ready = Series { name: "snapshot restore: create -> ready (agent answered /init)", samples: vec![] };
@@ -41,6 +44,13 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
         pooled.samples.push(started.elapsed());
         sb.destroy().await?;
         let started = Instant::now();
+        let status = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["run", "--accel", local.accel.accel.as_str(), "--", "true"])
+            .status()
+            .await?;
+        anyhow::ensure!(status.success(), "hutch run -- true failed: {status}");
+        cli.samples.push(started.elapsed());
+        let started = Instant::now();
         let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &cold_opts).await?;
         cold_ready.samples.push(sb.boot_time());
         exec_once(&sb, &req).await?;
@@ -52,7 +62,7 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
     println!("### Start paths ({runs} runs each, base template, 512 MiB)\n");
     println!("| path | p50 ms | p95 ms | p50 / bare restore + first command | cold p50 / this p50 |");
     println!("|---|---:|---:|---:|---:|");
-    for s in [&hello, &bare, &restored, &pooled, &cold] {
+    for s in [&hello, &bare, &restored, &cli, &pooled, &cold] {
         let ratio = s.pct(0.5).as_secs_f64() / floor.as_secs_f64().max(1e-9);
         let speedup = cold.pct(0.5).as_secs_f64() / s.pct(0.5).as_secs_f64().max(1e-9);
         println!("| {} | {} | {} | {ratio:.2} | {speedup:.1}x |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
@@ -62,6 +72,9 @@ pub async fn run(local: &Local, runs: usize) -> anyhow::Result<()> {
     for s in [&restored_ready, &cold_ready] {
         let speedup = cold_ready.pct(0.5).as_secs_f64() / s.pct(0.5).as_secs_f64().max(1e-9);
         println!("| {} | {} | {} | {speedup:.1}x |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
+    }
+    if start_only {
+        return Ok(());
     }
 
     println!("\n### Pause and resume (5 runs each; the guest holds a 100 MiB file in its page cache)\n");
