@@ -62,6 +62,16 @@ async def wait_until_async(predicate: Callable[[], Any], what: str, timeout: flo
         await asyncio.sleep(interval)  # the poll interval of this deadline-bounded wait
 
 
+def held_secret(sbx) -> str:
+    """The 16 hex digits the persistence tests' guest process writes to /tmp/secret,
+    once they are all there (the file exists, empty, before the write lands). Works
+    with the official SDK's and hutch's `Sandbox` alike."""
+    def written():
+        secret = sbx.commands.run("cat /tmp/secret 2>/dev/null || true").stdout
+        return secret if len(secret) == 16 else None
+    return wait_until(written, "the guest's python to write its 16 hex digits to /tmp/secret", timeout=60)
+
+
 def shared_home() -> Path:
     return Path(os.environ.get("HUTCH_HOME") or Path.home() / ".local/share/hutch")
 

@@ -10,19 +10,10 @@ import pytest
 
 import hutch
 from hutch import Sandbox
-from conftest import API_KEY, HUTCH, free_port, launch, new_home, qemus_under, wait_until
+from conftest import API_KEY, HUTCH, free_port, held_secret, launch, new_home, qemus_under
 
 # In the guest: writes a secret, then stays alive (its sleep keeps the process whose survival is checked).
 HOLD = "python3 -c 'import os,time; open(\"/tmp/secret\",\"w\").write(os.urandom(8).hex()); time.sleep(10**6)' >/dev/null 2>&1 &"
-
-
-def held_secret(sbx) -> str:
-    """The 16 hex digits HOLD writes to /tmp/secret, once they are all there (the file
-    exists, empty, before the write lands)."""
-    def written():
-        secret = sbx.commands.run("cat /tmp/secret 2>/dev/null || true").stdout
-        return secret if len(secret) == 16 else None
-    return wait_until(written, "HOLD's python to write its 16 hex digits to /tmp/secret", timeout=60)
 
 
 def stop(proc):
