@@ -132,6 +132,9 @@ def probe_qemu(path: str) -> Qemu:
     out = subprocess.run([path, "--version"], capture_output=True, text=True, check=True).stdout
     line = out.splitlines()[0].strip()
     label = re.search(r"version (\d[\d.]*)", line).group(1)
+    # Two binaries of one release (a wrapper adding flags, say) keep apart by their name.
+    if Path(path).name not in ("qemu-system-x86_64", "qemu-7.2"):
+        label += f" ({Path(path).name})"
     return Qemu(path, label, line, cpu_models(path))
 
 
