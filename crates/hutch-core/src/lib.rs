@@ -6,6 +6,7 @@
 
 pub mod archive;
 pub mod artifacts;
+pub mod clock_sync;
 pub mod ids;
 pub mod manager;
 pub mod sandbox;

@@ -478,9 +478,12 @@ async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Res
     };
     // Bounded: a guest that lost the session must not hang the create.
     match tokio::time::timeout(INIT_WAIT, agent.post_json("/init", &init)).await {
-        Ok(r) => r.map_err(CreateError::Init),
-        Err(_) => Err(CreateError::InitTimeout { secs: INIT_WAIT.as_secs() }),
+        Ok(r) => r.map_err(CreateError::Init)?,
+        Err(_) => return Err(CreateError::InitTimeout { secs: INIT_WAIT.as_secs() }),
     }
+    // The time /init set is late by that first request's delay; fix it off the create's path.
+    crate::clock_sync::spawn_correct(agent);
+    Ok(())
 }
 
 const INIT_WAIT: Duration = Duration::from_secs(10);

@@ -81,6 +81,8 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions) -
         opts.accel.as_str(),
         &qemu_version(home),
         &tsc_mhz(home),
+        // The flags the snapshot's kernel booted with (the rate aside, hashed above).
+        &hutch_vmm::qemu::kernel_cmdline(hutch_vmm::clock::FALLBACK_TSC_KHZ),
         &warm_up_id(artifacts),
     ] {
         h.update(part.as_bytes());

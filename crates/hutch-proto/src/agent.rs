@@ -30,6 +30,23 @@ pub struct InitRequest {
     pub entropy: Option<String>,
 }
 
+/// `POST /clock`: reads the guest's wall clock, after stepping it by `step_ns` (may be
+/// negative). The host uses it NTP-style after `/init`, whose absolute time lands late
+/// by the first request's delay in a freshly restored guest (TCG translating the path).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClockRequest {
+    #[serde(default)]
+    pub step_ns: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClockReply {
+    /// The guest's wall clock after the step, nanoseconds since the Unix epoch.
+    pub unix_ns: i128,
+}
+
 /// The console line an agent prints when a host session ends and it waits for the
 /// next one: the moment a template VM can be snapshotted.
 pub const IDLE_LINE: &str = "hutch-agent: idle";

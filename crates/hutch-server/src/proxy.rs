@@ -15,9 +15,9 @@ use serde_json::json;
 pub const ENVD_PORT: u16 = 49983;
 
 /// Agent endpoints only hutch itself may call (over the agent socket): `/init` sets the
-/// sandbox's access token and environment, `/shutdown` powers it off. The proxy refuses
-/// them, as E2B's proxy refuses envd's internal endpoints.
-const INTERNAL: &[&str] = &["/init", "/shutdown", "/sync"];
+/// sandbox's access token and environment, `/clock` steps the guest clock, `/shutdown`
+/// powers it off. The proxy refuses them, as E2B's proxy refuses envd's internal endpoints.
+const INTERNAL: &[&str] = &["/init", "/clock", "/shutdown", "/sync"];
 
 pub struct Target {
     pub sandbox: String,

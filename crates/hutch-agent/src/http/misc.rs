@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hutch_proto::agent::{InitRequest, Metrics};
+use hutch_proto::agent::{ClockReply, ClockRequest, InitRequest, Metrics};
 use std::collections::BTreeMap;
 
 pub async fn health() -> StatusCode {
@@ -45,6 +45,16 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
         cfg.default_user = user;
     }
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// Steps the clock by what the host measured, and answers the clock after it.
+pub async fn clock(body: Bytes) -> Response {
+    let req: ClockRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return http_error(StatusCode::BAD_REQUEST, format!("invalid clock request: {e}")),
+    };
+    crate::guest::step_clock(req.step_ns);
+    Json(ClockReply { unix_ns: crate::guest::clock_ns() }).into_response()
 }
 
 /// Flushes the guest's dirty page cache to its disk, so a copy of the disk taken next

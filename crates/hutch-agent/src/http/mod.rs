@@ -21,6 +21,7 @@ pub fn router(state: AgentState) -> Router {
         .route("/envs", get(misc::envs))
         .route("/metrics", get(misc::metrics))
         .route("/init", post(misc::init))
+        .route("/clock", post(misc::clock))
         .route("/shutdown", post(misc::shutdown))
         .route("/sync", post(misc::sync))
         .route("/files", get(files::download).post(files::upload))
@@ -47,11 +48,12 @@ pub fn router(state: AgentState) -> Router {
 }
 
 /// envd's rule: with an access token set, everything but `/health`, `/files` (which
-/// also accepts signed URLs) and `/init` needs `X-Access-Token`.
+/// also accepts signed URLs) and hutch's `/init` and `/clock` needs `X-Access-Token`
+/// (the proxy refuses those two: only the host reaches them).
 async fn require_token(State(st): State<AgentState>, req: Request, next: Next) -> Response {
     let exempt = matches!(
         (req.method(), req.uri().path()),
-        (&Method::GET, "/health") | (_, "/files") | (&Method::POST, "/init")
+        (&Method::GET, "/health") | (_, "/files") | (&Method::POST, "/init") | (&Method::POST, "/clock")
     );
     let expected = st.config().access_token.clone();
     if let (false, Some(token)) = (exempt, expected) {

@@ -65,8 +65,18 @@ impl Drop for Busy {
     }
 }
 
+/// The guest kernel's clocksource: under TCG it must be the TSC (the host's counter).
+/// The watchdog once swapped it for `refined-jiffies` during a busy boot, and that
+/// choice lived on in the template snapshot and every sandbox restored from it.
+pub async fn check_clocksource(agent: &AgentClient) -> anyhow::Result<()> {
+    let source = run(agent, "cat /sys/devices/system/clocksource/clocksource0/current_clocksource").await?.stdout_str();
+    check!(source.trim() == "tsc", "the guest's clocksource is {:?}, not the TSC", source.trim());
+    Ok(())
+}
+
 async fn loaded_hold(env: Arc<Env>) -> anyhow::Result<()> {
     let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
+    check_clocksource(sb.agent()).await?;
     let _busy = Busy(std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn()?);
     let (started, hold) = (Instant::now(), hold());
     let (mut worst, mut samples) = (0.0f64, 0u32);

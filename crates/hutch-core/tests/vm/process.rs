@@ -234,6 +234,7 @@ async fn wait_for_sleeper(sb: &Shared, running: bool) -> anyhow::Result<()> {
 
 async fn own_kernel(sb: Shared) -> anyhow::Result<()> {
     crate::clock::check_skew(&sb.agent, "in the shared sandbox").await?;
+    crate::clock::check_clocksource(&sb.agent).await?;
     let out = run(&sb.agent, "uname -r; hostname").await?;
     let text = out.stdout_str();
     let mut lines = text.lines();

@@ -43,6 +43,7 @@ async fn fresh_identity(env: Arc<Env>) -> anyhow::Result<()> {
 async fn cold_when_asked(env: Arc<Env>) -> anyhow::Result<()> {
     let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::cold()).await?;
     check!(sb.started_from() == StartKind::Cold, "asked for a cold boot, got {:?}", sb.started_from());
+    crate::clock::check_clocksource(sb.agent()).await?;
     let out = run(sb.agent(), "echo cold").await?;
     check!(out.stdout_str() == "cold\n", "got {:?}", out.stdout_str());
     sb.destroy().await?;
