@@ -17,7 +17,7 @@ use hutch_proto::connect::Code;
 use hutch_proto::filesystem::*;
 use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use serde_json::{json, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
@@ -62,6 +62,9 @@ fn event_type(m: EventMask) -> Option<EventType> {
     }
 }
 
+/// How many scanned entries are remembered to drop inotify's repeat of their creation.
+const MAX_ANNOUNCED: usize = 10_000;
+
 struct Watch {
     inotify: Inotify,
     root: PathBuf,
@@ -99,6 +102,8 @@ impl Watch {
     async fn run(self, tx: mpsc::Sender<FilesystemEvent>) {
         let Watch { inotify, root, mut dirs, recursive, include_entry } = self;
         let Ok(mut stream) = inotify.into_event_stream(vec![0u8; 64 * 1024]) else { return };
+        // Entries a scan of a new directory announced; inotify may report them again.
+        let mut announced: HashSet<PathBuf> = HashSet::new();
         loop {
             let ev = tokio::select! {
                 ev = stream.next() => ev,
@@ -111,15 +116,41 @@ impl Watch {
             let (Some(dir), Some(name)) = (dirs.get(&ev.wd).cloned(), ev.name) else { continue };
             let Some(kind) = event_type(ev.mask) else { continue };
             let full = dir.join(&name);
-            if recursive && kind == EventType::Create && full.is_dir() {
-                if let Ok(wd) = stream.watches().add(&full, mask()) {
-                    dirs.insert(wd, full.clone());
-                }
+            // A scanned entry's own creation may follow from inotify: drop that repeat. A
+            // removal forgets it, so a later re-creation is reported.
+            if announced.remove(&full) && kind == EventType::Create {
+                continue;
             }
-            let rel = full.strip_prefix(&root).unwrap_or(&full).display().to_string();
-            let entry = if include_entry { entry_info(&full).ok() } else { None };
-            if tx.send(FilesystemEvent { name: rel, event_type: kind, entry }).await.is_err() {
+            let event = |path: &Path, kind: EventType| {
+                let rel = path.strip_prefix(&root).unwrap_or(path).display().to_string();
+                FilesystemEvent { name: rel, event_type: kind, entry: if include_entry { entry_info(path).ok() } else { None } }
+            };
+            if tx.send(event(&full, kind)).await.is_err() {
                 return;
+            }
+            if !(recursive && kind == EventType::Create && full.is_dir()) {
+                continue;
+            }
+            // inotify is not recursive: what lands in a new directory before its watch
+            // exists (`mkdir d && echo x > d/f`, lost under load) is found by scanning
+            // it once the watch is in place.
+            let mut pending = vec![full];
+            while let Some(new_dir) = pending.pop() {
+                let Ok(wd) = stream.watches().add(&new_dir, mask()) else { continue };
+                dirs.insert(wd, new_dir.clone());
+                for entry in std::fs::read_dir(&new_dir).into_iter().flatten().flatten() {
+                    let path = entry.path();
+                    if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                        pending.push(path.clone());
+                    }
+                    if tx.send(event(&path, EventType::Create)).await.is_err() {
+                        return;
+                    }
+                    if announced.len() >= MAX_ANNOUNCED {
+                        announced.clear();
+                    }
+                    announced.insert(path);
+                }
             }
         }
     }

@@ -140,7 +140,9 @@ async fn watcher(sb: Shared) -> anyhow::Result<()> {
     let fs = |m: &str| format!("/filesystem.Filesystem/{m}");
     let _: EntryResponse = sb.agent.unary(&fs("MakeDir"), &json!({"path": "watched"})).await?;
     let w: WatcherId = sb.agent.unary(&fs("CreateWatcher"), &json!({"path": "watched", "recursive": true})).await?;
-    run(&sb.agent, "cd ~/watched && mkdir sub && echo x > sub/f && echo y > g && rm g").await?;
+    // `mkdir -p` then a file at once: they land before the agent can watch the new
+    // directories, so only its scan of them can report the file.
+    run(&sb.agent, "cd ~/watched && mkdir sub && echo x > sub/f && mkdir -p deep/a/b && echo z > deep/a/b/f && echo y > g && rm g").await?;
     let mut events = Vec::new();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while std::time::Instant::now() < deadline {
@@ -154,6 +156,7 @@ async fn watcher(sb: Shared) -> anyhow::Result<()> {
     }
     let has = |name: &str, t: EventType| events.iter().any(|e| e.name == name && e.event_type == t);
     check!(has("sub", EventType::Create) && has("sub/f", EventType::Create) && has("g", EventType::Write) && has("g", EventType::Remove), "events {events:?}");
+    check!(has("deep/a/b", EventType::Create) && has("deep/a/b/f", EventType::Create), "nested new directories' contents missing from {events:?}");
     let _: Value = sb.agent.unary(&fs("RemoveWatcher"), &json!({"watcherId": w.watcher_id})).await?;
     let r = sb.agent.unary::<_, WatcherEvents>(&fs("GetWatcherEvents"), &json!({"watcherId": w.watcher_id})).await;
     check!(code_of(&r) == Some(Code::NotFound), "removed watcher gave {r:?}");
