@@ -19,7 +19,7 @@ impl Local {
         if swept > 0 {
             tracing::info!("removed {swept} sandbox(es) left behind by hutch processes that died");
         }
-        let _ = std::fs::create_dir_all(home.root());
+        home.make_private().with_context(|| format!("creating {} (mode 0700)", home.root().display()))?;
         // Before anything is downloaded or built: a missing or too old QEMU is one sentence.
         let qemu = hutch_vmm::qemu::QemuBackend::with_cache_dir(home.root());
         let version = tokio::task::spawn_blocking(move || qemu.version()).await??;

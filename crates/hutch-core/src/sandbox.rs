@@ -323,7 +323,7 @@ impl Sandbox {
     async fn reattach(&mut self) {
         if let Some(vm) = self.vm.as_mut() {
             match connect_restored(vm.as_mut(), Duration::from_secs(30), Instant::now()).await {
-                Ok(agent) => self.agent = agent,
+                Ok(agent) => self.agent = agent.with_token(self.agent.access_token()),
                 Err(e) => tracing::warn!(sandbox = %self.id, "reconnecting to the agent: {e}"),
             }
         }
@@ -331,8 +331,10 @@ impl Sandbox {
 
     /// Hands the guest a new identity, environment, clock and entropy (a pooled
     /// sandbox being taken by a request).
-    pub async fn reinit(&self, opts: &SandboxOptions) -> Result<(), CreateError> {
-        init_guest(&self.agent, self.id.as_str(), opts).await
+    pub async fn reinit(&mut self, opts: &SandboxOptions) -> Result<(), CreateError> {
+        init_guest(&self.agent, self.id.as_str(), opts).await?;
+        self.agent = self.agent.with_token(opts.access_token.as_deref());
+        Ok(())
     }
 
     pub fn cpus(&self) -> u32 {
@@ -450,7 +452,9 @@ async fn init_with_retry(vm: &mut dyn VmHandle, mut agent: AgentClient, id: &str
     loop {
         attempt += 1;
         match init_guest(&agent, id, opts).await {
-            Ok(()) => return Ok(agent),
+            // From here on the host's own calls (/sync, /tunnel, /metrics) carry the
+            // token a secure sandbox's agent now wants.
+            Ok(()) => return Ok(agent.with_token(opts.access_token.as_deref())),
             Err(e @ CreateError::InitTimeout { .. }) if restored && attempt < 3 && started.elapsed() < opts.boot_timeout => {
                 tracing::warn!(sandbox = id, "{e}; reconnecting (attempt {attempt})");
                 let _ = crate::snapshot::release_agent(&agent, &vm.console_log(), Duration::from_secs(5)).await;

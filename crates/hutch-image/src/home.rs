@@ -34,6 +34,16 @@ impl HutchHome {
     pub fn root(&self) -> &Path {
         &self.root
     }
+
+    /// Creates the root if needed and makes it 0700: it holds guest RAM images, disks
+    /// and access tokens, and a private root keeps every other user out of all of it.
+    /// (A process-wide umask 077 would also reach the template trees hutch assembles,
+    /// whose modes must be the guest's, so the root's mode does that job instead.)
+    pub fn make_private(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(&self.root)?;
+        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o700))
+    }
     pub fn kernels(&self) -> PathBuf {
         self.root.join("kernel")
     }

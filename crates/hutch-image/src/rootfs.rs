@@ -97,6 +97,11 @@ const CODE_INTERPRETER_START: &str = "#!/bin/sh\n\
 cd /home/user\n\
 exec runuser -u user -- env HOME=/home/user PYTHONUNBUFFERED=1 python3 /usr/lib/hutch/code_interpreter.py >/var/log/code-interpreter.log 2>&1\n";
 
+/// The templates hutch knows how to build.
+pub fn builtin_names() -> Vec<&'static str> {
+    RECIPES.iter().map(|r| r.name).collect()
+}
+
 /// The recipe a template name (or alias) refers to.
 pub fn recipe(name: &str) -> Option<&'static Recipe> {
     RECIPES.iter().find(|r| r.name == name || r.aliases.contains(&name))

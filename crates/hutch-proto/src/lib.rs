@@ -5,6 +5,7 @@
 //! base64, enums by name. This crate owns the shapes and the Connect envelope framing; it
 //! must do no I/O.
 
+pub mod access;
 pub mod agent;
 pub mod b64;
 pub mod connect;

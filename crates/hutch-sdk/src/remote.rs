@@ -47,17 +47,24 @@ pub struct SandboxInfo {
     pub memory_mb: i64,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CreateOptions {
     pub template: Option<String>,
     pub timeout: Option<u64>,
     pub metadata: BTreeMap<String, String>,
     pub envs: BTreeMap<String, String>,
+    /// The envd API wants the sandbox's access token (the default, as E2B's).
     pub secure: bool,
     /// Pause instead of kill when the timeout is reached.
     pub auto_pause: bool,
     /// Boot the kernel instead of restoring the template's memory snapshot.
     pub cold: bool,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        CreateOptions { template: None, timeout: None, metadata: BTreeMap::new(), envs: BTreeMap::new(), secure: true, auto_pause: false, cold: false }
+    }
 }
 
 /// A client of one `hutch serve`.

@@ -11,11 +11,13 @@ use serde_json::json;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// Already written to the log with its causes.
+    logged: bool,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        ApiError { status, message: message.into() }
+        ApiError { status, message: message.into(), logged: false }
     }
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
@@ -24,7 +26,7 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if self.status.is_server_error() {
+        if self.status.is_server_error() && !self.logged {
             tracing::error!(status = %self.status, "{}", self.message);
         }
         (self.status, Json(json!({ "code": self.status.as_u16(), "message": self.message }))).into_response()
@@ -57,6 +59,13 @@ impl From<ManagerError> for ApiError {
             | ManagerError::Store(_)
             | ManagerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError::new(status, chain(&e))
+        if !status.is_server_error() {
+            return ApiError::new(status, chain(&e));
+        }
+        // The causes of a server-side failure name host paths and carry QEMU's stderr:
+        // they go to the server's log, and the client gets the failure and a reference.
+        let incident = format!("{:08x}", rand::random::<u32>());
+        tracing::error!(incident, "{}", chain(&e));
+        ApiError { status, message: format!("{e} (the server's log has the details under incident {incident})"), logged: true }
     }
 }

@@ -6,6 +6,8 @@
 mod auth;
 mod dto;
 mod error;
+mod listener;
+mod per_key;
 mod proxy;
 mod query;
 mod routes;
@@ -18,6 +20,7 @@ use hutch_core::manager::SandboxManager;
 use std::sync::Arc;
 
 pub use error::ApiError;
+pub use listener::{serve, Limits};
 
 /// The REST contract, served at `/openapi.json` and checked against the router in tests.
 pub const OPENAPI: &str = include_str!("../openapi.json");
@@ -33,7 +36,9 @@ pub struct AppState {
 }
 
 pub fn router(state: AppState) -> Router {
+    let in_flight = per_key::InFlight::default();
     routes::rest()
+        .layer(middleware::from_fn(move |req, next| per_key::limit(in_flight.clone(), req, next)))
         .layer(middleware::from_fn_with_state(state.clone(), data_plane_first))
         .with_state(state)
 }

@@ -64,6 +64,21 @@ fn hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(&name.as_str())
 }
 
+/// Credentials meant for hutch (the control plane's API key, E2B's traffic token) that
+/// must never reach a guest, which may log or replay them.
+const HUTCH_CREDENTIALS: &[&str] = &["x-api-key", "e2b-traffic-access-token"];
+
+/// Whether a client header is dropped before the request reaches the agent: hop-by-hop
+/// headers, hutch's credentials, cookies (the agent uses none, and a browser sends the
+/// server's own), and any `Authorization` but envd's `Basic <user>:` (which picks the
+/// guest user and carries no secret).
+fn withheld_from_agent(name: &HeaderName, value: &http::HeaderValue) -> bool {
+    hop_by_hop(name)
+        || HUTCH_CREDENTIALS.contains(&name.as_str())
+        || name == http::header::COOKIE
+        || (name == http::header::AUTHORIZATION && !value.as_bytes().starts_with(b"Basic "))
+}
+
 pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {
     let agent = match state.manager.agent(&target.sandbox) {
         Ok(agent) => agent,
@@ -80,7 +95,7 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
     let (parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
     let mut builder = http::Request::builder().method(parts.method.clone()).uri(format!("http://agent{path}"));
-    for (name, value) in parts.headers.iter().filter(|(n, _)| !hop_by_hop(n)) {
+    for (name, value) in parts.headers.iter().filter(|(n, v)| !withheld_from_agent(n, v)) {
         builder = builder.header(name, value);
     }
     let body = body.map_err(|e| Box::new(e) as hutch_core::agent::BoxError).boxed_unsync();
@@ -120,6 +135,11 @@ async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let mut upstream = http::Request::from_parts(parts, body);
+    // A guest's own server gets the client's cookies and auth (they are its own), never
+    // hutch's credentials.
+    for name in HUTCH_CREDENTIALS {
+        upstream.headers_mut().remove(*name);
+    }
     if !wants_upgrade {
         for name in HOP_BY_HOP.iter().filter(|n| **n != "host") {
             upstream.headers_mut().remove(*name);

@@ -54,7 +54,7 @@ class AsyncSandbox:
         self.files = AsyncFiles(self)
 
     @classmethod
-    async def create(cls, template: str = "base", timeout: Optional[int] = None, metadata=None, envs=None, secure: bool = False,
+    async def create(cls, template: str = "base", timeout: Optional[int] = None, metadata=None, envs=None, secure: bool = True,
                      api_url=None, api_key=None, request_timeout=None, auto_pause: bool = False, cold: bool = False) -> "AsyncSandbox":
         api = _AsyncApi(Config.resolve(api_url, api_key, request_timeout))
         body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold)

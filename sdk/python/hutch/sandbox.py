@@ -63,7 +63,7 @@ class Sandbox:
         timeout: Optional[int] = None,
         metadata: Optional[Dict[str, str]] = None,
         envs: Optional[Dict[str, str]] = None,
-        secure: bool = False,
+        secure: bool = True,
         api_url: Optional[str] = None,
         api_key: Optional[str] = None,
         request_timeout: Optional[float] = None,

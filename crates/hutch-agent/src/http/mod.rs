@@ -14,6 +14,7 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
+use hutch_proto::access::{check_file_access, secrets_equal, FileAccess, Operation};
 
 pub fn router(state: AgentState) -> Router {
     Router::new()
@@ -47,23 +48,48 @@ pub fn router(state: AgentState) -> Router {
         .with_state(state)
 }
 
-/// envd's rule: with an access token set, everything but `/health`, `/files` (which
-/// also accepts signed URLs) and hutch's `/init` and `/clock` needs `X-Access-Token`
-/// (the proxy refuses those two: only the host reaches them).
+/// envd's rule: with an access token set, everything but `GET /health` and hutch's
+/// `/init` and `/clock` needs `X-Access-Token`; `/files` also takes a URL signed with
+/// the token instead (the proxy refuses `/init` and `/clock`: only the host reaches them).
 async fn require_token(State(st): State<AgentState>, req: Request, next: Next) -> Response {
-    let exempt = matches!(
-        (req.method(), req.uri().path()),
-        (&Method::GET, "/health") | (_, "/files") | (&Method::POST, "/init") | (&Method::POST, "/clock")
-    );
+    let path = req.uri().path();
+    let exempt = matches!((req.method(), path), (&Method::GET, "/health") | (&Method::POST, "/init") | (&Method::POST, "/clock"));
     let expected = st.config().access_token.clone();
-    if let (false, Some(token)) = (exempt, expected) {
-        let given = req.headers().get("x-access-token").and_then(|v| v.to_str().ok());
-        if given != Some(token.as_str()) {
-            return files::http_error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized access, please provide a valid access token or method signing if supported",
-            );
-        }
+    let Some(token) = expected.filter(|_| !exempt) else { return next.run(req).await };
+    let given = req.headers().get("x-access-token").and_then(|v| v.to_str().ok());
+    let allowed = if path == "/files" {
+        files_access(&req, given, &token)
+    } else if given.is_some_and(|g| secrets_equal(g, &token)) {
+        Ok(())
+    } else {
+        Err("unauthorized access, please provide a valid access token or method signing if supported")
+    };
+    match allowed {
+        Ok(()) => next.run(req).await,
+        Err(message) => files::http_error(StatusCode::UNAUTHORIZED, message),
     }
-    next.run(req).await
+}
+
+#[derive(serde::Deserialize)]
+struct SignedQuery {
+    path: Option<String>,
+    username: Option<String>,
+    signature: Option<String>,
+    signature_expiration: Option<String>,
+}
+
+fn files_access(req: &Request, header_token: Option<&str>, token: &str) -> Result<(), &'static str> {
+    let q = axum::extract::Query::<SignedQuery>::try_from_uri(req.uri()).map_err(|_| "the /files query string is malformed")?.0;
+    let op = if req.method() == Method::GET { Operation::Read } else { Operation::Write };
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let access = FileAccess {
+        header_token,
+        path: q.path.as_deref().unwrap_or(""),
+        user: q.username.as_deref(),
+        signature: q.signature.as_deref(),
+        expiration: q.signature_expiration.as_deref(),
+        op,
+        now,
+    };
+    check_file_access(token, &access).map_err(|r| r.message())
 }

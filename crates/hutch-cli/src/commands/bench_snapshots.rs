@@ -33,7 +33,7 @@ pub async fn run(local: &Local, runs: usize, start_only: bool) -> anyhow::Result
         hello.samples.push(echo);
         bare.samples.push(first);
         let started = Instant::now();
-        let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
+        let mut sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
         restored_ready.samples.push(sb.boot_time());
         exec_once(&sb, &req).await?;
         restored.samples.push(started.elapsed());

@@ -19,7 +19,7 @@ pub enum KeysCommand {
 
 pub async fn run(cmd: KeysCommand) -> anyhow::Result<i32> {
     let home = HutchHome::from_env();
-    std::fs::create_dir_all(home.root())?;
+    home.make_private()?;
     let store = Store::open_file(&home.root().join("hutch.db")).await?;
     match cmd {
         KeysCommand::Create { name } => {

@@ -111,7 +111,7 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
                 timeout,
                 metadata: metadata.into_iter().collect(),
                 envs: envs.into_iter().collect(),
-                secure: false,
+                secure: true,
                 auto_pause,
                 cold,
             };

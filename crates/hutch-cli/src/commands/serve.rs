@@ -85,7 +85,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
     let app = hutch_server::router(hutch_server::AppState { manager: manager.clone(), domain: args.domain.clone() });
     let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     eprintln!("hutch serve: listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    hutch_server::serve(listener, app, hutch_server::Limits::default(), shutdown_signal()).await?;
     eprintln!("hutch serve: shutting down; stopping sandboxes");
     manager.shutdown().await;
     Ok(0)

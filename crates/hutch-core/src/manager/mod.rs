@@ -206,7 +206,11 @@ impl SandboxManager {
             .await
             .map_err(|e| ManagerError::Internal(e.to_string()))?
             .map_err(|e| match e {
-                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Unknown { .. }) => ManagerError::InvalidArgument(e.to_string()),
+                // Only the built-in names: templates other keys built are not this caller's business.
+                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Unknown { name, .. }) => ManagerError::InvalidArgument(format!(
+                    "unknown template '{name}': it is neither a built-in template ({}) nor a snapshot of yours",
+                    hutch_image::rootfs::builtin_names().join(", ")
+                )),
                 other => ManagerError::Template(other),
             })?;
         cache.insert(template.to_string(), artifacts.clone());
@@ -261,6 +265,7 @@ impl SandboxManager {
 
     pub async fn create(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
         let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
+        snapshots::validate_identifier("templateID", &template)?;
         let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
         let token = spec.secure.then(hex_token);
         let mut opts = self.options(&spec.env_vars, &spec.metadata, token.clone());

@@ -46,7 +46,7 @@ impl SandboxManager {
         // reserve_slot takes them in the other order).
         *lock(&self.starting) += 1;
         let slot = SlotGuard(&self.starting);
-        let sandbox = lock(&self.pools).ready.get_mut(template).and_then(Vec::pop)?;
+        let mut sandbox = lock(&self.pools).ready.get_mut(template).and_then(Vec::pop)?;
         match sandbox.reinit(opts).await {
             Ok(()) => Some((sandbox, slot)),
             Err(e) => {

@@ -299,6 +299,12 @@ fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Resu
 
 /// Snapshot names share the template namespace: short, plain, unambiguous.
 pub fn validate_name(name: &str) -> Result<(), ManagerError> {
+    validate_identifier("snapshot name", name)
+}
+
+/// A name that becomes a file name under `$HUTCH_HOME` (template ids, snapshot names):
+/// no separators, nothing hidden, nothing that climbs (`..` needs a leading dot or `/`).
+pub fn validate_identifier(what: &str, name: &str) -> Result<(), ManagerError> {
     let ok = !name.is_empty()
         && name.len() <= 64
         && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
@@ -306,8 +312,9 @@ pub fn validate_name(name: &str) -> Result<(), ManagerError> {
     if ok {
         Ok(())
     } else {
+        let shown: String = name.chars().take(64).flat_map(char::escape_default).collect();
         Err(ManagerError::InvalidArgument(format!(
-            "snapshot name '{name}' is not allowed: use 1-64 letters, digits, '-', '_' or '.', not starting with '.'"
+            "{what} '{shown}' is not allowed: use 1-64 letters, digits, '-', '_' or '.', not starting with '.'"
         )))
     }
 }

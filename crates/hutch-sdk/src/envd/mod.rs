@@ -65,14 +65,18 @@ struct Proxy {
     http: hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Body>,
     base: String,
     sandbox_id: String,
-    token: Option<String>,
 }
 
 /// A sandbox's agent. Cheap to clone; clones share the connection (or pool).
+///
+/// Requests it builds carry the sandbox's access token when it has one; `send` passes
+/// a caller's request on exactly as given (the data proxy forwards clients' requests
+/// with their own credentials, never the host's).
 #[derive(Clone)]
 pub struct AgentClient {
     transport: Transport,
     user: Option<String>,
+    token: Option<Arc<str>>,
 }
 
 impl AgentClient {
@@ -80,30 +84,38 @@ impl AgentClient {
     /// `http://127.0.0.1:3000`), with the sandbox's envd access token if it is secure.
     pub fn via_proxy(base_url: &str, sandbox_id: &str, token: Option<String>) -> AgentClient {
         let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
-        let proxy = Proxy { http, base: base_url.trim_end_matches('/').to_string(), sandbox_id: sandbox_id.to_string(), token };
-        AgentClient { transport: Transport::Proxy(Arc::new(proxy)), user: None }
+        let proxy = Proxy { http, base: base_url.trim_end_matches('/').to_string(), sandbox_id: sandbox_id.to_string() };
+        AgentClient { transport: Transport::Proxy(Arc::new(proxy)), user: None, token: token.map(Arc::from) }
     }
 
     /// Acts as `user` for process and filesystem calls (envd's Basic auth header).
     pub fn as_user(&self, user: Option<&str>) -> AgentClient {
-        AgentClient { transport: self.transport.clone(), user: user.map(str::to_string) }
+        AgentClient { user: user.map(str::to_string), ..self.clone() }
+    }
+
+    /// Sends `token` as `X-Access-Token` on every request this client builds (a
+    /// secure sandbox's agent refuses the rest).
+    pub fn with_token(&self, token: Option<&str>) -> AgentClient {
+        AgentClient { token: token.map(Arc::from), ..self.clone() }
+    }
+
+    /// The access token this client sends, if any.
+    pub fn access_token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     fn request(&self, method: Method, path_and_query: &str) -> http::request::Builder {
         let mut b = match &self.transport {
             Transport::Socket(..) => Request::builder().method(method).uri(format!("http://agent{path_and_query}")),
-            Transport::Proxy(p) => {
-                let b = Request::builder()
-                    .method(method)
-                    .uri(format!("{}{path_and_query}", p.base))
-                    .header("e2b-sandbox-id", &p.sandbox_id)
-                    .header("e2b-sandbox-port", "49983");
-                match &p.token {
-                    Some(t) => b.header("x-access-token", t),
-                    None => b,
-                }
-            }
+            Transport::Proxy(p) => Request::builder()
+                .method(method)
+                .uri(format!("{}{path_and_query}", p.base))
+                .header("e2b-sandbox-id", &p.sandbox_id)
+                .header("e2b-sandbox-port", "49983"),
         };
+        if let Some(t) = &self.token {
+            b = b.header("x-access-token", &**t);
+        }
         if let Some(u) = &self.user {
             b = b.header(http::header::AUTHORIZATION, format!("Basic {}", hutch_proto::b64::encode(format!("{u}:").as_bytes())));
         }
@@ -122,7 +134,7 @@ impl AgentClient {
     }
 
     fn from_socket(sender: hyper::client::conn::http2::SendRequest<Body>, closer: Arc<tokio::sync::Notify>) -> AgentClient {
-        AgentClient { transport: Transport::Socket(sender, closer), user: None }
+        AgentClient { transport: Transport::Socket(sender, closer), user: None, token: None }
     }
 
     /// Closes the socket connection now, for every clone, even with requests in

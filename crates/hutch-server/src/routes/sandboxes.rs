@@ -36,7 +36,9 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         timeout: Some(body.timeout.map(timeout_secs).transpose()?.unwrap_or(default_timeout)),
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
-        secure: body.secure.unwrap_or(false),
+        // E2B secures every sandbox now (its SDKs stopped sending the field): only an
+        // explicit `false` makes the envd API tokenless.
+        secure: body.secure.unwrap_or(true),
         auto_pause: body.auto_pause.unwrap_or(false),
         cold: body.cold.unwrap_or(false),
     };

@@ -1,0 +1,139 @@
+"""The trust boundary as a client sees it: a secure sandbox (the official SDKs'
+default) lets nobody into its envd API without its access token, except through URLs
+signed with it; the host's own calls carry the token; hutch's credentials never reach
+the guest; names from clients never become paths."""
+
+import httpx
+import pytest
+from e2b import Sandbox
+from e2b.sandbox.signature import get_signature
+
+from conftest import wait_until
+
+
+@pytest.fixture
+def secure(server):
+    s = Sandbox.create("base")
+    assert s._envd_access_token, "the official SDK's sandboxes are secure by default"
+    yield s
+    s.kill()
+
+
+def routed(sbx, port: int = 49983) -> dict:
+    """Data-plane routing alone, with no credential of any kind."""
+    return {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)}
+
+
+def test_files_need_the_token_or_a_signature(server, secure):
+    secure.files.write("/home/user/secret.txt", "mine")
+    files = server.url + "/files"
+    # The hole this closes: knowing the id was enough to read or plant files as root.
+    for params in ({"path": "/home/user/secret.txt"}, {"path": "/etc/shadow", "username": "root"}):
+        r = httpx.get(files, params=params, headers=routed(secure))
+        assert r.status_code == 401, r.text
+        assert "access token" in r.json()["message"]
+    planted = httpx.post(files, params={"path": "/etc/profile.d/x.sh", "username": "root"}, headers=routed(secure),
+                         files={"file": ("x.sh", b"echo owned\n")})
+    assert planted.status_code == 401, planted.text
+    assert not secure.files.exists("/etc/profile.d/x.sh")
+    wrong = httpx.get(files, params={"path": "/home/user/secret.txt"}, headers={**routed(secure), "X-Access-Token": "0" * 32})
+    assert wrong.status_code == 401 and "does not match" in wrong.json()["message"], wrong.text
+    # Every other envd route wants the token too; only GET /health is open.
+    assert httpx.get(server.url + "/health", headers=routed(secure)).status_code in (200, 204)
+    stat = httpx.post(server.url + "/filesystem.Filesystem/Stat", json={"path": "/"}, headers=routed(secure))
+    assert stat.status_code == 401
+
+
+def test_signed_urls_open_one_file_for_one_operation(server, secure):
+    secure.files.write("/home/user/report.txt", "quarterly")
+    headers = routed(secure)  # routing only: the signature is the credential
+    down = httpx.get(secure.download_url("/home/user/report.txt"), headers=headers)
+    assert down.status_code == 200 and down.text == "quarterly", down.text
+    timed = httpx.get(secure.download_url("/home/user/report.txt", use_signature_expiration=120), headers=headers)
+    assert timed.status_code == 200 and timed.text == "quarterly", timed.text
+    up = httpx.post(secure.upload_url("/home/user/upload.txt", use_signature_expiration=120), headers=headers,
+                    files={"file": ("upload.txt", b"sent with a signed URL")})
+    assert up.status_code == 200, up.text
+    assert secure.files.read("/home/user/upload.txt") == "sent with a signed URL"
+    # A read signature does not write, nor open another path.
+    read_url = secure.download_url("/home/user/report.txt")
+    assert httpx.post(read_url, headers=headers, files={"file": ("r", b"x")}).status_code == 401
+    other = read_url.replace("report.txt", "upload.txt")
+    r = httpx.get(other, headers=headers)
+    assert r.status_code == 401 and "signature" in r.json()["message"], r.text
+    # An expired signature (the SDK's own signer, dated in the past) is refused.
+    sig = get_signature("/home/user/report.txt", "read", None, secure._envd_access_token, -10)
+    expired = httpx.get(server.url + "/files", headers=headers, params={
+        "path": "/home/user/report.txt", "signature": sig["signature"], "signature_expiration": sig["expiration"]})
+    assert expired.status_code == 401 and "expired" in expired.json()["message"], expired.text
+    assert secure.files.read("/home/user/report.txt") == "quarterly"
+
+
+def test_the_hosts_own_calls_carry_the_token(server, secure):
+    """Metrics, port tunnels and the flush before a pause all go from hutch to a secure
+    sandbox's agent, which refused them when they went without its token."""
+    assert secure.get_metrics(), "metrics of a secure sandbox"
+    secure.commands.run("mkdir -p /tmp/www && echo tunnelled > /tmp/www/t.txt")
+    web = secure.commands.run("cd /tmp/www && python3 -m http.server 8002", background=True)
+    seen = []
+
+    def answers():
+        seen.append(httpx.get(server.url + "/t.txt", headers=routed(secure, 8002), timeout=30))
+        return seen[-1].status_code == 200
+
+    wait_until(answers, "the secure sandbox's port 8002 to answer through the proxy", timeout=60, interval=0.3,
+               detail=lambda: f"last answer {seen[-1].status_code}: {seen[-1].text}")
+    assert seen[-1].text == "tunnelled\n"
+    web.kill()
+    log = server.home / "serve.log"
+    before = log.read_text()
+    secure.files.write("/home/user/unflushed.txt", "written just before the pause")
+    assert secure.pause() is True
+    after = log.read_text()[len(before):]
+    assert "did not flush" not in after and "401" not in after, after
+    again = Sandbox.connect(secure.sandbox_id)
+    assert again.files.read("/home/user/unflushed.txt") == "written just before the pause"
+
+
+HEADER_ECHO = r'''
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = "\n".join(f"{k.lower()}: {v}" for k, v in self.headers.items()).encode()
+        self.send_response(200); self.send_header("Content-Length", str(len(body))); self.end_headers()
+        self.wfile.write(body)
+HTTPServer(("0.0.0.0", 8003), H).serve_forever()
+'''
+
+
+def test_hutchs_credentials_never_reach_the_guest(server, secure):
+    secure.files.write("/tmp/echo.py", HEADER_ECHO)
+    echo = secure.commands.run("python3 /tmp/echo.py", background=True)
+    sent = {**routed(secure, 8003), "X-API-Key": server.key, "E2b-Traffic-Access-Token": "tok", "Cookie": "app=1",
+            "Authorization": "Bearer app-token"}
+    got = []
+
+    def answers():
+        got.append(httpx.get(server.url + "/", headers=sent, timeout=30))
+        return got[-1].status_code == 200
+
+    wait_until(answers, "the guest's header echo on port 8003", timeout=60, interval=0.3,
+               detail=lambda: f"last answer {got[-1].status_code}: {got[-1].text}")
+    seen = got[-1].text
+    assert server.key not in seen and "x-api-key" not in seen and "e2b-traffic-access-token" not in seen, seen
+    # The guest's own web app keeps its cookies and its own authorization.
+    assert "cookie: app=1" in seen and "authorization: Bearer app-token" in seen, seen
+    echo.kill()
+
+
+def test_template_ids_never_become_paths(server):
+    api = server.api()
+    for bad in ("../../etc", "a/b", ".hidden", "x" * 65, "base\u0000"):
+        r = api.post("/v2/sandboxes", json={"templateID": bad})
+        assert r.status_code == 400, r.text
+        assert "not allowed" in r.json()["message"], r.text
+    unknown = api.post("/v2/sandboxes", json={"templateID": "nope"})
+    assert unknown.status_code == 400
+    message = unknown.json()["message"]
+    assert "unknown template 'nope'" in message and "built-in" in message, message
+    assert str(server.home) not in message
