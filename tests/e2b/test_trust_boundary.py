@@ -137,3 +137,39 @@ def test_template_ids_never_become_paths(server):
     message = unknown.json()["message"]
     assert "unknown template 'nope'" in message and "built-in" in message, message
     assert str(server.home) not in message
+
+
+def rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_console_flood_is_bounded_on_disk_and_in_memory(server, secure):
+    bystander = Sandbox.create("base")
+    try:
+        # 24 MiB of lines from guest root straight onto the serial console.
+        flood = secure.commands.run("yes " + "A" * 63 + " | head -c 25165824 | sudo tee /dev/ttyS0 > /dev/null; echo done",
+                                    timeout=600, request_timeout=600)
+        assert flood.stdout == "done\n"
+        console = server.home / "sandboxes" / secure.sandbox_id / "console.log"
+        older = console.with_name("console.log.1")
+        on_disk = console.stat().st_size + (older.stat().st_size if older.exists() else 0)
+        assert on_disk <= 1 << 20, on_disk
+        before = rss_kib(server.proc.pid)
+        api = server.api()
+        page = api.get(f"/sandboxes/{secure.sandbox_id}/logs", params={"limit": 5})
+        assert page.status_code == 200, page.text
+        body = page.json()
+        assert len(body["logs"]) == 5 and body["droppedBytes"] >= 23 << 20 and body["nextOffset"] == 5, {k: body[k] for k in ("droppedBytes",)}
+        whole = api.get(f"/sandboxes/{secure.sandbox_id}/logs", params={"limit": 10000})
+        assert whole.status_code == 200 and "AAAA" in whole.json()["logs"][-1]["line"]
+        grown = rss_kib(server.proc.pid) - before
+        assert grown < 64 << 10, f"the server grew by {grown} KiB serving the logs"
+        assert api.get(f"/sandboxes/{secure.sandbox_id}/logs", params={"limit": 0}).status_code == 400
+        # The flooding sandbox and a bystander both still work.
+        assert secure.commands.run("echo alive").stdout == "alive\n"
+        assert bystander.commands.run("echo bystander").stdout == "bystander\n"
+    finally:
+        bystander.kill()

@@ -147,7 +147,7 @@ impl Drop for DirGuard {
 
 /// The last `lines` lines of a console log, for error messages.
 pub fn console_tail(path: &Path, lines: usize) -> String {
-    let text = std::fs::read(path).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let text = String::from_utf8_lossy(&hutch_vmm::console::read(path)).into_owned();
     let all: Vec<&str> = text.lines().collect();
     let tail = all[all.len().saturating_sub(lines)..].join("\n");
     if tail.trim().is_empty() {
@@ -281,7 +281,7 @@ impl Sandbox {
     pub async fn pause(&mut self) -> Result<(), PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         flush_guest(&self.agent).await;
-        crate::snapshot::release_agent(&self.agent, &self.record.spec.console_log(), RELEASE_WAIT).await?;
+        crate::snapshot::release_agent(&self.agent, vm.console_signals(), RELEASE_WAIT).await?;
         let state = self.dir.join(PAUSED_STATE);
         if let Err(e) = vm.save(&state, false).await {
             let _ = std::fs::remove_file(&state);
@@ -299,7 +299,7 @@ impl Sandbox {
     pub async fn snapshot(&mut self, dir: &Path, template: &str) -> Result<MemorySnapshot, PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         flush_guest(&self.agent).await;
-        crate::snapshot::release_agent(&self.agent, &self.record.spec.console_log(), RELEASE_WAIT).await?;
+        crate::snapshot::release_agent(&self.agent, vm.console_signals(), RELEASE_WAIT).await?;
         let saved = crate::snapshot::save_vm(vm.as_mut(), &self.record.spec.disk, dir, false).await;
         let resumed = vm.resume().await;
         self.reattach().await;
@@ -372,6 +372,11 @@ impl Sandbox {
 
     pub fn pid(&self) -> Option<u32> {
         self.vm.as_ref().and_then(|v| v.pid())
+    }
+
+    /// The agent's console signals, while the VM runs.
+    pub fn console_signals(&self) -> Option<crate::snapshot::ConsoleSignals> {
+        self.vm.as_ref().map(|v| v.console_signals())
     }
 
     pub fn console_tail(&self, lines: usize) -> String {
@@ -457,7 +462,7 @@ async fn init_with_retry(vm: &mut dyn VmHandle, mut agent: AgentClient, id: &str
             Ok(()) => return Ok(agent.with_token(opts.access_token.as_deref())),
             Err(e @ CreateError::InitTimeout { .. }) if restored && attempt < 3 && started.elapsed() < opts.boot_timeout => {
                 tracing::warn!(sandbox = id, "{e}; reconnecting (attempt {attempt})");
-                let _ = crate::snapshot::release_agent(&agent, &vm.console_log(), Duration::from_secs(5)).await;
+                let _ = crate::snapshot::release_agent(&agent, vm.console_signals(), Duration::from_secs(5)).await;
                 agent = connect_restored(vm, opts.boot_timeout, Instant::now()).await?;
             }
             Err(e) => return Err(e),
@@ -514,8 +519,7 @@ async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, started: Insta
     Err(CreateError::RestoreTimeout { secs: limit.as_secs(), last })
 }
 
-/// The line the agent prints on the console once it serves the channel.
-pub const READY_LINE: &str = "hutch-agent: ready";
+pub use hutch_proto::agent::READY_LINE;
 
 /// Waits for the booting guest's agent. The console says when the agent serves the
 /// channel, so the host connects once and then waits: reconnecting while the guest
@@ -524,6 +528,7 @@ pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, start
     let console = vm.console_log();
     let exited = |vm: &mut dyn VmHandle| vm.exit_status().map(|status| CreateError::VmExited { status, console: console_tail(&console, 30) });
     let timed_out = || CreateError::BootTimeout { secs: limit.as_secs(), console: console_tail(&console, 30) };
+    let mut signals = vm.console_signals();
     loop {
         if let Some(e) = exited(vm) {
             return Err(e);
@@ -531,10 +536,14 @@ pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, start
         if started.elapsed() >= limit {
             return Err(timed_out());
         }
-        if console_says_ready(&console) {
+        if signals.borrow_and_update().ready > 0 {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        // Woken by the console; the bound is for noticing an exit or the deadline.
+        if let Ok(Err(_)) = tokio::time::timeout(Duration::from_millis(100), signals.changed()).await {
+            // The console closed: QEMU is ending; poll for its exit status.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
     let socket = vm.agent_socket();
     loop {
@@ -570,10 +579,6 @@ pub(crate) async fn wait_for_port(agent: &AgentClient, port: u16, limit: Duratio
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-fn console_says_ready(console: &Path) -> bool {
-    std::fs::read(console).map(|b| b.windows(READY_LINE.len()).any(|w| w == READY_LINE.as_bytes())).unwrap_or(false)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use crate::agent::AgentClient;
 use hutch_vmm::{Incoming, Memory, SnapshotError, VmHandle};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const MANIFEST: &str = "snapshot.json";
 /// The console of the VM the snapshot was saved from, up to the save.
@@ -77,8 +77,9 @@ impl MemorySnapshot {
     pub fn seed_console(&self, console: &Path) {
         let mut text = std::fs::read(self.dir.join(CONSOLE)).unwrap_or_default();
         let when = humantime::format_rfc3339_seconds(std::time::SystemTime::now());
-        text.extend_from_slice(format!("hutch: restored from the snapshot {} at {when}\n", self.dir.display()).as_bytes());
-        let _ = std::fs::write(console, text);
+        let name = self.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        text.extend_from_slice(format!("hutch: restored from the snapshot {name} at {when}\n").as_bytes());
+        let _ = hutch_vmm::console::seed(console, &text);
     }
 
     /// How a VM restored from it maps its RAM and what it loads.
@@ -140,25 +141,19 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
     result
 }
 
-/// How many times `line` appears in the console log.
-pub fn console_count(console: &Path, line: &str) -> usize {
-    let text = std::fs::read(console).unwrap_or_default();
-    text.windows(line.len()).filter(|w| *w == line.as_bytes()).count()
+/// Closes the host's agent session and waits until the guest agent says it is idle
+/// (`signals`: the VM's console signals).
+pub async fn release_agent(agent: &AgentClient, mut signals: ConsoleSignals, limit: Duration) -> Result<(), SaveError> {
+    let idle_before = signals.borrow_and_update().idle;
+    agent.close();
+    match tokio::time::timeout(limit, signals.wait_for(|s| s.idle > idle_before)).await {
+        Ok(Ok(_)) => Ok(()),
+        // The console closed (QEMU ended) or the deadline passed: not idle.
+        _ => Err(SaveError::AgentBusy(limit.as_secs())),
+    }
 }
 
-/// Closes the host's agent session and waits until the guest agent says it is idle.
-pub async fn release_agent(agent: &AgentClient, console: &Path, limit: Duration) -> Result<(), SaveError> {
-    let idle_before = console_count(console, hutch_proto::agent::IDLE_LINE);
-    agent.close();
-    let started = Instant::now();
-    while console_count(console, hutch_proto::agent::IDLE_LINE) <= idle_before {
-        if started.elapsed() > limit {
-            return Err(SaveError::AgentBusy(limit.as_secs()));
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    Ok(())
-}
+pub type ConsoleSignals = tokio::sync::watch::Receiver<hutch_vmm::console::Signals>;
 
 /// Saves a paused-for-saving VM into `dir`: its state (RAM left out when it lives in a
 /// shared file) and a copy of its disk overlay, taken while QEMU has the disk flushed
@@ -167,7 +162,7 @@ pub async fn save_vm(vm: &mut dyn VmHandle, overlay: &Path, dir: &Path, shared_m
     vm.save(&dir.join("state"), shared_memory).await.map_err(SaveError::Vm)?;
     let console = dir.join(CONSOLE);
     if vm.console_log() != console {
-        let _ = std::fs::copy(vm.console_log(), &console);
+        let _ = hutch_vmm::console::copy(&vm.console_log(), &console);
     }
     let disk = dir.join("disk.qcow2");
     if overlay != disk {

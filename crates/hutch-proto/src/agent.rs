@@ -47,6 +47,9 @@ pub struct ClockReply {
     pub unix_ns: i128,
 }
 
+/// The console line an agent prints once it serves the agent channel.
+pub const READY_LINE: &str = "hutch-agent: ready";
+
 /// The console line an agent prints when a host session ends and it waits for the
 /// next one: the moment a template VM can be snapshotted.
 pub const IDLE_LINE: &str = "hutch-agent: idle";

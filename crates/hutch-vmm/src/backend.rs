@@ -100,6 +100,8 @@ pub trait VmHandle: Send + Sync {
     /// The host end of the agent channel (a unix socket).
     fn agent_socket(&self) -> PathBuf;
     fn console_log(&self) -> PathBuf;
+    /// The agent's signal lines seen on the console so far (see `console`).
+    fn console_signals(&self) -> tokio::sync::watch::Receiver<crate::console::Signals>;
     /// Whether the VM has ended, and how.
     fn exit_status(&mut self) -> Option<String>;
     /// Asks the VM to end (QMP `quit`), killing it if it does not within `grace`.

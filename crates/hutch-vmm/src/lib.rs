@@ -6,6 +6,7 @@
 pub mod accel;
 pub mod backend;
 pub mod clock;
+pub mod console;
 pub mod disk;
 pub mod fake;
 pub mod qemu;

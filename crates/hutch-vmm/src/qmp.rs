@@ -3,7 +3,7 @@
 
 use serde_json::{json, Value};
 use std::path::Path;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 
@@ -17,9 +17,17 @@ pub enum QmpError {
     Closed,
     #[error("QMP sent something that is not JSON")]
     Parse(#[source] serde_json::Error),
+    #[error("QMP did not answer '{command}' within {secs} s")]
+    Timeout { command: String, secs: u64 },
     #[error("QMP command '{command}' failed: {class}: {desc}")]
     Command { command: String, class: String, desc: String },
 }
+
+/// How long QEMU may take to answer one command.
+pub const QMP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A QMP line longer than this is not QEMU talking.
+const MAX_LINE: u64 = 1 << 20;
 
 pub struct Qmp {
     reader: BufReader<OwnedReadHalf>,
@@ -41,14 +49,23 @@ impl Qmp {
 
     async fn read_message(&mut self) -> Result<Value, QmpError> {
         let mut line = String::new();
-        let n = self.reader.read_line(&mut line).await.map_err(QmpError::Io)?;
+        let n = (&mut self.reader).take(MAX_LINE).read_line(&mut line).await.map_err(QmpError::Io)?;
         if n == 0 {
             return Err(QmpError::Closed);
         }
         serde_json::from_str(&line).map_err(QmpError::Parse)
     }
 
+    /// Runs one command, waiting at most `QMP_DEADLINE` for its reply (migrations
+    /// return at once and are polled).
     pub async fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
+        match tokio::time::timeout(QMP_DEADLINE, self.exchange(command, arguments)).await {
+            Ok(r) => r,
+            Err(_) => Err(QmpError::Timeout { command: command.into(), secs: QMP_DEADLINE.as_secs() }),
+        }
+    }
+
+    async fn exchange(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
         let mut msg = json!({ "execute": command });
         if let Some(args) = arguments {
             msg["arguments"] = args;

@@ -399,12 +399,14 @@ impl SandboxManager {
         agent.get_json("/metrics").await.map_err(ManagerError::Agent)
     }
 
-    /// The sandbox's serial console so far (kernel and agent messages).
-    pub fn console(&self, key_id: &str, id: &str) -> Result<String, ManagerError> {
+    /// The sandbox's serial console (kernel and agent messages): the newest
+    /// `hutch_vmm::console::CAP` bytes, and how many older ones were dropped.
+    pub fn console(&self, key_id: &str, id: &str) -> Result<(String, u64), ManagerError> {
         let live = self.find(key_id, id)?;
         let dir = lock(&live.row).dir.clone();
-        let bytes = std::fs::read(std::path::Path::new(&dir).join("console.log")).unwrap_or_default();
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
+        let path = std::path::Path::new(&dir).join("console.log");
+        let bytes = hutch_vmm::console::read(&path);
+        Ok((String::from_utf8_lossy(&bytes).into_owned(), hutch_vmm::console::dropped(&path)))
     }
 
     /// The agent of a running sandbox, for the data proxy (which has no API key: the

@@ -140,10 +140,10 @@ async fn fifty_cycles(env: Arc<Env>) -> anyhow::Result<()> {
 async fn quick_reconnect(env: Arc<Env>) -> anyhow::Result<()> {
     let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
     let socket = sb.dir().join("agent.sock");
-    let console = sb.dir().join("console.log");
     let mut agent = sb.agent().clone();
     for i in 0..10 {
-        hutch_core::snapshot::release_agent(&agent, &console, Duration::from_secs(10)).await?;
+        let signals = sb.console_signals().ok_or_else(|| anyhow::anyhow!("the VM is not running"))?;
+        hutch_core::snapshot::release_agent(&agent, signals, Duration::from_secs(10)).await?;
         agent = tokio::time::timeout(Duration::from_secs(10), hutch_core::agent::connect(&socket)).await??;
         let out = tokio::time::timeout(Duration::from_secs(10), run(&agent, &format!("echo {i}"))).await;
         check!(matches!(&out, Ok(Ok(o)) if o.stdout_str() == format!("{i}\n")), "reconnect {i}: {out:?}");

@@ -1,6 +1,6 @@
 //! Files in the guest: streaming upload and download over envd's `/files`.
 
-use super::{error_from, read_all, AgentClient, AgentError, Body};
+use super::{error_from, AgentClient, AgentError, Body};
 use http::{Method, StatusCode};
 use hutch_proto::filesystem::WrittenFile;
 use hyper::body::Incoming;
@@ -24,7 +24,7 @@ impl AgentClient {
             .map_err(|e| AgentError::Protocol(e.to_string()))?;
         let resp = self.send(req).await?;
         let status = resp.status();
-        let bytes = read_all(resp.into_body()).await?;
+        let bytes = super::read_limited(resp.into_body(), super::MAX_REPLY).await?;
         if status != StatusCode::OK {
             return Err(error_from(status, &bytes));
         }
@@ -40,7 +40,7 @@ impl AgentClient {
         let resp = self.send(req).await?;
         let status = resp.status();
         if status != StatusCode::OK {
-            return Err(error_from(status, &read_all(resp.into_body()).await?));
+            return Err(super::error_reply(status, resp.into_body()).await);
         }
         Ok(resp.into_body())
     }

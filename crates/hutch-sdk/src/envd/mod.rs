@@ -36,7 +36,19 @@ pub enum AgentError {
     Http { status: StatusCode, message: String },
     #[error("the agent sent a malformed reply: {0}")]
     Protocol(String),
+    #[error("the agent's reply exceeds {max} bytes")]
+    TooLarge { max: usize },
+    #[error("the agent did not answer {what} within {secs} s")]
+    Timeout { what: String, secs: u64 },
 }
+
+/// Largest reply body the host reads whole from an agent (unary calls, `/metrics`,
+/// upload results): a hostile guest could otherwise send an endless one.
+pub const MAX_REPLY: usize = 16 << 20;
+/// Largest error body read from an agent.
+pub const MAX_ERROR_BODY: usize = 64 << 10;
+/// Deadline of a plain call (request to whole reply); streams have none.
+pub const CALL_DEADLINE: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl AgentError {
     pub fn code(&self) -> Option<Code> {
@@ -147,14 +159,21 @@ impl AgentClient {
 
     /// Sends `method path` with an optional JSON body; returns the status and body.
     async fn call(&self, method: Method, path: &str, json: Option<Vec<u8>>) -> Result<(StatusCode, Bytes), AgentError> {
+        let method_name = method.to_string();
         let mut req = self.request(method, path);
         if json.is_some() {
             req = req.header(http::header::CONTENT_TYPE, "application/json");
         }
         let req = req.body(full(json.unwrap_or_default())).map_err(|e| AgentError::Protocol(e.to_string()))?;
-        let resp = self.send(req).await?;
-        let status = resp.status();
-        Ok((status, read_all(resp.into_body()).await?))
+        let exchange = async {
+            let resp = self.send(req).await?;
+            let status = resp.status();
+            let max = if status.is_success() { MAX_REPLY } else { MAX_ERROR_BODY };
+            Ok((status, read_limited(resp.into_body(), max).await?))
+        };
+        tokio::time::timeout(CALL_DEADLINE, exchange)
+            .await
+            .map_err(|_| AgentError::Timeout { what: format!("{method_name} {path}"), secs: CALL_DEADLINE.as_secs() })?
     }
 
     fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, AgentError> {
@@ -197,8 +216,24 @@ impl AgentClient {
     }
 }
 
-pub async fn read_all(body: Incoming) -> Result<Bytes, AgentError> {
-    Ok(body.collect().await.map_err(AgentError::Disconnected)?.to_bytes())
+/// Reads a whole body of at most `max` bytes.
+pub async fn read_limited(body: Incoming, max: usize) -> Result<Bytes, AgentError> {
+    match http_body_util::Limited::new(body, max).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(AgentError::TooLarge { max }),
+        Err(e) => match e.downcast::<hyper::Error>() {
+            Ok(h) => Err(AgentError::Disconnected(*h)),
+            Err(other) => Err(AgentError::Protocol(other.to_string())),
+        },
+    }
+}
+
+/// Reads an error reply's body (bounded) into the error it describes.
+pub async fn error_reply(status: StatusCode, body: Incoming) -> AgentError {
+    match read_limited(body, MAX_ERROR_BODY).await {
+        Ok(bytes) => error_from(status, &bytes),
+        Err(e) => e,
+    }
 }
 
 /// An error reply: a Connect error body, envd's `{code:int,message}`, or plain text.

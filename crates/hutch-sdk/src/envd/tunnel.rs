@@ -1,7 +1,7 @@
 //! A byte stream to a TCP port in the guest, over the agent connection (see the agent's
 //! `/tunnel/{port}`): writes become the request body, the response body is what we read.
 
-use super::{error_from, read_all, AgentClient, AgentError};
+use super::{AgentClient, AgentError};
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Method, StatusCode};
@@ -13,6 +13,9 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 use tokio_util::sync::PollSender;
+
+/// How long the guest may take to accept a tunnel.
+const TUNNEL_OPEN: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Chunks in flight towards the guest before writers wait.
 const WRITE_QUEUE: usize = 16;
@@ -34,10 +37,12 @@ impl AgentClient {
             .request(Method::POST, &format!("/tunnel/{port}"))
             .body(StreamBody::new(frames).boxed_unsync())
             .map_err(|e| AgentError::Protocol(e.to_string()))?;
-        let resp = self.send(req).await?;
+        let resp = tokio::time::timeout(TUNNEL_OPEN, self.send(req))
+            .await
+            .map_err(|_| AgentError::Timeout { what: format!("opening a tunnel to port {port}"), secs: TUNNEL_OPEN.as_secs() })??;
         if resp.status() != StatusCode::OK {
             let status = resp.status();
-            return Err(error_from(status, &read_all(resp.into_body()).await?));
+            return Err(super::error_reply(status, resp.into_body()).await);
         }
         let data = resp
             .into_body()

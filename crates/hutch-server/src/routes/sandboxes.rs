@@ -106,11 +106,45 @@ pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<S
 }
 
 /// The console as E2B's `SandboxLogs`: `{"logs": [{"timestamp", "line"}]}`.
-pub async fn logs(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<serde_json::Value>, ApiError> {
+pub async fn logs(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, uri: axum::http::Uri) -> Result<Json<serde_json::Value>, ApiError> {
+    let page = LogPage::from_query(uri.query())?;
     let started = state.manager.get(&key.0, &id)?.started_at;
-    let text = state.manager.console(&key.0, &id)?;
-    let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::json!({ "timestamp": started, "line": l })).collect();
-    Ok(Json(serde_json::json!({ "logs": lines })))
+    let (text, dropped) = state.manager.console(&key.0, &id)?;
+    let all: Vec<&str> = text.lines().collect();
+    let lines: Vec<serde_json::Value> =
+        all.iter().skip(page.offset).take(page.limit).map(|l| serde_json::json!({ "timestamp": started, "line": l })).collect();
+    let next = page.offset + lines.len();
+    let mut body = serde_json::json!({ "logs": lines, "droppedBytes": dropped });
+    if next < all.len() {
+        body["nextOffset"] = next.into();
+    }
+    Ok(Json(body))
+}
+
+/// `?offset=N&limit=M` over the console's retained lines (E2B's default page is 1000).
+struct LogPage {
+    offset: usize,
+    limit: usize,
+}
+
+const MAX_LOG_LINES: usize = 10_000;
+
+impl LogPage {
+    fn from_query(query: Option<&str>) -> Result<LogPage, ApiError> {
+        let mut page = LogPage { offset: 0, limit: 1000 };
+        for (k, v) in crate::query::pairs(query) {
+            let number = || v.parse::<usize>().map_err(|_| ApiError::bad_request(format!("{k} must be a whole number, not '{v}'")));
+            match k.as_str() {
+                "offset" => page.offset = number()?,
+                "limit" => page.limit = number()?,
+                _ => {}
+            }
+        }
+        if page.limit == 0 || page.limit > MAX_LOG_LINES {
+            return Err(ApiError::bad_request(format!("limit must be between 1 and {MAX_LOG_LINES}")));
+        }
+        Ok(page)
+    }
 }
 
 /// E2B's pause: 204, or 409 when it is already paused.

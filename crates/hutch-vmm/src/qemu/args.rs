@@ -1,8 +1,8 @@
 //! The QEMU command line. The flags are the ones measured to boot reliably under TCG
 //! (DESIGN.md): without `tsc_early_khz` about half the boots hang at "Marking TSC
 //! unstable", and it must be the host's real TSC rate or the guest clock drifts
-//! (`clock.rs`); `-nodefaults` drops microvm's serial, so the console is added back as a
-//! file; `-no-reboot` turns the guest's reset (how the agent powers off) into an exit.
+//! (`clock.rs`); `-nodefaults` drops microvm's serial, so the console is added back on
+//! a socket hutch hands in as fd 3; `-no-reboot` turns the guest's reset (how the agent powers off) into an exit.
 
 use crate::accel::Accel;
 use crate::backend::{Memory, VmSpec};
@@ -15,6 +15,9 @@ use std::ffi::OsString;
 /// TSC unstable ("skew is too large") and switched to `refined-jiffies`, whose clock
 /// then lost ~10% of host time (seen: 0.53 s in 6 s). Under TCG the guest's TSC *is*
 /// the host's, so it is the reliable one; under KVM the guest uses kvm-clock.
+/// The fd QEMU finds its console socket on (set up between fork and exec).
+pub const CONSOLE_FD: i32 = 3;
+
 pub fn kernel_cmdline(tsc_khz: u32) -> String {
     format!("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz={tsc_khz} tsc=reliable lpj=6000000")
 }
@@ -37,8 +40,8 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
         push(&["-incoming", "defer", "-S"]);
     }
     push(&["-no-user-config", "-nodefaults", "-display", "none", "-no-reboot"]);
-    // Appended to: a resumed sandbox's console continues the log of its first run.
-    push(&["-chardev", &format!("file,id=console,path={},append=on", spec.console_log().display())]);
+    // A socket hutch reads into a bounded ring (`console.rs`), never a file QEMU grows.
+    push(&["-chardev", &format!("socket,id=console,fd={CONSOLE_FD}")]);
     push(&["-serial", "chardev:console"]);
     push(&["-kernel", &spec.kernel.display().to_string()]);
     push(&["-initrd", &spec.initrd.display().to_string()]);
@@ -89,7 +92,7 @@ mod tests {
         assert!(joined.contains("tsc_early_khz=") && joined.contains("tsc=reliable"));
         assert!(joined.contains("-smp 2 -m 512M"));
         assert!(joined.contains("socket,id=agent,path=/s/agent.sock,server=on,wait=off"));
-        assert!(joined.contains("-chardev file,id=console,path=/s/console.log,append=on -serial chardev:console"));
+        assert!(joined.contains("-chardev socket,id=console,fd=3 -serial chardev:console"));
         assert!(joined.contains("microvm,accel=tcg,memory-backend=mem0"));
         assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));
         assert!(joined.contains("-incoming defer"));

@@ -18,6 +18,7 @@ const MAX_SOCKET_PATH: usize = 107;
 
 pub struct QemuVm {
     spec: VmSpec,
+    console: tokio::sync::watch::Receiver<crate::console::Signals>,
     child: Child,
     qmp: Option<Qmp>,
     exit: Option<String>,
@@ -35,6 +36,12 @@ impl QemuVm {
             }
         }
         let log = std::fs::File::create(spec.dir.join("qemu.log")).map_err(StartError::Spawn)?;
+        // std makes both ends close-on-exec: only the dup onto CONSOLE_FD reaches QEMU,
+        // so no other child of hutch inherits another VM's console.
+        let (console_host, console_qemu) = std::os::unix::net::UnixStream::pair().map_err(StartError::Spawn)?;
+        console_host.set_nonblocking(true).map_err(StartError::Spawn)?;
+        let console_fd = std::os::fd::AsRawFd::as_raw_fd(&console_qemu);
+        let die_with_parent = spec.die_with_parent;
         let mut cmd = Command::new(binary);
         cmd.args(super::command_line(spec))
             .stdin(Stdio::null())
@@ -43,22 +50,33 @@ impl QemuVm {
             .kill_on_drop(true)
             // Its own process group: a Ctrl-C at hutch's terminal is hutch's to handle.
             .process_group(0);
-        if spec.die_with_parent {
-            // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+        // SAFETY: between fork and exec this calls only async-signal-safe functions
+        // (dup2, fcntl, prctl) on fds and values copied in; it touches no memory of the
+        // parent and allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || {
+                if console_fd == super::args::CONSOLE_FD {
+                    // dup2 onto itself keeps close-on-exec; clear it instead.
+                    if libc::fcntl(console_fd, libc::F_SETFD, 0) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                    Ok(())
-                });
-            }
+                } else if libc::dup2(console_fd, super::args::CONSOLE_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if die_with_parent && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
         }
         let child = cmd.spawn().map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => StartError::Qemu(crate::qemu::QemuVersionError::Missing { binary: binary.into() }),
             _ => StartError::Spawn(e),
         })?;
-        let mut vm = QemuVm { spec: spec.clone(), child, qmp: None, exit: None };
+        drop(console_qemu);
+        let console_host = tokio::net::UnixStream::from_std(console_host).map_err(StartError::Spawn)?;
+        let console = crate::console::spawn_reader(console_host, spec.console_log());
+        let mut vm = QemuVm { spec: spec.clone(), console, child, qmp: None, exit: None };
         std::fs::write(spec.dir.join("qemu.pid"), vm.child.id().map(|p| p.to_string()).unwrap_or_default())
             .map_err(StartError::Spawn)?;
         vm.qmp = Some(vm.connect_qmp().await?);
@@ -142,6 +160,10 @@ impl VmHandle for QemuVm {
 
     fn console_log(&self) -> PathBuf {
         self.spec.console_log()
+    }
+
+    fn console_signals(&self) -> tokio::sync::watch::Receiver<crate::console::Signals> {
+        self.console.clone()
     }
 
     fn exit_status(&mut self) -> Option<String> {

@@ -1,0 +1,196 @@
+//! A VM's serial console, bounded. The guest writes whatever it likes to its console (a
+//! guest root can flood it), so QEMU hands the bytes to hutch over a socket and hutch
+//! keeps at most `CAP` of them on disk, in two halves: `console.log` (the newest) and
+//! `console.log.1` (the half before). When the newest half is full it replaces the
+//! older one, whose bytes are counted in `console.dropped`. Nobody holds the console in
+//! memory; readers get at most `CAP` bytes.
+//!
+//! The reader also watches the stream for the agent's signal lines (ready, idle), so
+//! waiting for one is a channel wait, not a re-read of the file.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tokio::io::AsyncReadExt;
+use tokio::sync::watch;
+
+/// Console bytes kept per VM, both halves together.
+pub const CAP: u64 = 1 << 20;
+
+/// How often the agent's signal lines have appeared since this VM started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signals {
+    pub ready: u64,
+    pub idle: u64,
+}
+
+fn older(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".1");
+    PathBuf::from(p)
+}
+
+fn dropped_file(path: &Path) -> PathBuf {
+    path.with_file_name("console.dropped")
+}
+
+/// Bytes of this console that were dropped to keep it under `CAP`.
+pub fn dropped(path: &Path) -> u64 {
+    std::fs::read_to_string(dropped_file(path)).ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)
+}
+
+/// The console's retained bytes, oldest first (at most `CAP`).
+pub fn read(path: &Path) -> Vec<u8> {
+    let mut text = std::fs::read(older(path)).unwrap_or_default();
+    text.extend(std::fs::read(path).unwrap_or_default());
+    text
+}
+
+/// Starts `path`'s console over with `text` (its tail, if longer than `CAP`).
+pub fn seed(path: &Path, text: &[u8]) -> std::io::Result<()> {
+    let _ = std::fs::remove_file(older(path));
+    let keep = &text[text.len().saturating_sub((CAP / 2) as usize)..];
+    std::fs::write(path, keep)
+}
+
+/// Copies a console's retained bytes to `dest` as one file.
+pub fn copy(path: &Path, dest: &Path) -> std::io::Result<()> {
+    std::fs::write(dest, read(path))
+}
+
+/// Appends to a console, rotating halves to stay under `CAP`.
+pub struct Ring {
+    path: PathBuf,
+    half: u64,
+    file: std::fs::File,
+    len: u64,
+}
+
+impl Ring {
+    pub fn open(path: &Path, cap: u64) -> std::io::Result<Ring> {
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        let len = file.metadata()?.len();
+        Ok(Ring { path: path.to_path_buf(), half: cap / 2, file, len })
+    }
+
+    pub fn append(&mut self, mut data: &[u8]) -> std::io::Result<()> {
+        while !data.is_empty() {
+            if self.len >= self.half {
+                self.rotate()?;
+            }
+            let room = (self.half - self.len) as usize;
+            let (now, rest) = data.split_at(room.min(data.len()));
+            self.file.write_all(now)?;
+            self.len += now.len() as u64;
+            data = rest;
+        }
+        Ok(())
+    }
+
+    fn rotate(&mut self) -> std::io::Result<()> {
+        let old = older(&self.path);
+        let lost = std::fs::metadata(&old).map(|m| m.len()).unwrap_or(0);
+        if lost > 0 {
+            std::fs::write(dropped_file(&self.path), (dropped(&self.path) + lost).to_string())?;
+        }
+        std::fs::rename(&self.path, &old)?;
+        self.file = std::fs::OpenOptions::new().create(true).append(true).open(&self.path)?;
+        self.len = 0;
+        Ok(())
+    }
+}
+
+/// Counts signal lines in a stream that arrives in arbitrary chunks.
+struct Scanner {
+    carry: Vec<u8>,
+}
+
+impl Scanner {
+    fn feed(&mut self, chunk: &[u8], signals: &mut Signals) {
+        let longest = [hutch_proto::agent::READY_LINE.len(), hutch_proto::agent::IDLE_LINE.len()].into_iter().max().unwrap_or(0);
+        let mut window = std::mem::take(&mut self.carry);
+        let seen = window.len();
+        window.extend_from_slice(chunk);
+        let count = |line: &str| -> u64 {
+            // Only matches that end in the new bytes: the carried ones were counted.
+            window
+                .windows(line.len())
+                .enumerate()
+                .filter(|(i, w)| *w == line.as_bytes() && i + line.len() > seen)
+                .count() as u64
+        };
+        signals.ready += count(hutch_proto::agent::READY_LINE);
+        signals.idle += count(hutch_proto::agent::IDLE_LINE);
+        let keep = longest.saturating_sub(1).min(window.len());
+        self.carry = window.split_off(window.len() - keep);
+    }
+}
+
+/// Copies the console socket into the ring at `path` until QEMU closes it, publishing
+/// signal counts as they appear.
+pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) -> watch::Receiver<Signals> {
+    let (tx, rx) = watch::channel(Signals::default());
+    tokio::spawn(async move {
+        let mut ring = match Ring::open(&path, CAP) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("opening the console {}: {e}", path.display());
+                return;
+            }
+        };
+        let mut socket = socket;
+        let mut scanner = Scanner { carry: Vec::new() };
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = match socket.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if let Err(e) = ring.append(&buf[..n]) {
+                tracing::warn!("writing the console {}: {e}", path.display());
+            }
+            let mut signals = *tx.borrow();
+            scanner.feed(&buf[..n], &mut signals);
+            tx.send_if_modified(|s| {
+                let changed = *s != signals;
+                *s = signals;
+                changed
+            });
+        }
+    });
+    rx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_keeps_the_newest_bytes_under_its_cap_and_counts_the_rest() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("console.log");
+        let mut ring = Ring::open(&path, 100).expect("open");
+        for i in 0..100u8 {
+            ring.append(&[b'a' + i % 26; 7]).expect("append");
+        }
+        let kept = read(&path);
+        assert!(kept.len() <= 100 && kept.len() > 50, "{}", kept.len());
+        assert_eq!(dropped(&path) + kept.len() as u64, 700);
+        // The newest bytes are the last ones written.
+        assert_eq!(&kept[kept.len() - 7..], &[b'a' + 99 % 26; 7]);
+    }
+
+    #[test]
+    fn signal_lines_are_found_across_chunk_boundaries_once() {
+        let mut scanner = Scanner { carry: Vec::new() };
+        let mut s = Signals::default();
+        let text = format!("boot\n{}\nx{}\n{}\n", hutch_proto::agent::READY_LINE, hutch_proto::agent::IDLE_LINE, hutch_proto::agent::IDLE_LINE);
+        for chunk in text.as_bytes().chunks(3) {
+            scanner.feed(chunk, &mut s);
+        }
+        assert_eq!(s, Signals { ready: 1, idle: 2 });
+        let mut whole = Scanner { carry: Vec::new() };
+        let mut t = Signals::default();
+        whole.feed(text.as_bytes(), &mut t);
+        assert_eq!(t, s);
+    }
+}
