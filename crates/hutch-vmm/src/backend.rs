@@ -81,8 +81,6 @@ pub enum SnapshotError {
     Migration { what: &'static str, detail: String },
     #[error("migration {what} did not finish within {secs} s")]
     Timeout { what: &'static str, secs: u64 },
-    #[error("the path {0} cannot be handed to QEMU's exec: migration (it contains a quote)")]
-    BadPath(String),
     #[error("this backend cannot save or restore VMs")]
     Unsupported,
 }

@@ -47,6 +47,29 @@ impl Qmp {
         Ok(qmp)
     }
 
+    /// Writes `bytes` (one short command line) with `fd` attached.
+    async fn send_with_fd(&mut self, bytes: &[u8], fd: std::os::fd::BorrowedFd<'_>) -> Result<(), QmpError> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        use std::os::fd::AsRawFd;
+        let stream = self.writer.as_ref();
+        let fds = [fd.as_raw_fd()];
+        let mut sent = 0;
+        while sent < bytes.len() {
+            stream.writable().await.map_err(QmpError::Io)?;
+            // The fd goes with the first byte; the rest (if the socket took only part) follows plainly.
+            let cmsgs = if sent == 0 { vec![ControlMessage::ScmRights(&fds)] } else { Vec::new() };
+            let iov = [std::io::IoSlice::new(&bytes[sent..])];
+            match stream.try_io(tokio::io::Interest::WRITABLE, || {
+                sendmsg::<()>(stream.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None).map_err(std::io::Error::from)
+            }) {
+                Ok(n) => sent += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(QmpError::Io(e)),
+            }
+        }
+        Ok(())
+    }
+
     async fn read_message(&mut self) -> Result<Value, QmpError> {
         let mut line = String::new();
         let n = (&mut self.reader).take(MAX_LINE).read_line(&mut line).await.map_err(QmpError::Io)?;
@@ -59,20 +82,34 @@ impl Qmp {
     /// Runs one command, waiting at most `QMP_DEADLINE` for its reply (migrations
     /// return at once and are polled).
     pub async fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
-        match tokio::time::timeout(QMP_DEADLINE, self.exchange(command, arguments)).await {
+        match tokio::time::timeout(QMP_DEADLINE, self.exchange(command, arguments, None)).await {
             Ok(r) => r,
             Err(_) => Err(QmpError::Timeout { command: command.into(), secs: QMP_DEADLINE.as_secs() }),
         }
     }
 
-    async fn exchange(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
+    /// Hands QEMU an open file under `name` (QMP `getfd`, the fd passed with
+    /// SCM_RIGHTS), for a `fd:<name>` migration: QEMU then opens no path and runs no
+    /// shell, so it can run under `-sandbox spawn=deny`.
+    pub async fn send_fd(&mut self, name: &str, fd: std::os::fd::BorrowedFd<'_>) -> Result<(), QmpError> {
+        let args = Some(json!({ "fdname": name }));
+        match tokio::time::timeout(QMP_DEADLINE, self.exchange("getfd", args, Some(fd))).await {
+            Ok(r) => r.map(drop),
+            Err(_) => Err(QmpError::Timeout { command: "getfd".into(), secs: QMP_DEADLINE.as_secs() }),
+        }
+    }
+
+    async fn exchange(&mut self, command: &str, arguments: Option<Value>, fd: Option<std::os::fd::BorrowedFd<'_>>) -> Result<Value, QmpError> {
         let mut msg = json!({ "execute": command });
         if let Some(args) = arguments {
             msg["arguments"] = args;
         }
         let mut line = msg.to_string();
         line.push('\n');
-        self.writer.write_all(line.as_bytes()).await.map_err(QmpError::Io)?;
+        match fd {
+            None => self.writer.write_all(line.as_bytes()).await.map_err(QmpError::Io)?,
+            Some(fd) => self.send_with_fd(line.as_bytes(), fd).await?,
+        }
         loop {
             let reply = self.read_message().await?;
             if let Some(ret) = reply.get("return") {

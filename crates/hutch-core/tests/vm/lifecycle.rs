@@ -50,6 +50,11 @@ async fn destroy_leaves_nothing(env: Arc<Env>) -> anyhow::Result<()> {
     let (dir, pid) = (sb.dir().to_path_buf(), sb.pid().unwrap_or(0));
     check!(dir.join("disk.qcow2").is_file() && dir.join("console.log").is_file(), "sandbox files missing in {dir:?}");
     check!(alive(pid), "QEMU {pid} not running");
+    // Confined: seccomp in filter mode (2) for every thread of QEMU.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    check!(status.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["Seccomp:", "2"]), "QEMU {pid} runs without a seccomp filter:\n{status}");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+    check!(!String::from_utf8_lossy(&cmdline).contains("exec:"), "QEMU was handed an exec: migration");
     sb.destroy().await?;
     check!(!dir.exists(), "{dir:?} left behind");
     check!(!alive(pid), "QEMU {pid} still running");

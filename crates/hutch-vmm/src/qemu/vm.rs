@@ -15,6 +15,9 @@ const QMP_WAIT: Duration = Duration::from_secs(10);
 /// guards against a wedged QEMU.
 const MIGRATION_WAIT: Duration = Duration::from_secs(300);
 const MAX_SOCKET_PATH: usize = 107;
+/// QEMU's names for the migration fds hutch hands it.
+const MIGRATION_OUT: &str = "migout";
+const MIGRATION_IN: &str = "migin";
 
 pub struct QemuVm {
     spec: VmSpec,
@@ -101,6 +104,12 @@ impl QemuVm {
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+    }
+
+    /// Passes an open migration file to QEMU under `name`.
+    async fn hand_over(&mut self, name: &str, file: &std::fs::File) -> Result<(), SnapshotError> {
+        use std::os::fd::AsFd;
+        self.qmp()?.send_fd(name, file.as_fd()).await.map_err(SnapshotError::Qmp)
     }
 
     fn qmp(&mut self) -> Result<&mut Qmp, SnapshotError> {
@@ -207,10 +216,12 @@ impl VmHandle for QemuVm {
     }
 
     async fn save(&mut self, state: &Path, ignore_shared: bool) -> Result<(), SnapshotError> {
-        let uri = format!("exec:cat > {}", shell_quote(state)?);
+        let file = std::fs::File::create(state).map_err(|e| SnapshotError::Migration { what: "save", detail: format!("creating the state file: {e}") })?;
         self.ignore_shared(ignore_shared).await?;
+        self.hand_over(MIGRATION_OUT, &file).await?;
         self.run("stop", None).await?;
-        self.run("migrate", Some(json!({ "uri": uri }))).await?;
+        self.run("migrate", Some(json!({ "uri": format!("fd:{MIGRATION_OUT}") }))).await?;
+        // QEMU writes through its own copy of the fd; ours closes when `file` drops.
         self.wait_migration().await
     }
 
@@ -218,9 +229,11 @@ impl VmHandle for QemuVm {
         let Some(incoming) = self.spec.incoming.clone() else {
             return Err(SnapshotError::Migration { what: "load", detail: "the VM was not started to load a state".into() });
         };
-        let uri = format!("exec:cat {}", shell_quote(&incoming.state)?);
+        let file = std::fs::File::open(&incoming.state).map_err(|e| SnapshotError::Migration { what: "load", detail: format!("opening the state file: {e}") })?;
         self.ignore_shared(incoming.ignore_shared).await?;
-        self.run("migrate-incoming", Some(json!({ "uri": uri }))).await?;
+        self.hand_over(MIGRATION_IN, &file).await?;
+        drop(file);
+        self.run("migrate-incoming", Some(json!({ "uri": format!("fd:{MIGRATION_IN}") }))).await?;
         // Started with -S: once the state is in, the guest waits in "paused".
         let started = Instant::now();
         loop {
@@ -248,11 +261,3 @@ impl VmHandle for QemuVm {
     }
 }
 
-/// `path` in single quotes for the shell QEMU runs `exec:` migrations with.
-fn shell_quote(path: &Path) -> Result<String, SnapshotError> {
-    let text = path.display().to_string();
-    if text.contains('\'') {
-        return Err(SnapshotError::BadPath(text));
-    }
-    Ok(format!("'{text}'"))
-}
