@@ -173,3 +173,80 @@ def test_a_console_flood_is_bounded_on_disk_and_in_memory(server, secure):
         assert bystander.commands.run("echo bystander").stdout == "bystander\n"
     finally:
         bystander.kill()
+
+
+def used_bytes(home) -> int:
+    """Blocks actually allocated under `home` (holes do not count)."""
+    import os
+    total = 0
+    for root, _, files in os.walk(home):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def sparse_archive(tmp_path, logical: int, declared: int):
+    """A few-KB GNU sparse tar whose disk.qcow2 expands to `logical` zero bytes."""
+    import hashlib
+    import json
+    import subprocess
+    work = tmp_path / "sparse"
+    work.mkdir()
+    manifest = {"format": "hutch-snapshot-archive/1", "name": None, "template": "base", "created_at": "2026-01-01T00:00:00Z",
+                "disk_sha256": hashlib.sha256(b"").hexdigest(), "disk_bytes": declared}
+    (work / "manifest.json").write_text(json.dumps(manifest))
+    with open(work / "disk.qcow2", "wb") as f:
+        f.truncate(logical)
+    out = tmp_path / "sparse.tar"
+    subprocess.run(["tar", "--sparse", "-cf", str(out), "-C", str(work), "manifest.json", "disk.qcow2"], check=True)
+    assert out.stat().st_size < 1 << 20
+    return out
+
+
+def test_archives_cannot_fill_the_disk(server, tmp_path):
+    api = server.api()
+    imports = lambda body, **kw: api.post("/snapshots/archive", content=body, **kw)
+    # Declares a 64 GiB disk: refused before anything is written.
+    huge = sparse_archive(tmp_path, 64 << 30, 64 << 30)
+    before = used_bytes(server.home)
+    r = imports(huge.read_bytes())
+    assert r.status_code == 400 and "more than" in r.json()["message"], r.text
+    # Declares 1 MiB but expands to 8 GiB of zeros: stopped past the declared size.
+    (tmp_path / "sparse").rename(tmp_path / "sparse-1")
+    lying = sparse_archive(tmp_path, 8 << 30, 1 << 20)
+    r = imports(lying.read_bytes())
+    assert r.status_code == 400 and "more than" in r.json()["message"], r.text
+    assert used_bytes(server.home) - before < 64 << 20, "a refused archive left data behind"
+    # An upload announcing more than the limit is refused before its body is sent.
+    import socket
+    from urllib.parse import urlparse
+    u = urlparse(server.url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(f"POST /snapshots/archive HTTP/1.1\r\nHost: x\r\nX-API-Key: {server.key}\r\n"
+                  f"Content-Length: {64 << 30}\r\n\r\n".encode())
+        reply = s.recv(4096).decode(errors="replace")
+    assert reply.startswith("HTTP/1.1 413"), reply
+    assert api.get("/snapshots").json() == []
+
+
+def test_an_imported_disk_cannot_be_bigger_than_its_template(server, tmp_path):
+    import hashlib
+    import json
+    import subprocess
+    import tarfile
+    disk = tmp_path / "disk.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "1T"], check=True)
+    data = disk.read_bytes()
+    manifest = {"format": "hutch-snapshot-archive/1", "name": "huge", "template": "base", "created_at": "2026-01-01T00:00:00Z",
+                "disk_sha256": hashlib.sha256(data).hexdigest(), "disk_bytes": len(data)}
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    archive = tmp_path / "huge.tar"
+    with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as t:
+        t.add(tmp_path / "manifest.json", "manifest.json")
+        t.add(disk, "disk.qcow2")
+    r = server.api().post("/snapshots/archive", content=archive.read_bytes())
+    assert r.status_code == 400 and "more than the" in r.json()["message"], r.text
+    assert server.api().get("/snapshots").json() == []

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 pub const FORMAT: &str = "hutch-snapshot-archive/1";
+/// Largest archive upload and largest disk (logical bytes) an archive may declare.
+pub const MAX_ARCHIVE_BYTES: u64 = 32 << 30;
 const MANIFEST: &str = "manifest.json";
 const DISK: &str = "disk.qcow2";
 
@@ -40,6 +42,15 @@ pub enum ArchiveError {
     HashMismatch { expected: String, actual: String },
     #[error("the archive's disk is unsafe to use: {0}")]
     UnsafeDisk(String),
+    #[error("the archive's disk holds more than {limit} bytes (the manifest says {declared}); nothing larger is imported")]
+    TooLarge { declared: u64, limit: u64 },
+}
+
+/// What import verified about the disk.
+pub struct Imported {
+    pub manifest: ArchiveManifest,
+    /// The size the guest sees, which its writes can grow the file to.
+    pub virtual_size: u64,
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> ArchiveError + 'a {
@@ -110,8 +121,11 @@ impl<R: Read> Read for HashReader<R> {
     }
 }
 
-/// Unpacks and verifies an archive into `dir` (which then holds `disk.qcow2`).
-pub fn import(archive: impl Read, dir: &Path) -> Result<ArchiveManifest, ArchiveError> {
+/// Unpacks and verifies an archive into `dir` (which then holds `disk.qcow2`). The disk
+/// may not exceed what the manifest declares, nor `MAX_ARCHIVE_BYTES`; runs of zeros
+/// (a sparse entry's holes) are skipped, not written, so a small tar that expands to
+/// zeros cannot fill the host's disk.
+pub fn import(archive: impl Read, dir: &Path) -> Result<Imported, ArchiveError> {
     let truncated = |e: std::io::Error| ArchiveError::NotAnArchive(format!("it is truncated or not a tar file ({e})"));
     let mut tar = tar::Archive::new(archive);
     let mut entries = tar.entries().map_err(truncated)?;
@@ -131,27 +145,42 @@ pub fn import(archive: impl Read, dir: &Path) -> Result<ArchiveManifest, Archive
     if manifest.format != FORMAT {
         return Err(ArchiveError::NotAnArchive(format!("format '{}' is not {FORMAT}", manifest.format)));
     }
+    let limit = manifest.disk_bytes.min(MAX_ARCHIVE_BYTES);
+    if manifest.disk_bytes > MAX_ARCHIVE_BYTES {
+        return Err(ArchiveError::TooLarge { declared: manifest.disk_bytes, limit: MAX_ARCHIVE_BYTES });
+    }
     let disk = dir.join(DISK);
     let mut reader = HashReader { inner: next(DISK)?, hash: Sha256::new() };
     let mut file = std::fs::File::create(&disk).map_err(io("writing", &disk))?;
     let mut buf = vec![0u8; 1 << 20];
+    let mut written: u64 = 0;
     loop {
         let n = reader.read(&mut buf).map_err(truncated)?;
         if n == 0 {
             break;
         }
-        file.write_all(&buf[..n]).map_err(io("writing", &disk))?;
+        written += n as u64;
+        if written > limit {
+            return Err(ArchiveError::TooLarge { declared: manifest.disk_bytes, limit });
+        }
+        if buf[..n].iter().all(|b| *b == 0) {
+            // A hole: leave it unallocated (the length is set at the end).
+            std::io::Seek::seek(&mut file, std::io::SeekFrom::Current(n as i64)).map_err(io("writing", &disk))?;
+        } else {
+            file.write_all(&buf[..n]).map_err(io("writing", &disk))?;
+        }
     }
+    file.set_len(written).map_err(io("writing", &disk))?;
     let actual = hex::encode(reader.hash.finalize());
     if actual != manifest.disk_sha256 {
         return Err(ArchiveError::HashMismatch { expected: manifest.disk_sha256.clone(), actual });
     }
-    check_standalone(&disk)?;
-    Ok(manifest)
+    let virtual_size = check_standalone(&disk)?;
+    Ok(Imported { manifest, virtual_size })
 }
 
-/// A qcow2 image with no backing file and no external data file.
-fn check_standalone(disk: &Path) -> Result<(), ArchiveError> {
+/// A qcow2 image with no backing file and no external data file; returns its virtual size.
+fn check_standalone(disk: &Path) -> Result<u64, ArchiveError> {
     let out = qemu_img(&["info".as_ref(), "--output=json".as_ref(), "-f".as_ref(), "qcow2".as_ref(), disk.as_os_str()], disk)?;
     let info: serde_json::Value = serde_json::from_slice(&out).map_err(|e| ArchiveError::UnsafeDisk(e.to_string()))?;
     if info.get("backing-filename").is_some() || info.get("full-backing-filename").is_some() {
@@ -160,5 +189,8 @@ fn check_standalone(disk: &Path) -> Result<(), ArchiveError> {
     if info.pointer("/format-specific/data/data-file").is_some() {
         return Err(ArchiveError::UnsafeDisk("it names an external data file".into()));
     }
-    Ok(())
+    if info.get("format").and_then(|f| f.as_str()) != Some("qcow2") {
+        return Err(ArchiveError::UnsafeDisk("it is not a qcow2 image".into()));
+    }
+    info.get("virtual-size").and_then(|v| v.as_u64()).ok_or_else(|| ArchiveError::UnsafeDisk("qemu-img reports no virtual size".into()))
 }

@@ -11,6 +11,7 @@ pub mod ids;
 pub mod manager;
 pub mod sandbox;
 pub mod snapshot;
+pub mod space;
 pub mod store;
 pub mod sweep;
 pub mod template_snapshot;

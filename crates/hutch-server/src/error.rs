@@ -51,6 +51,7 @@ impl From<ManagerError> for ApiError {
             ManagerError::AtCapacity { .. } => StatusCode::TOO_MANY_REQUESTS,
             ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
+            ManagerError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
             ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Conflict(_) => StatusCode::CONFLICT,
             ManagerError::Template(_)
             | ManagerError::Create(_)
@@ -59,7 +60,8 @@ impl From<ManagerError> for ApiError {
             | ManagerError::Store(_)
             | ManagerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        if !status.is_server_error() {
+        // A full disk is the client's to hear about: the message names no path.
+        if !status.is_server_error() || matches!(e, ManagerError::NoSpace(_)) {
             return ApiError::new(status, chain(&e));
         }
         // The causes of a server-side failure name host paths and carry QEMU's stderr:

@@ -92,6 +92,9 @@ pub enum ManagerError {
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The host's disk is too full for the write asked for.
+    #[error("{0}")]
+    NoSpace(String),
 }
 
 /// A sandbox the manager knows: running (a VM and an agent) or paused (files only).
@@ -233,6 +236,12 @@ impl SandboxManager {
         let live = lock(&self.live);
         let running = live.values().filter(|l| l.is_running()).count();
         (running, live.len() - running)
+    }
+
+    /// Refuses a save of `memory_mib` of guest RAM (plus its disk's copy, bounded by the
+    /// same) that would eat into the disk's reserve.
+    fn room_for_memory(&self, memory_mib: u32) -> Result<(), ManagerError> {
+        crate::space::check_room(self.home.root(), u64::from(memory_mib) << 20).map_err(ManagerError::NoSpace)
     }
 
     fn shutting_down(&self) -> bool {

@@ -57,6 +57,7 @@ impl SandboxManager {
     pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>) -> Result<(), ManagerError> {
         let mut slot = live.sandbox.lock().await;
         let Some(sandbox) = slot.as_mut() else { return Err(ManagerError::AlreadyPaused(id.to_string())) };
+        self.room_for_memory(sandbox.memory_mib())?;
         // New data-plane requests see "paused" from here on.
         lock(&live.agent).take();
         if let Err(e) = sandbox.pause().await {

@@ -33,6 +33,12 @@ impl SandboxManager {
         let mut slot = live.sandbox.lock().await;
         let made = match slot.as_mut() {
             Some(sandbox) => {
+                if let Err(e) = self.room_for_memory(sandbox.memory_mib()) {
+                    drop(slot);
+                    lock(&self.pinned).remove(&dir);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
                 lock(&live.agent).take();
                 let made = sandbox.snapshot(&dir, &template).await.map_err(ManagerError::Pause);
                 *lock(&live.agent) = Some(sandbox.agent().clone());
@@ -155,7 +161,7 @@ impl SandboxManager {
         .await
         .map_err(|e| ManagerError::Internal(e.to_string()));
         let result = match unpacked {
-            Ok(Ok(manifest)) => self.register_import(key_id, &id, &dir, manifest, name).await,
+            Ok(Ok(imported)) => self.register_import(key_id, &id, &dir, imported, name).await,
             Ok(Err(e @ (ArchiveError::Io { .. } | ArchiveError::QemuImg { .. }))) => Err(ManagerError::Internal(format!("importing the archive: {e}"))),
             Ok(Err(e)) => Err(ManagerError::InvalidArgument(format!("{e}; nothing was imported"))),
             Err(e) => Err(e),
@@ -167,7 +173,8 @@ impl SandboxManager {
         result
     }
 
-    async fn register_import(&self, key_id: &str, id: &str, dir: &Path, manifest: ArchiveManifest, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+    async fn register_import(&self, key_id: &str, id: &str, dir: &Path, imported: archive::Imported, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+        let manifest = imported.manifest;
         let name = name.or(manifest.name.clone());
         if let Some(n) = &name {
             validate_name(n)?;
@@ -177,7 +184,17 @@ impl SandboxManager {
         }
         // The disk boots with its template's kernel and agent; check the template is one
         // this server has or can build, before accepting it.
-        self.prepare(&manifest.template).await?;
+        validate_identifier("the archive's template", &manifest.template)?;
+        let artifacts = self.prepare(&manifest.template).await?;
+        // Exports keep the template's size; a bigger disk would let the guest grow it
+        // past what any sandbox of the template can.
+        let allowed = artifacts.template.disk_size;
+        if imported.virtual_size > allowed {
+            return Err(ManagerError::InvalidArgument(format!(
+                "the archive's disk is {} bytes to the guest, more than the {allowed} of template '{}'; nothing was imported",
+                imported.virtual_size, manifest.template
+            )));
+        }
         let row = SnapshotRow {
             id: id.to_string(),
             key_id: key_id.to_string(),
