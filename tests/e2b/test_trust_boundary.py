@@ -250,3 +250,51 @@ def test_an_imported_disk_cannot_be_bigger_than_its_template(server, tmp_path):
     r = server.api().post("/snapshots/archive", content=archive.read_bytes())
     assert r.status_code == 400 and "more than the" in r.json()["message"], r.text
     assert server.api().get("/snapshots").json() == []
+
+
+def test_one_key_cannot_take_the_whole_server(tmp_path):
+    """Per-key quotas: a key at its limit gets 429 naming the quota, another key is
+    not affected, and what the key frees it can use again."""
+    import shutil
+    import signal
+    import subprocess
+    import os
+    from conftest import API_KEY, HUTCH, free_port, launch, new_home
+    home, port = new_home("hutch-quota-"), free_port()
+    proc = launch(home, port, "--key-max-running", "1", "--key-max-paused", "1", "--key-max-snapshots", "1")
+    url = f"http://127.0.0.1:{port}"
+    other = subprocess.run([str(HUTCH), "keys", "create", "--name", "other"], env=dict(os.environ, HUTCH_HOME=str(home)),
+                           capture_output=True, text=True, check=True).stdout.strip()
+    mine, theirs = (httpx.Client(base_url=url, headers={"X-API-Key": k}, timeout=120) for k in (API_KEY, other))
+    made = []
+    try:
+        first = mine.post("/v2/sandboxes", json={"templateID": "base"})
+        assert first.status_code == 201, first.text
+        made.append((mine, first.json()["sandboxID"]))
+        second = mine.post("/v2/sandboxes", json={"templateID": "base"})
+        assert second.status_code == 429 and "quota" in second.json()["message"], second.text
+        snap = mine.post(f"/sandboxes/{made[0][1]}/snapshots", json={})
+        assert snap.status_code == 201, snap.text
+        again = mine.post(f"/sandboxes/{made[0][1]}/snapshots", json={})
+        assert again.status_code == 429 and "snapshots" in again.json()["message"], again.text
+        assert mine.post(f"/sandboxes/{made[0][1]}/pause").status_code == 204
+        # Paused, it no longer counts as running: the key may start another, but not pause it too.
+        third = mine.post("/v2/sandboxes", json={"templateID": "base"})
+        assert third.status_code == 201, third.text
+        made.append((mine, third.json()["sandboxID"]))
+        paused_too = mine.post(f"/sandboxes/{made[1][1]}/pause")
+        assert paused_too.status_code == 429 and "paused" in paused_too.json()["message"], paused_too.text
+        # Nor resume the first while the second runs.
+        resumed = mine.post(f"/sandboxes/{made[0][1]}/connect", json={})
+        assert resumed.status_code == 429, resumed.text
+        # Another key is untouched by all of this.
+        theirs_made = theirs.post("/v2/sandboxes", json={"templateID": "base"})
+        assert theirs_made.status_code == 201, theirs_made.text
+        made.append((theirs, theirs_made.json()["sandboxID"]))
+        assert mine.delete(f"/templates/{snap.json()['snapshotID']}").status_code == 204
+    finally:
+        for client, sid in made:
+            client.delete(f"/sandboxes/{sid}")
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    shutil.rmtree(home, ignore_errors=True)

@@ -48,7 +48,7 @@ impl From<ManagerError> for ApiError {
     fn from(e: ManagerError) -> Self {
         let status = match &e {
             ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
-            ManagerError::AtCapacity { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ManagerError::AtCapacity { .. } | ManagerError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
             ManagerError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,

@@ -3,7 +3,7 @@
 use crate::local::Local;
 use anyhow::Context;
 use clap::Args;
-use hutch_core::manager::{ManagerConfig, SandboxManager};
+use hutch_core::manager::{KeyQuota, ManagerConfig, SandboxManager};
 use hutch_core::store::Store;
 use hutch_core::MemMib;
 use hutch_vmm::AccelChoice;
@@ -21,6 +21,15 @@ pub struct ServeArgs {
     /// Sandboxes at once, all keys together; more answer 429.
     #[arg(long, default_value_t = 16)]
     pub max_sandboxes: usize,
+    /// Running sandboxes one API key may have; more answer 429.
+    #[arg(long, default_value_t = KeyQuota::default().running)]
+    pub key_max_running: usize,
+    /// Paused sandboxes one API key may have; more answer 429.
+    #[arg(long, default_value_t = KeyQuota::default().paused)]
+    pub key_max_paused: usize,
+    /// Stored snapshots one API key may have; more answer 429.
+    #[arg(long, default_value_t = KeyQuota::default().snapshots)]
+    pub key_max_snapshots: usize,
     /// Seconds a sandbox lives when the request names no timeout.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -72,6 +81,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         cpus: args.cpus,
         memory: args.memory,
         pool: args.pool.iter().cloned().collect(),
+        quota: KeyQuota { running: args.key_max_running, paused: args.key_max_paused, snapshots: args.key_max_snapshots },
     };
     let pooled: usize = config.pool.values().sum();
     anyhow::ensure!(

@@ -4,6 +4,7 @@
 
 mod pause;
 mod pool;
+mod quota;
 mod snapshots;
 
 pub use pause::Connected;
@@ -12,6 +13,7 @@ pub use snapshots::MAX_FORKS;
 use crate::agent::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
+pub use quota::KeyQuota;
 use crate::sandbox::{CreateError, PauseError, Sandbox, SandboxOptions};
 use crate::store::{rfc3339, SandboxRow, Store, StoreError};
 use hutch_image::HutchHome;
@@ -33,6 +35,8 @@ pub struct ManagerConfig {
     pub memory: MemMib,
     /// Warm pool size per template (canonical name).
     pub pool: BTreeMap<String, usize>,
+    /// What one API key may hold.
+    pub quota: KeyQuota,
 }
 
 impl Default for ManagerConfig {
@@ -45,6 +49,7 @@ impl Default for ManagerConfig {
             cpus: 1,
             memory: MemMib::DEFAULT,
             pool: BTreeMap::new(),
+            quota: KeyQuota::default(),
         }
     }
 }
@@ -92,6 +97,9 @@ pub enum ManagerError {
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The key holds all its quota allows of something.
+    #[error("{0}")]
+    Quota(String),
     /// The host's disk is too full for the write asked for.
     #[error("{0}")]
     NoSpace(String),
@@ -289,6 +297,7 @@ impl SandboxManager {
                 return row;
             }
         }
+        self.quota_running(key_id, 1)?;
         let _slot = self.reserve_slot()?;
         let (sandbox, base_template) = match named {
             Some(snap) => self.start_from_named_snapshot(&snap, &opts).await?,

@@ -57,6 +57,8 @@ impl SandboxManager {
     pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>) -> Result<(), ManagerError> {
         let mut slot = live.sandbox.lock().await;
         let Some(sandbox) = slot.as_mut() else { return Err(ManagerError::AlreadyPaused(id.to_string())) };
+        let key_id = lock(&live.row).key_id.clone();
+        self.quota_paused(&key_id)?;
         self.room_for_memory(sandbox.memory_mib())?;
         // New data-plane requests see "paused" from here on.
         lock(&live.agent).take();
@@ -93,8 +95,9 @@ impl SandboxManager {
         if slot.is_some() {
             return Ok(Connected::AlreadyRunning);
         }
-        let _reserved = self.reserve_slot()?;
         let row = lock(&live.row).clone();
+        self.quota_running(&row.key_id, 1)?;
+        let _reserved = self.reserve_slot()?;
         let opts = self.options(&row.env_vars, &row.metadata, row.envd_token.clone());
         let sandbox = Sandbox::resume(Path::new(&row.dir), self.backend.as_ref(), &opts).await.map_err(ManagerError::Resume)?;
         let started = parse_time(&row.started_at);

@@ -79,6 +79,7 @@ impl SandboxManager {
             }
         }
         let live = self.find(key_id, id)?;
+        self.quota_snapshots(key_id).await?;
         let snap = self.snapshot_sandbox(id, &live, "snap_").await?;
         let row = SnapshotRow {
             id: snap.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
@@ -149,6 +150,7 @@ impl SandboxManager {
         if let Some(n) = &name {
             validate_name(n)?;
         }
+        self.quota_snapshots(key_id).await?;
         let id = format!("snap_{}", hex::encode(rand::random::<[u8; 8]>()));
         let dir = self.snapshots_root().join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
@@ -234,6 +236,7 @@ impl SandboxManager {
         if source.state != "running" {
             return Err(ManagerError::Paused(id.to_string()));
         }
+        self.quota_running(key_id, count as usize)?;
         if self.running_count() + count as usize > self.config.max_sandboxes {
             return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
         }

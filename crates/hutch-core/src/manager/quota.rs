@@ -1,0 +1,61 @@
+//! Per-key quotas: how much of the server one API key may hold, so one tenant cannot
+//! take every VM slot or fill the disk with paused sandboxes and snapshots. Checked
+//! before the operation that would exceed them; a key's requests racing each other may
+//! overshoot by the few in flight at once (bounded by the per-key request cap).
+
+use super::{lock, ManagerError, SandboxManager};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyQuota {
+    /// Running sandboxes of one key.
+    pub running: usize,
+    /// Paused sandboxes of one key (each holds its RAM on disk).
+    pub paused: usize,
+    /// Stored snapshots of one key (each holds a disk, and RAM unless imported).
+    pub snapshots: usize,
+}
+
+impl Default for KeyQuota {
+    fn default() -> Self {
+        KeyQuota { running: 8, paused: 16, snapshots: 32 }
+    }
+}
+
+fn over(what: &str, limit: usize, fix: &str) -> ManagerError {
+    ManagerError::Quota(format!("this API key already has {limit} {what}, its quota; {fix}"))
+}
+
+impl SandboxManager {
+    /// (running, paused) sandboxes of `key_id`.
+    fn held_by(&self, key_id: &str) -> (usize, usize) {
+        let live = lock(&self.live);
+        let mine: Vec<_> = live.values().filter(|l| lock(&l.row).key_id == key_id).collect();
+        let running = mine.iter().filter(|l| l.is_running()).count();
+        (running, mine.len() - running)
+    }
+
+    /// Room for `more` running sandboxes of `key_id`.
+    pub(super) fn quota_running(&self, key_id: &str, more: usize) -> Result<(), ManagerError> {
+        let limit = self.config.quota.running;
+        if self.held_by(key_id).0 + more > limit {
+            return Err(over("running sandboxes", limit, "kill or pause one first"));
+        }
+        Ok(())
+    }
+
+    pub(super) fn quota_paused(&self, key_id: &str) -> Result<(), ManagerError> {
+        let limit = self.config.quota.paused;
+        if self.held_by(key_id).1 >= limit {
+            return Err(over("paused sandboxes", limit, "resume or kill one first"));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn quota_snapshots(&self, key_id: &str) -> Result<(), ManagerError> {
+        let limit = self.config.quota.snapshots;
+        if self.store.snapshots(key_id).await?.len() >= limit {
+            return Err(over("snapshots", limit, "delete one first (DELETE /templates/{id})"));
+        }
+        Ok(())
+    }
+}
