@@ -298,3 +298,36 @@ def test_one_key_cannot_take_the_whole_server(tmp_path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     shutil.rmtree(home, ignore_errors=True)
+
+
+def test_private_ports_need_the_traffic_token(server):
+    sbx = Sandbox.create("base", network={"allow_public_traffic": False})
+    try:
+        token = sbx.traffic_access_token
+        assert token, "allowPublicTraffic: false returns a trafficAccessToken"
+        sbx.commands.run("mkdir -p /tmp/p && echo private > /tmp/p/x.txt")
+        web = sbx.commands.run("cd /tmp/p && python3 -m http.server 8004", background=True)
+        with_token = {**routed(sbx, 8004), "E2b-Traffic-Access-Token": token}
+        seen = []
+
+        def answers():
+            seen.append(httpx.get(server.url + "/x.txt", headers=with_token, timeout=30))
+            return seen[-1].status_code == 200
+
+        wait_until(answers, "the private port 8004 to answer with the traffic token", timeout=60, interval=0.3,
+                   detail=lambda: f"last answer {seen[-1].status_code}: {seen[-1].text}")
+        assert seen[-1].text == "private\n"
+        for headers in (routed(sbx, 8004), {**routed(sbx, 8004), "E2b-Traffic-Access-Token": "0" * len(token)}):
+            r = httpx.get(server.url + "/x.txt", headers=headers, timeout=30)
+            assert r.status_code == 403 and "trafficAccessToken" in r.json()["message"], r.text
+        # The envd API still goes by the envd token, and the detail repeats the traffic token.
+        assert sbx.commands.run("echo envd").stdout == "envd\n"
+        assert server.api().get(f"/sandboxes/{sbx.sandbox_id}").json()["trafficAccessToken"] == token
+        web.kill()
+    finally:
+        sbx.kill()
+    public = Sandbox.create("base")
+    try:
+        assert public.traffic_access_token is None
+    finally:
+        public.kill()

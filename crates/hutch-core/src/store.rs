@@ -45,6 +45,8 @@ pub struct SandboxRow {
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
     pub envd_token: Option<String>,
+    /// Port traffic needs it (E2B's `allowPublicTraffic: false`).
+    pub traffic_token: Option<String>,
     pub started_at: String,
     pub end_at: String,
     pub qemu_pid: Option<i64>,
@@ -154,8 +156,8 @@ impl Store {
 
     pub async fn insert_sandbox(&self, s: &SandboxRow) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir, auto_pause) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir, auto_pause, traffic_token) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
         )
         .bind(&s.id)
         .bind(&s.key_id)
@@ -172,6 +174,7 @@ impl Store {
         .bind(s.qemu_pid)
         .bind(&s.dir)
         .bind(s.auto_pause)
+        .bind(&s.traffic_token)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -271,6 +274,7 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         metadata: map("metadata")?,
         env_vars: map("env_vars")?,
         envd_token: r.get("envd_token"),
+        traffic_token: r.get("traffic_token"),
         started_at: r.get("started_at"),
         end_at: r.get("end_at"),
         qemu_pid: r.get("qemu_pid"),

@@ -28,6 +28,16 @@ pub struct NewSandbox {
     /// hutch's own: boot the kernel instead of restoring the template's snapshot.
     #[serde(default)]
     pub cold: Option<bool>,
+    #[serde(default)]
+    pub network: Option<NetworkConfig>,
+}
+
+/// E2B's `SandboxNetworkConfig`; only `allowPublicTraffic` is acted on so far.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    #[serde(default)]
+    pub allow_public_traffic: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -110,7 +120,7 @@ impl From<&SandboxRow> for Sandbox {
             envd_version: hutch_proto::ENVD_VERSION,
             alias: r.template.clone(),
             envd_access_token: r.envd_token.clone(),
-            traffic_access_token: None,
+            traffic_access_token: r.traffic_token.clone(),
             domain: None,
         }
     }
@@ -138,6 +148,8 @@ pub struct SandboxDetail {
     pub metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub traffic_access_token: Option<String>,
     pub allow_internet_access: bool,
 }
 
@@ -157,6 +169,7 @@ impl From<&SandboxRow> for SandboxDetail {
             state: r.state.clone(),
             metadata: r.metadata.clone(),
             envd_access_token: r.envd_token.clone(),
+            traffic_access_token: r.traffic_token.clone(),
             allow_internet_access: false,
         }
     }

@@ -90,6 +90,14 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
         return (StatusCode::FORBIDDEN, Json(body)).into_response();
     }
     if target.port != ENVD_PORT {
+        if let Some(expected) = state.manager.traffic_token(&target.sandbox) {
+            let given = req.headers().get("e2b-traffic-access-token").and_then(|v| v.to_str().ok());
+            if !given.is_some_and(|g| hutch_proto::access::secrets_equal(g, &expected)) {
+                let body = json!({ "sandboxId": target.sandbox, "code": 403,
+                    "message": "this sandbox's ports are private (allowPublicTraffic: false): send its trafficAccessToken in the e2b-traffic-access-token header" });
+                return (StatusCode::FORBIDDEN, Json(body)).into_response();
+            }
+        }
         return tunnel(agent, target, req).await;
     }
     let (parts, body) = req.into_parts();

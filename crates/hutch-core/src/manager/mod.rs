@@ -67,6 +67,9 @@ pub struct CreateSpec {
     pub auto_pause: bool,
     /// Boot the kernel instead of restoring the template's memory snapshot.
     pub cold: bool,
+    /// Ports take traffic only with the sandbox's traffic token (E2B's
+    /// `allowPublicTraffic: false`).
+    pub private_ports: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -334,6 +337,7 @@ impl SandboxManager {
             metadata: spec.metadata,
             env_vars: spec.env_vars,
             envd_token: token,
+            traffic_token: spec.private_ports.then(hex_token),
             started_at: rfc3339(started),
             end_at: rfc3339(self.end_at(started, timeout)),
             qemu_pid: sandbox.pid().map(i64::from),
@@ -425,6 +429,12 @@ impl SandboxManager {
         let path = std::path::Path::new(&dir).join("console.log");
         let bytes = hutch_vmm::console::read(&path);
         Ok((String::from_utf8_lossy(&bytes).into_owned(), hutch_vmm::console::dropped(&path)))
+    }
+
+    /// The token port traffic to sandbox `id` must carry, if its ports are private
+    /// (None too when there is no such sandbox: the proxy answers that itself).
+    pub fn traffic_token(&self, id: &str) -> Option<String> {
+        lock(&self.live).get(id).and_then(|l| lock(&l.row).traffic_token.clone())
     }
 
     /// The agent of a running sandbox, for the data proxy (which has no API key: the

@@ -264,6 +264,7 @@ impl SandboxManager {
             secure: token.is_some(),
             auto_pause: source.auto_pause,
             cold: false,
+            private_ports: source.traffic_token.is_some(),
         };
         let timeout = Duration::from_secs(timeout.unwrap_or(self.config.default_timeout.as_secs()));
         self.register(key_id, &source.template, artifacts, sandbox, spec, token, timeout).await

@@ -41,6 +41,7 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         secure: body.secure.unwrap_or(true),
         auto_pause: body.auto_pause.unwrap_or(false),
         cold: body.cold.unwrap_or(false),
+        private_ports: body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false),
     };
     let row = state.manager.create(&key.0, spec).await?;
     Ok((StatusCode::CREATED, Json(Sandbox::from(&row))).into_response())
