@@ -89,13 +89,22 @@ pub fn hello_line(nonce: u64) -> Vec<u8> {
     line
 }
 
-/// Finds a hello line in `buf`: returns the index just past it and its nonce.
+/// Finds a hello line in `buf`: returns the index just past it and its nonce. A
+/// malformed one (the prefix, then anything but a hex nonce and a newline: a guest can
+/// write that) is skipped, so it cannot hide a real hello after it.
 pub fn find_hello(buf: &[u8]) -> Option<(usize, u64)> {
-    let start = buf.windows(HELLO_PREFIX.len()).position(|w| w == HELLO_PREFIX)?;
-    let rest = &buf[start + HELLO_PREFIX.len()..];
-    let nl = rest.iter().position(|b| *b == b'\n')?;
-    let nonce = u64::from_str_radix(std::str::from_utf8(&rest[..nl]).ok()?, 16).ok()?;
-    Some((start + HELLO_PREFIX.len() + nl + 1, nonce))
+    let mut from = 0;
+    loop {
+        let start = from + buf[from..].windows(HELLO_PREFIX.len()).position(|w| w == HELLO_PREFIX)?;
+        let body = start + HELLO_PREFIX.len();
+        // No newline yet: this line is still arriving, and so is anything after it.
+        let nl = buf[body..].iter().position(|b| *b == b'\n')?;
+        let nonce = std::str::from_utf8(&buf[body..body + nl]).ok().and_then(|t| u64::from_str_radix(t, 16).ok());
+        match nonce {
+            Some(n) => return Some((body + nl + 1, n)),
+            None => from = start + 1,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -111,5 +120,14 @@ mod tests {
         assert_eq!(nonce, 0xabc);
         assert_eq!(&buf[end..], b"PRI * HTTP/2.0");
         assert_eq!(find_hello(&buf[..end - 1]), None);
+    }
+
+    #[test]
+    fn a_malformed_hello_does_not_hide_the_real_one() {
+        // Found by the agent_hello fuzz target: garbage shaped like a hello's prefix.
+        let mut buf = b"\xd4\xd4HUTCH-HELLO \xb2 not hex\n".to_vec();
+        buf.extend_from_slice(&hello_line(7));
+        assert_eq!(find_hello(&buf).map(|(_, n)| n), Some(7));
+        assert_eq!(find_hello(b"HUTCH-HELLO zz\nHUTCH-HELLO 1"), None);
     }
 }

@@ -100,12 +100,13 @@ impl Ring {
 }
 
 /// Counts signal lines in a stream that arrives in arbitrary chunks.
-struct Scanner {
+#[derive(Default)]
+pub struct Scanner {
     carry: Vec<u8>,
 }
 
 impl Scanner {
-    fn feed(&mut self, chunk: &[u8], signals: &mut Signals) {
+    pub fn feed(&mut self, chunk: &[u8], signals: &mut Signals) {
         let longest = [hutch_proto::agent::READY_LINE.len(), hutch_proto::agent::IDLE_LINE.len()].into_iter().max().unwrap_or(0);
         let mut window = std::mem::take(&mut self.carry);
         let seen = window.len();
@@ -138,7 +139,7 @@ pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) -> watch::Rec
             }
         };
         let mut socket = socket;
-        let mut scanner = Scanner { carry: Vec::new() };
+        let mut scanner = Scanner::default();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match socket.read(&mut buf).await {
@@ -181,14 +182,14 @@ mod tests {
 
     #[test]
     fn signal_lines_are_found_across_chunk_boundaries_once() {
-        let mut scanner = Scanner { carry: Vec::new() };
+        let mut scanner = Scanner::default();
         let mut s = Signals::default();
         let text = format!("boot\n{}\nx{}\n{}\n", hutch_proto::agent::READY_LINE, hutch_proto::agent::IDLE_LINE, hutch_proto::agent::IDLE_LINE);
         for chunk in text.as_bytes().chunks(3) {
             scanner.feed(chunk, &mut s);
         }
         assert_eq!(s, Signals { ready: 1, idle: 2 });
-        let mut whole = Scanner { carry: Vec::new() };
+        let mut whole = Scanner::default();
         let mut t = Signals::default();
         whole.feed(text.as_bytes(), &mut t);
         assert_eq!(t, s);
