@@ -374,6 +374,11 @@ impl Sandbox {
         self.vm.as_ref().and_then(|v| v.pid())
     }
 
+    /// How the VM ended, if it has (on its own: a guest panic, say).
+    pub fn vm_ended(&mut self) -> Option<String> {
+        self.vm.as_mut().and_then(|v| v.exit_status())
+    }
+
     /// The agent's console signals, while the VM runs.
     pub fn console_signals(&self) -> Option<crate::snapshot::ConsoleSignals> {
         self.vm.as_ref().map(|v| v.console_signals())

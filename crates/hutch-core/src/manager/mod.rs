@@ -192,6 +192,7 @@ impl SandboxManager {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let Some(m) = reaper.upgrade() else { return };
                 m.kill_expired().await;
+                m.remove_ended().await;
             }
         });
         Ok(manager)
@@ -447,6 +448,26 @@ impl SandboxManager {
 
     /// Running sandboxes past their end: paused when they asked for it, else killed.
     /// Paused sandboxes do not expire.
+    /// Removes running sandboxes whose VM ended on its own (a guest kernel panic or
+    /// power-off, QEMU killed from outside), so the API stops calling them running.
+    /// A sandbox whose lock is held is mid-operation (a pause stops its VM on purpose)
+    /// and is looked at next time.
+    async fn remove_ended(&self) {
+        let running: Vec<(String, Arc<Live>)> =
+            lock(&self.live).iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect();
+        for (id, live) in running {
+            let ended = match live.sandbox.try_lock() {
+                Ok(mut slot) => slot.as_mut().and_then(|s| s.vm_ended().map(|status| (status, s.console_tail(5)))),
+                Err(_) => None,
+            };
+            let Some((status, console)) = ended else { continue };
+            tracing::warn!(sandbox = %id, "the VM ended on its own ({status}); removing the sandbox. Last console lines:\n{console}");
+            if let Err(e) = self.remove(&id, &live).await {
+                tracing::warn!(sandbox = %id, "removing a sandbox whose VM ended: {e}");
+            }
+        }
+    }
+
     async fn kill_expired(&self) {
         let now = SystemTime::now();
         let expired: Vec<(String, Arc<Live>)> = lock(&self.live)

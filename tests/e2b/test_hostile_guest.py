@@ -1,0 +1,123 @@
+"""Hostile guests: whatever the code in one sandbox does as root, the host, the server
+and a bystander sandbox keep working, and the victim's state is reported truthfully."""
+
+import httpx
+import pytest
+from e2b import Sandbox
+from e2b.exceptions import SandboxException
+
+from conftest import wait_until
+
+
+@pytest.fixture
+def bystander(server):
+    s = Sandbox.create("base")
+    yield s
+    s.kill()
+
+
+def still_fine(server, bystander):
+    assert server.api().get("/health").status_code == 200
+    assert bystander.commands.run("echo fine").stdout == "fine\n"
+
+
+def test_a_memory_hog_is_killed_inside_its_own_vm(server, bystander):
+    hog = Sandbox.create("base")
+    try:
+        r = hog.commands.run("python3 -c 'a = [bytearray(1 << 20) for _ in range(4096)]' ; echo exit=$?", timeout=300)
+        assert "exit=137" in r.stdout, r.stdout  # the guest kernel's OOM killer, not the host's
+        assert hog.commands.run("echo survived").stdout == "survived\n"
+        still_fine(server, bystander)
+    finally:
+        hog.kill()
+
+
+def test_a_fork_bomb_stays_in_its_vm(server, bystander):
+    bomb = Sandbox.create("base")
+    try:
+        bomb.commands.run("(ulimit -u unlimited; sudo sh -c 'f(){ f|f& }; f' ) >/dev/null 2>&1 &", timeout=30)
+        still_fine(server, bystander)
+        # The bombed sandbox can always be killed, and is then gone for real.
+        assert bomb.kill() is True
+        assert server.api().get(f"/sandboxes/{bomb.sandbox_id}").status_code == 404
+    finally:
+        bomb.kill()
+
+
+def test_an_output_flood_does_not_grow_the_server(server, bystander):
+    from test_trust_boundary import rss_kib
+    flood = Sandbox.create("base")
+    try:
+        before = rss_kib(server.proc.pid)
+        seen = []
+        # 32 MiB of stdout, streamed to this client as it comes.
+        flood.commands.run("yes flood-flood-flood-flood | head -c 33554432", on_stdout=lambda s: seen.append(len(s)),
+                           timeout=600, request_timeout=600)
+        assert sum(seen) == 32 << 20, sum(seen)
+        grown = rss_kib(server.proc.pid) - before
+        assert grown < 128 << 10, f"the server grew by {grown} KiB relaying a stdout flood"
+        still_fine(server, bystander)
+    finally:
+        flood.kill()
+
+
+def test_a_kernel_panic_is_reported_as_the_end_of_the_sandbox(server, bystander):
+    victim = Sandbox.create("base")
+    sid = victim.sandbox_id
+    try:
+        try:
+            victim.commands.run("sudo sh -c 'echo c > /proc/sysrq-trigger'", timeout=30)
+        except Exception:
+            pass  # the stream ends with the VM
+        wait_until(lambda: server.api().get(f"/sandboxes/{sid}").status_code == 404,
+                   "the panicked sandbox to be reported gone (404)", timeout=60,
+                   detail=lambda: server.api().get(f"/sandboxes/{sid}").text)
+        r = httpx.get(server.url + "/health", headers={"E2b-Sandbox-Id": sid})
+        assert r.status_code == 502
+        assert not (server.home / "sandboxes" / sid).exists(), "the panicked sandbox's files were left"
+        still_fine(server, bystander)
+    finally:
+        Sandbox.kill(sid)
+
+
+def test_garbage_on_the_agent_port_breaks_only_that_sandbox(server, bystander):
+    victim = Sandbox.create("base")
+    try:
+        port = victim.commands.run("grep -l hutch.agent /sys/class/virtio-ports/*/name | head -1 | cut -d/ -f5").stdout.strip()
+        assert port.startswith("vport"), port
+        try:
+            victim.commands.run(f"sudo sh -c 'head -c 1000000 /dev/urandom > /dev/{port}'", timeout=60)
+        except Exception:
+            pass  # the session may die under it
+        still_fine(server, bystander)
+        # The server still answers for the victim, whatever state it is in.
+        r = server.api().get(f"/sandboxes/{victim.sandbox_id}")
+        assert r.status_code in (200, 404), r.text
+    finally:
+        victim.kill()
+
+
+def test_another_keys_sandbox_is_404_on_every_route(server, bystander):
+    from test_rest_errors import subprocess_key
+    other = server.api(key=subprocess_key(server))
+    sid = bystander.sandbox_id
+    routes = [("GET", f"/sandboxes/{sid}"), ("DELETE", f"/sandboxes/{sid}"), ("POST", f"/sandboxes/{sid}/timeout"),
+              ("POST", f"/sandboxes/{sid}/connect"), ("POST", f"/v2/sandboxes/{sid}/connect"), ("GET", f"/sandboxes/{sid}/metrics"),
+              ("GET", f"/sandboxes/{sid}/logs"), ("POST", f"/sandboxes/{sid}/pause"), ("POST", f"/sandboxes/{sid}/resume"),
+              ("POST", f"/sandboxes/{sid}/fork"), ("POST", f"/sandboxes/{sid}/snapshots")]
+    for method, path in routes:
+        body = {"timeout": 30} if path.endswith("/timeout") else {}
+        r = other.request(method, path, json=body)
+        assert r.status_code == 404, f"{method} {path}: {r.status_code} {r.text}"
+    assert sid not in other.get("/v2/sandboxes").text
+    still_fine(server, bystander)
+
+
+def test_file_paths_stay_inside_the_guest(server, bystander):
+    files = bystander.files
+    assert files.read("../../../../../etc/hostname").strip() == "hutch"
+    files.write("/home/user/escape", "x")
+    bystander.commands.run("ln -sf /etc/shadow /home/user/shadow-link")
+    with pytest.raises(SandboxException):
+        files.read("/home/user/shadow-link")  # as the default user: permission denied
+    assert "root:" in files.read("/home/user/shadow-link", user="root")  # root in its own VM may
