@@ -121,3 +121,59 @@ def test_file_paths_stay_inside_the_guest(server, bystander):
     with pytest.raises(SandboxException):
         files.read("/home/user/shadow-link")  # as the default user: permission denied
     assert "root:" in files.read("/home/user/shadow-link", user="root")  # root in its own VM may
+
+
+def test_vms_paused_by_a_full_host_disk_resume_when_space_returns(tmp_path, monkeypatch):
+    """QEMU pauses a VM whose disk write finds the host's disk full (werror=enospc). The
+    server resumes it once there is room again, and the guest's write completes."""
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+    from pathlib import Path
+    from conftest import API_KEY, free_port, launch, link_shared_artifacts
+    home = Path(tempfile.mkdtemp(prefix="hutch-enospc-", dir="/tmp"))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256m", "tmpfs", str(home)], check=True)
+    proc = None
+    try:
+        link_shared_artifacts(home)
+        port = free_port()
+        proc = launch(home, port)
+        url = f"http://127.0.0.1:{port}"
+        # Both planes on this server (never the SDK's default cloud).
+        monkeypatch.setenv("E2B_API_URL", url)
+        monkeypatch.setenv("E2B_SANDBOX_URL", url)
+        sbx = Sandbox.create("base", api_key=API_KEY)
+        # Leave the guest less room on the host than it is about to write.
+        free = shutil.disk_usage(home).free
+        filler = home / "filler"
+        with open(filler, "wb") as f:
+            f.truncate(0)
+            f.write(b"\1" * (free - (24 << 20)))
+        writer = sbx.commands.run("dd if=/dev/urandom of=/home/user/big bs=1M count=64 conv=fsync 2>/dev/null; echo wrote $?",
+                                  background=True, timeout=240)  # bounds the wait below
+        wait_until(lambda: shutil.disk_usage(home).free < (2 << 20), "the guest's writes to fill the host's tmpfs", timeout=300,
+                   detail=lambda: f"{shutil.disk_usage(home).free} bytes free")
+
+        def guest_stopped() -> bool:
+            try:
+                httpx.get(url + "/health", headers={"E2b-Sandbox-Id": sbx.sandbox_id}, timeout=3)
+                return False
+            except httpx.TimeoutException:
+                return True  # QEMU paused the guest: nothing in it answers
+
+        wait_until(guest_stopped, "QEMU to pause the guest on the full disk (its agent stops answering)", timeout=120, interval=1)
+        assert "resumed the VM" not in (home / "serve.log").read_text()
+        filler.unlink()
+        result = writer.wait()
+        assert result.stdout.strip() == "wrote 0", result.stdout
+        assert sbx.commands.run("stat -c %s /home/user/big").stdout.strip() == str(64 << 20)
+        assert "resumed the VM" in (home / "serve.log").read_text()
+        sbx.kill()
+    finally:
+        if proc:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+        subprocess.run(["umount", "-l", str(home)], check=False)
+        shutil.rmtree(home, ignore_errors=True)

@@ -379,6 +379,19 @@ impl Sandbox {
         self.vm.as_mut().and_then(|v| v.exit_status())
     }
 
+    /// Resumes a VM that QEMU paused because a disk write found the host's disk full
+    /// (`werror=enospc`, QEMU's default), once space is back; true if it did.
+    pub async fn resume_after_io_error(&mut self) -> bool {
+        let Some(vm) = self.vm.as_mut() else { return false };
+        if vm.run_state().await.ok().as_deref() != Some("io-error") {
+            return false;
+        }
+        if crate::space::available(&self.dir).is_ok_and(|free| free >= crate::space::RESUME_FREE) {
+            return vm.resume().await.is_ok();
+        }
+        false
+    }
+
     /// The agent's console signals, while the VM runs.
     pub fn console_signals(&self) -> Option<crate::snapshot::ConsoleSignals> {
         self.vm.as_ref().map(|v| v.console_signals())

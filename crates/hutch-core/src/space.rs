@@ -8,6 +8,10 @@ use std::path::Path;
 /// Bytes that must stay free after a large write.
 pub const FLOOR: u64 = 1 << 30;
 
+/// Free bytes after which a VM paused on a full disk is resumed (it pauses again, at
+/// no harm, if its writes fill that too).
+pub const RESUME_FREE: u64 = 32 << 20;
+
 /// Bytes available to hutch on the filesystem of `path`.
 pub fn available(path: &Path) -> std::io::Result<u64> {
     let st = nix::sys::statvfs::statvfs(path).map_err(std::io::Error::from)?;

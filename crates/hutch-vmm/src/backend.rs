@@ -113,6 +113,8 @@ pub trait VmHandle: Send + Sync {
     async fn load(&mut self) -> Result<(), SnapshotError>;
     /// Runs a paused guest (after `save` or `load`).
     async fn resume(&mut self) -> Result<(), SnapshotError>;
+    /// QEMU's run state (`running`, `paused`, `io-error`…).
+    async fn run_state(&mut self) -> Result<String, SnapshotError>;
 }
 
 #[async_trait::async_trait]

@@ -74,6 +74,9 @@ impl VmHandle for FakeVm {
     async fn load(&mut self) -> Result<(), SnapshotError> {
         Err(SnapshotError::Unsupported)
     }
+    async fn run_state(&mut self) -> Result<String, SnapshotError> {
+        Ok(if self.ended { "shutdown" } else { "running" }.to_string())
+    }
     async fn resume(&mut self) -> Result<(), SnapshotError> {
         Err(SnapshotError::Unsupported)
     }

@@ -188,11 +188,16 @@ impl SandboxManager {
         manager.fill_pools();
         let reaper = Arc::downgrade(&manager);
         tokio::spawn(async move {
+            let mut tick = 0u64;
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let Some(m) = reaper.upgrade() else { return };
                 m.kill_expired().await;
                 m.remove_ended().await;
+                tick += 1;
+                if tick % 4 == 0 {
+                    m.resume_disk_full().await;
+                }
             }
         });
         Ok(manager)
@@ -464,6 +469,21 @@ impl SandboxManager {
             tracing::warn!(sandbox = %id, "the VM ended on its own ({status}); removing the sandbox. Last console lines:\n{console}");
             if let Err(e) = self.remove(&id, &live).await {
                 tracing::warn!(sandbox = %id, "removing a sandbox whose VM ended: {e}");
+            }
+        }
+    }
+
+    /// Resumes VMs QEMU paused on a full host disk once there is room again: a full
+    /// disk pauses every writing tenant at once, and nothing else would wake them.
+    async fn resume_disk_full(&self) {
+        let running: Vec<(String, Arc<Live>)> =
+            lock(&self.live).iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect();
+        for (id, live) in running {
+            let Ok(mut slot) = live.sandbox.try_lock() else { continue };
+            if let Some(sandbox) = slot.as_mut() {
+                if sandbox.resume_after_io_error().await {
+                    tracing::warn!(sandbox = %id, "resumed the VM QEMU had paused when the host's disk was full (it is no longer)");
+                }
             }
         }
     }

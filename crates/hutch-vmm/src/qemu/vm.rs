@@ -259,5 +259,10 @@ impl VmHandle for QemuVm {
     async fn resume(&mut self) -> Result<(), SnapshotError> {
         self.run("cont", None).await.map(drop)
     }
+
+    async fn run_state(&mut self) -> Result<String, SnapshotError> {
+        let status = self.run("query-status", None).await?;
+        Ok(status.get("status").and_then(Value::as_str).unwrap_or("unknown").to_string())
+    }
 }
 
