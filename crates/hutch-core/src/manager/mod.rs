@@ -194,8 +194,9 @@ impl SandboxManager {
                 let Some(m) = reaper.upgrade() else { return };
                 m.kill_expired().await;
                 m.remove_ended().await;
-                tick += 1;
-                if tick % 4 == 0 {
+                // Every 2 s: a QMP round trip per sandbox.
+                tick = (tick + 1) % 4;
+                if tick == 0 {
                     m.resume_disk_full().await;
                 }
             }
