@@ -42,6 +42,8 @@ pub enum ArchiveError {
     HashMismatch { expected: String, actual: String },
     #[error("the archive's disk is unsafe to use: {0}")]
     UnsafeDisk(String),
+    #[error("{0}")]
+    NoSpace(String),
     #[error("the archive's disk holds more than {limit} bytes (the manifest says {declared}); nothing larger is imported")]
     TooLarge { declared: u64, limit: u64 },
 }
@@ -149,6 +151,7 @@ pub fn import(archive: impl Read, dir: &Path) -> Result<Imported, ArchiveError> 
     if manifest.disk_bytes > MAX_ARCHIVE_BYTES {
         return Err(ArchiveError::TooLarge { declared: manifest.disk_bytes, limit: MAX_ARCHIVE_BYTES });
     }
+    crate::space::check_room(dir, manifest.disk_bytes).map_err(ArchiveError::NoSpace)?;
     let disk = dir.join(DISK);
     let mut reader = HashReader { inner: next(DISK)?, hash: Sha256::new() };
     let mut file = std::fs::File::create(&disk).map_err(io("writing", &disk))?;
@@ -162,6 +165,10 @@ pub fn import(archive: impl Read, dir: &Path) -> Result<Imported, ArchiveError> 
         written += n as u64;
         if written > limit {
             return Err(ArchiveError::TooLarge { declared: manifest.disk_bytes, limit });
+        }
+        if written % (64 << 20) < n as u64 {
+            // Other imports and VMs write to the same disk meanwhile.
+            crate::space::check_room(dir, 64 << 20).map_err(ArchiveError::NoSpace)?;
         }
         if buf[..n].iter().all(|b| *b == 0) {
             // A hole: leave it unallocated (the length is set at the end).

@@ -44,6 +44,19 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// What a client is told of a server-side failure: its kind, never its text (which
+/// may name host paths or carry QEMU's and qemu-img's output).
+fn summary(e: &ManagerError) -> &'static str {
+    match e {
+        ManagerError::Template(_) => "preparing the template failed",
+        ManagerError::Create(_) => "creating the sandbox failed",
+        ManagerError::Pause(_) => "pausing the sandbox failed",
+        ManagerError::Resume(_) => "resuming the sandbox failed",
+        ManagerError::Store(_) => "the server's database failed",
+        _ => "the server failed",
+    }
+}
+
 impl From<ManagerError> for ApiError {
     fn from(e: ManagerError) -> Self {
         let status = match &e {
@@ -68,6 +81,25 @@ impl From<ManagerError> for ApiError {
         // they go to the server's log, and the client gets the failure and a reference.
         let incident = format!("{:08x}", rand::random::<u32>());
         tracing::error!(incident, "{}", chain(&e));
-        ApiError { status, message: format!("{e} (the server's log has the details under incident {incident})"), logged: true }
+        ApiError { status, message: format!("{} (the server's log has the details under incident {incident})", summary(&e)), logged: true }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_errors_tell_the_client_no_host_details() {
+        let e = ApiError::from(ManagerError::Internal("qemu-img failed on /root/.local/share/hutch/x: stderr".into()));
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(!e.message.contains("/root") && !e.message.contains("stderr"), "{}", e.message);
+        assert!(e.message.contains("incident"), "{}", e.message);
+        // Client mistakes keep their whole message.
+        let e = ApiError::from(ManagerError::InvalidArgument("templateID 'x' is not allowed".into()));
+        assert_eq!((e.status, e.message.as_str()), (StatusCode::BAD_REQUEST, "templateID 'x' is not allowed"));
+        let e = ApiError::from(ManagerError::NoSpace("the server's disk has 3 MiB free".into()));
+        assert_eq!(e.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert!(e.message.contains("3 MiB free"));
     }
 }

@@ -14,6 +14,11 @@ use serde_json::json;
 
 pub const ENVD_PORT: u16 = 49983;
 
+/// Upgraded (WebSocket) connections relayed at once, all sandboxes together.
+const MAX_SPLICES: usize = 1024;
+static SPLICES: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SPLICES)));
+
 /// Agent endpoints only hutch itself may call (over the agent socket): `/init` sets the
 /// sandbox's access token and environment, `/clock` steps the guest clock, `/shutdown`
 /// powers it off. The proxy refuses them, as E2B's proxy refuses envd's internal endpoints.
@@ -140,6 +145,16 @@ async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request
         let _ = conn.with_upgrades().await;
     });
     let wants_upgrade = req.headers().contains_key(axum::http::header::UPGRADE);
+    // An upgraded connection leaves the listener's accounting once it is spliced, so
+    // the splices have their own cap.
+    let splice_slot = match wants_upgrade.then(|| SPLICES.clone().try_acquire_owned()) {
+        Some(Err(_)) => {
+            let body = json!({ "code": 503, "message": format!("the server relays {MAX_SPLICES} upgraded connections at most; try again later") });
+            return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
+        }
+        Some(Ok(p)) => Some(p),
+        None => None,
+    };
     let client_upgrade = wants_upgrade.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     let mut upstream = http::Request::from_parts(parts, body);
@@ -169,6 +184,7 @@ async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request
                     let mut server = hyper_util::rt::TokioIo::new(server);
                     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
                 }
+                drop(splice_slot);
             });
         }
     }

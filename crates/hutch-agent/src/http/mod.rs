@@ -80,7 +80,11 @@ struct SignedQuery {
 
 fn files_access(req: &Request, header_token: Option<&str>, token: &str) -> Result<(), &'static str> {
     let q = axum::extract::Query::<SignedQuery>::try_from_uri(req.uri()).map_err(|_| "the /files query string is malformed")?.0;
-    let op = if req.method() == Method::GET { Operation::Read } else { Operation::Write };
+    let op = match *req.method() {
+        Method::GET | Method::HEAD => Operation::Read,
+        Method::POST => Operation::Write,
+        _ => return Err("/files takes GET (download) and POST (upload)"),
+    };
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     let access = FileAccess {
         header_token,

@@ -298,6 +298,7 @@ impl SandboxManager {
         let mut opts = self.options(&spec.env_vars, &spec.metadata, token.clone());
         opts.cold = spec.cold;
         let named = self.store.snapshot(key_id, &template).await?;
+        self.quota_running(key_id, 1)?;
         if named.is_none() && !spec.cold {
             if let Some((sandbox, slot)) = self.take_pooled(&canonical(&template), &opts).await {
                 let artifacts = self.prepare(&template).await?;
@@ -307,7 +308,6 @@ impl SandboxManager {
                 return row;
             }
         }
-        self.quota_running(key_id, 1)?;
         let _slot = self.reserve_slot()?;
         let (sandbox, base_template) = match named {
             Some(snap) => self.start_from_named_snapshot(&snap, &opts).await?,
@@ -499,8 +499,14 @@ impl SandboxManager {
         for (id, live) in expired {
             if lock(&live.row).auto_pause {
                 tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
-                match self.pause_live(&id, &live).await {
+                match self.pause_live(&id, &live, pause::PausedBy::AutoPause).await {
                     Ok(()) => continue,
+                    Err(ManagerError::NoSpace(e)) => {
+                        // Killing it would lose what autoPause is for: keep it a minute, try again.
+                        tracing::warn!(sandbox = %id, "cannot pause the expired sandbox yet: {e}");
+                        lock(&live.row).end_at = rfc3339(SystemTime::now() + Duration::from_secs(60));
+                        continue;
+                    }
                     Err(e) => tracing::warn!(sandbox = %id, "pausing an expired sandbox failed, killing it: {e}"),
                 }
             } else {

@@ -20,6 +20,14 @@ fn is_paused_dir(dir: &Path) -> bool {
     dir.join(PAUSED_STATE).is_file() && dir.join(VM_RECORD).is_file()
 }
 
+/// Who asks for a pause. The paused-sandbox quota binds clients; a sandbox the key
+/// asked to pause at its timeout (autoPause) is paused over it rather than destroyed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum PausedBy {
+    Client,
+    AutoPause,
+}
+
 impl SandboxManager {
     /// At start: paused sandboxes of earlier runs are taken over; running ones died
     /// with that server (their VMs end with it) and are removed, each logged.
@@ -51,14 +59,16 @@ impl SandboxManager {
     /// E2B's pause: saves the sandbox and stops its VM.
     pub async fn pause(&self, key_id: &str, id: &str) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
-        self.pause_live(id, &live).await
+        self.pause_live(id, &live, PausedBy::Client).await
     }
 
-    pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>) -> Result<(), ManagerError> {
+    pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>, by: PausedBy) -> Result<(), ManagerError> {
         let mut slot = live.sandbox.lock().await;
         let Some(sandbox) = slot.as_mut() else { return Err(ManagerError::AlreadyPaused(id.to_string())) };
-        let key_id = lock(&live.row).key_id.clone();
-        self.quota_paused(&key_id)?;
+        if by == PausedBy::Client {
+            let key_id = lock(&live.row).key_id.clone();
+            self.quota_paused(&key_id)?;
+        }
         self.room_for_memory(sandbox.memory_mib())?;
         // New data-plane requests see "paused" from here on.
         lock(&live.agent).take();

@@ -44,7 +44,14 @@ impl SandboxManager {
                 *lock(&live.agent) = Some(sandbox.agent().clone());
                 made
             }
-            None => copy_paused(Path::new(&lock(&live.row).dir), &dir, &template, id),
+            None => {
+                // The row's lock is not held through the copy: everything else takes it.
+                let sandbox_dir = PathBuf::from(&lock(&live.row).dir);
+                let (to, t, sid) = (dir.clone(), template.clone(), id.to_string());
+                tokio::task::spawn_blocking(move || copy_paused(&sandbox_dir, &to, &t, &sid))
+                    .await
+                    .unwrap_or_else(|e| Err(ManagerError::Internal(e.to_string())))
+            }
         };
         drop(slot);
         // Restored copies share the snapshot's RAM pages (see `share_memory`); if that
@@ -164,7 +171,11 @@ impl SandboxManager {
         .map_err(|e| ManagerError::Internal(e.to_string()));
         let result = match unpacked {
             Ok(Ok(imported)) => self.register_import(key_id, &id, &dir, imported, name).await,
-            Ok(Err(e @ (ArchiveError::Io { .. } | ArchiveError::QemuImg { .. }))) => Err(ManagerError::Internal(format!("importing the archive: {e}"))),
+            Ok(Err(ArchiveError::QemuImg { .. })) => {
+                Err(ManagerError::InvalidArgument("the archive's disk.qcow2 is not a usable qcow2 image; nothing was imported".into()))
+            }
+            Ok(Err(ArchiveError::NoSpace(m))) => Err(ManagerError::NoSpace(m)),
+            Ok(Err(e @ ArchiveError::Io { .. })) => Err(ManagerError::Internal(format!("importing the archive: {e}"))),
             Ok(Err(e)) => Err(ManagerError::InvalidArgument(format!("{e}; nothing was imported"))),
             Err(e) => Err(e),
         };

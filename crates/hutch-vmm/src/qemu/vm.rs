@@ -15,6 +15,18 @@ const QMP_WAIT: Duration = Duration::from_secs(10);
 /// guards against a wedged QEMU.
 const MIGRATION_WAIT: Duration = Duration::from_secs(300);
 const MAX_SOCKET_PATH: usize = 107;
+
+/// `fd` moved to a number above 2 if it is one of 0-2 (hutch started with a closed
+/// stdio): the child's stdio set-up would otherwise overwrite it before `pre_exec`.
+fn above_stdio(fd: std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    let moved = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(std::io::Error::from)?;
+    // SAFETY: fcntl just returned `moved` as a new descriptor that nothing else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) })
+}
 /// QEMU's names for the migration fds hutch hands it.
 const MIGRATION_OUT: &str = "migout";
 const MIGRATION_IN: &str = "migin";
@@ -43,6 +55,7 @@ impl QemuVm {
         // so no other child of hutch inherits another VM's console.
         let (console_host, console_qemu) = std::os::unix::net::UnixStream::pair().map_err(StartError::Spawn)?;
         console_host.set_nonblocking(true).map_err(StartError::Spawn)?;
+        let console_qemu = above_stdio(console_qemu.into()).map_err(StartError::Spawn)?;
         let console_fd = std::os::fd::AsRawFd::as_raw_fd(&console_qemu);
         let die_with_parent = spec.die_with_parent;
         let mut cmd = Command::new(binary);
@@ -117,7 +130,13 @@ impl QemuVm {
     }
 
     async fn run(&mut self, command: &str, args: Option<Value>) -> Result<Value, SnapshotError> {
-        self.qmp()?.execute(command, args).await.map_err(SnapshotError::Qmp)
+        let result = self.qmp()?.execute(command, args).await;
+        if let Err(crate::qmp::QmpError::Timeout { .. }) = &result {
+            // Its late reply would be taken for the next command's: drop the connection
+            // (stop then kills QEMU instead of asking it).
+            self.qmp = None;
+        }
+        result.map_err(SnapshotError::Qmp)
     }
 
     async fn ignore_shared(&mut self, on: bool) -> Result<(), SnapshotError> {
