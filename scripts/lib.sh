@@ -12,7 +12,8 @@ QEMU_MIN=8.2
 # With their dependencies that must come from the same release (apt does not pick a
 # dependency's version from the suite named for the package that needs it).
 QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-system-data seabios qemu-utils)
-OTHER_PACKAGES=(mmdebstrap e2fsprogs util-linux ca-certificates musl-tools python3-venv)
+# g++: the fuzz targets' libFuzzer is C++ (scripts/fuzz.sh, run by the test suite).
+OTHER_PACKAGES=(mmdebstrap e2fsprogs util-linux ca-certificates musl-tools python3-venv g++)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -79,6 +80,7 @@ host_problem() {
 mkfs.ext4 e2fsprogs
 mmdebstrap mmdebstrap
 musl-gcc musl-tools
+g++ g++
 dpkg-deb dpkg
 script bsdutils
 EOF

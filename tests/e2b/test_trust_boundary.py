@@ -24,6 +24,18 @@ def routed(sbx, port: int = 49983) -> dict:
     return {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(port)}
 
 
+def port_answer(server, headers: dict, path: str, what: str) -> httpx.Response:
+    """The first 200 from a server the guest is starting on a port, through the proxy."""
+    seen = []
+
+    def answers():
+        seen.append(httpx.get(server.url + path, headers=headers, timeout=30))
+        return seen[-1].status_code == 200
+
+    wait_until(answers, what, timeout=60, interval=0.3, detail=lambda: f"last answer {seen[-1].status_code}: {seen[-1].text}")
+    return seen[-1]
+
+
 def test_files_need_the_token_or_a_signature(server, secure):
     secure.files.write("/home/user/secret.txt", "mine")
     files = server.url + "/files"
@@ -75,15 +87,8 @@ def test_the_hosts_own_calls_carry_the_token(server, secure):
     assert secure.get_metrics(), "metrics of a secure sandbox"
     secure.commands.run("mkdir -p /tmp/www && echo tunnelled > /tmp/www/t.txt")
     web = secure.commands.run("cd /tmp/www && python3 -m http.server 8002", background=True)
-    seen = []
-
-    def answers():
-        seen.append(httpx.get(server.url + "/t.txt", headers=routed(secure, 8002), timeout=30))
-        return seen[-1].status_code == 200
-
-    wait_until(answers, "the secure sandbox's port 8002 to answer through the proxy", timeout=60, interval=0.3,
-               detail=lambda: f"last answer {seen[-1].status_code}: {seen[-1].text}")
-    assert seen[-1].text == "tunnelled\n"
+    got = port_answer(server, routed(secure, 8002), "/t.txt", "the secure sandbox's port 8002 to answer through the proxy")
+    assert got.text == "tunnelled\n"
     web.kill()
     log = server.home / "serve.log"
     before = log.read_text()
@@ -111,15 +116,7 @@ def test_hutchs_credentials_never_reach_the_guest(server, secure):
     echo = secure.commands.run("python3 /tmp/echo.py", background=True)
     sent = {**routed(secure, 8003), "X-API-Key": server.key, "E2b-Traffic-Access-Token": "tok", "Cookie": "app=1",
             "Authorization": "Bearer app-token"}
-    got = []
-
-    def answers():
-        got.append(httpx.get(server.url + "/", headers=sent, timeout=30))
-        return got[-1].status_code == 200
-
-    wait_until(answers, "the guest's header echo on port 8003", timeout=60, interval=0.3,
-               detail=lambda: f"last answer {got[-1].status_code}: {got[-1].text}")
-    seen = got[-1].text
+    seen = port_answer(server, sent, "/", "the guest's header echo on port 8003").text
     assert server.key not in seen and "x-api-key" not in seen and "e2b-traffic-access-token" not in seen, seen
     # The guest's own web app keeps its cookies and its own authorization.
     assert "cookie: app=1" in seen and "authorization: Bearer app-token" in seen, seen
@@ -308,15 +305,8 @@ def test_private_ports_need_the_traffic_token(server):
         sbx.commands.run("mkdir -p /tmp/p && echo private > /tmp/p/x.txt")
         web = sbx.commands.run("cd /tmp/p && python3 -m http.server 8004", background=True)
         with_token = {**routed(sbx, 8004), "E2b-Traffic-Access-Token": token}
-        seen = []
-
-        def answers():
-            seen.append(httpx.get(server.url + "/x.txt", headers=with_token, timeout=30))
-            return seen[-1].status_code == 200
-
-        wait_until(answers, "the private port 8004 to answer with the traffic token", timeout=60, interval=0.3,
-                   detail=lambda: f"last answer {seen[-1].status_code}: {seen[-1].text}")
-        assert seen[-1].text == "private\n"
+        got = port_answer(server, with_token, "/x.txt", "the private port 8004 to answer with the traffic token")
+        assert got.text == "private\n"
         for headers in (routed(sbx, 8004), {**routed(sbx, 8004), "E2b-Traffic-Access-Token": "0" * len(token)}):
             r = httpx.get(server.url + "/x.txt", headers=headers, timeout=30)
             assert r.status_code == 403 and "trafficAccessToken" in r.json()["message"], r.text
