@@ -454,14 +454,17 @@ impl SandboxManager {
 
     /// Running sandboxes past their end: paused when they asked for it, else killed.
     /// Paused sandboxes do not expire.
+    /// The running sandboxes, taken out of the map's lock so each can be locked alone.
+    fn running_lives(&self) -> Vec<(String, Arc<Live>)> {
+        lock(&self.live).iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect()
+    }
+
     /// Removes running sandboxes whose VM ended on its own (a guest kernel panic or
     /// power-off, QEMU killed from outside), so the API stops calling them running.
     /// A sandbox whose lock is held is mid-operation (a pause stops its VM on purpose)
     /// and is looked at next time.
     async fn remove_ended(&self) {
-        let running: Vec<(String, Arc<Live>)> =
-            lock(&self.live).iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect();
-        for (id, live) in running {
+        for (id, live) in self.running_lives() {
             let ended = match live.sandbox.try_lock() {
                 Ok(mut slot) => slot.as_mut().and_then(|s| s.vm_ended().map(|status| (status, s.console_tail(5)))),
                 Err(_) => None,
@@ -477,9 +480,7 @@ impl SandboxManager {
     /// Resumes VMs QEMU paused on a full host disk once there is room again: a full
     /// disk pauses every writing tenant at once, and nothing else would wake them.
     async fn resume_disk_full(&self) {
-        let running: Vec<(String, Arc<Live>)> =
-            lock(&self.live).iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect();
-        for (id, live) in running {
+        for (id, live) in self.running_lives() {
             let Ok(mut slot) = live.sandbox.try_lock() else { continue };
             if let Some(sandbox) = slot.as_mut() {
                 if sandbox.resume_after_io_error().await {
