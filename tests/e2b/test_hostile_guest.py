@@ -177,3 +177,57 @@ def test_vms_paused_by_a_full_host_disk_resume_when_space_returns(tmp_path, monk
             proc.wait(timeout=60)
         subprocess.run(["umount", "-l", str(home)], check=False)
         shutil.rmtree(home, ignore_errors=True)
+
+
+def status_fields(pid: int) -> dict:
+    return {k: v.split() for k, _, v in (line.partition(":") for line in open(f"/proc/{pid}/status"))}
+
+
+def hutch_cgroups(pid: int) -> list:
+    """The cgroup directories hutch put a QEMU in (one per v1 controller, or a v2 group)."""
+    dirs = []
+    for line in open(f"/proc/{pid}/cgroup"):
+        _, controllers, path = line.strip().split(":", 2)
+        if "/hutch/" in path:
+            first = controllers.split(",")[0]
+            dirs.append(f"/sys/fs/cgroup/{first}{path}" if first else f"/sys/fs/cgroup{path}")
+    return dirs
+
+
+def test_qemu_runs_jailed_as_its_own_user_in_its_own_cgroup(server, bystander):
+    """What an escaped QEMU would have: no root, no capabilities, a seccomp filter, a
+    memory/pids/cpu cgroup, and a filesystem holding only its own VM's files."""
+    import os
+    victim = Sandbox.create("base")
+    sid = victim.sandbox_id
+    try:
+        pid = int((server.home / "sandboxes" / sid / "qemu.pid").read_text())
+        f = status_fields(pid)
+        uid = str(1_500_000_000 + pid)
+        assert f["Uid"] == [uid] * 4 and f["Gid"] == [uid] * 4, f["Uid"]
+        assert f["Groups"] == [] and f["CapEff"] == ["0000000000000000"] and f["CapPrm"] == ["0000000000000000"]
+        assert f["NoNewPrivs"] == ["1"] and f["Seccomp"] == ["2"]
+        groups = hutch_cgroups(pid)
+        limits = {}
+        for d in groups:
+            for name in ("memory.limit_in_bytes", "memory.max", "pids.max", "cpu.cfs_quota_us", "cpu.max"):
+                if os.path.exists(f"{d}/{name}"):
+                    limits[name] = open(f"{d}/{name}").read().strip()
+        memory = int(limits.get("memory.limit_in_bytes") or limits["memory.max"])
+        assert 512 << 20 < memory <= 2 << 30, limits  # the guest's RAM plus QEMU's own
+        assert limits["pids.max"] == "256", limits
+        assert ("cpu.cfs_quota_us" in limits and int(limits["cpu.cfs_quota_us"]) > 0) or "cpu.max" in limits, limits
+        # Its view of HUTCH_HOME: its own disk, but not the bystander's, nor the database.
+        root = f"/proc/{pid}/root{server.home}"
+        seen = {os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs}
+        assert f"sandboxes/{sid}/disk.qcow2" in seen, sorted(seen)
+        assert not any(bystander.sandbox_id in p for p in seen), sorted(seen)
+        assert not any(p.endswith((".db", "vm.json", "console.log")) for p in seen), sorted(seen)
+        # The guest works as before, and the cgroups go with the VM.
+        assert victim.commands.run("echo jailed").stdout == "jailed\n"
+        still_fine(server, bystander)
+        victim.kill()
+        wait_until(lambda: not any(os.path.exists(d) for d in groups), "the killed VM's cgroups to be removed", timeout=30,
+                   detail=lambda: str([d for d in groups if os.path.exists(d)]))
+    finally:
+        Sandbox.kill(sid)

@@ -11,7 +11,7 @@
 //! direction cannot corrupt a new one.
 
 use bytes::Bytes;
-use hutch_proto::agent::{find_hello, hello_line, HELLO_PREFIX};
+use hutch_proto::agent::{find_host_line, hello_line, idle_reply, opens_host_line, HostLine, HELLO_PREFIX};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use std::io::{Read, Write};
@@ -94,19 +94,29 @@ fn start_port_threads(path: &PathBuf) -> std::io::Result<(mpsc::Receiver<Inbound
 }
 
 /// Waits for a host's hello (`carried`: bytes a session already read from the next
-/// host), echoes it, and returns the bytes that followed it.
+/// host), echoes it, and returns the bytes that followed it. Idle probes met on the
+/// way are answered: this is the only place that answers them, so an answer tells the
+/// host the agent is between sessions.
 async fn accept(inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>, carried: Option<Bytes>) -> Option<Vec<u8>> {
     let mut pending = carried.map(|b| b.to_vec()).unwrap_or_default();
     loop {
-        if find_hello(&pending).is_none() {
+        if find_host_line(&pending).is_none() {
             match inbound.recv().await? {
                 Inbound::HostGone => pending.clear(),
                 Inbound::Data(d) => pending.extend_from_slice(&d),
             }
         }
-        if let Some((end, nonce)) = find_hello(&pending) {
-            outbound.send(Bytes::from(hello_line(nonce))).await.ok()?;
-            return Some(pending.split_off(end));
+        while let Some((end, line)) = find_host_line(&pending) {
+            match line {
+                HostLine::IdleProbe(nonce) => {
+                    outbound.send(Bytes::from(idle_reply(nonce))).await.ok()?;
+                    pending.drain(..end);
+                }
+                HostLine::Hello(nonce) => {
+                    outbound.send(Bytes::from(hello_line(nonce))).await.ok()?;
+                    return Some(pending.split_off(end));
+                }
+            }
         }
         if pending.len() > MAX_GARBAGE {
             pending.drain(..pending.len() - HELLO_PREFIX.len());
@@ -165,7 +175,7 @@ async fn next_data(inbound: &mut mpsc::Receiver<Inbound>) -> Next {
             None => return Next::Gone,
             Some(Inbound::Data(d)) => return Next::Data(d),
             Some(Inbound::HostGone) => match tokio::time::timeout(GONE_CONFIRM, inbound.recv()).await {
-                Ok(Some(Inbound::Data(d))) if d.starts_with(HELLO_PREFIX) => return Next::NewHost(d),
+                Ok(Some(Inbound::Data(d))) if opens_host_line(&d) => return Next::NewHost(d),
                 Ok(Some(Inbound::Data(d))) => return Next::Data(d),
                 Ok(Some(Inbound::HostGone)) | Ok(None) => return Next::Gone,
                 Err(_) => tracing::debug!("a stale host-gone on the port; the session goes on"),
@@ -225,4 +235,49 @@ async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound
     }
     tracing::debug!("agent session closed after {:?}", started.elapsed());
     next_host
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hutch_proto::agent::{find_line, idle_probe, IDLE_REPLY_PREFIX};
+
+    fn port() -> (mpsc::Sender<Inbound>, mpsc::Receiver<Inbound>, mpsc::Sender<Bytes>, mpsc::Receiver<Bytes>) {
+        let (in_tx, in_rx) = mpsc::channel(16);
+        let (out_tx, out_rx) = mpsc::channel(16);
+        (in_tx, in_rx, out_tx, out_rx)
+    }
+
+    #[tokio::test]
+    async fn an_idle_agent_answers_probes_and_stays_waiting_for_a_hello() {
+        let (host, mut inbound, outbound, mut to_host) = port();
+        let waiting = tokio::spawn(async move { accept(&mut inbound, &outbound, None).await });
+        host.send(Inbound::Data(Bytes::from(idle_probe(42)))).await.expect("port open");
+        let reply = to_host.recv().await.expect("a reply");
+        assert_eq!(find_line(&reply, IDLE_REPLY_PREFIX).map(|(_, _, n)| n), Some(42));
+        assert!(!waiting.is_finished(), "a probe started a session");
+        let mut hello = hello_line(7);
+        hello.extend_from_slice(b"PRI *");
+        host.send(Inbound::Data(Bytes::from(hello))).await.expect("port open");
+        assert_eq!(to_host.recv().await.expect("a reply").as_ref(), hello_line(7).as_slice());
+        assert_eq!(waiting.await.expect("accept ran").expect("a session"), b"PRI *");
+    }
+
+    #[tokio::test]
+    async fn a_console_line_is_not_an_answer_and_a_session_does_not_answer_a_probe() {
+        // The session ends on a probe (a new host's opening line) without answering it:
+        // only `accept`, between sessions, does.
+        let (host, mut inbound, outbound, mut to_host) = port();
+        host.send(Inbound::HostGone).await.expect("port open");
+        host.send(Inbound::Data(Bytes::from(idle_probe(9)))).await.expect("port open");
+        let app = axum::Router::new();
+        let carried = session(Vec::new(), &mut inbound, &outbound, app).await;
+        assert_eq!(carried.as_deref(), Some(idle_probe(9).as_slice()));
+        assert!(to_host.try_recv().map(|b| find_line(&b, IDLE_REPLY_PREFIX).is_none()).unwrap_or(true));
+        let waiting = tokio::spawn(async move { accept(&mut inbound, &outbound, carried).await });
+        let reply = to_host.recv().await.expect("a reply");
+        assert_eq!(find_line(&reply, IDLE_REPLY_PREFIX).map(|(_, _, n)| n), Some(9));
+        assert!(find_line(hutch_proto::agent::IDLE_LINE.as_bytes(), IDLE_REPLY_PREFIX).is_none());
+        waiting.abort();
+    }
 }

@@ -281,7 +281,7 @@ impl Sandbox {
     pub async fn pause(&mut self) -> Result<(), PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         flush_guest(&self.agent).await;
-        crate::snapshot::release_agent(&self.agent, vm.console_signals(), RELEASE_WAIT).await?;
+        crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await?;
         let state = self.dir.join(PAUSED_STATE);
         if let Err(e) = vm.save(&state, false).await {
             let _ = std::fs::remove_file(&state);
@@ -299,7 +299,7 @@ impl Sandbox {
     pub async fn snapshot(&mut self, dir: &Path, template: &str) -> Result<MemorySnapshot, PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         flush_guest(&self.agent).await;
-        crate::snapshot::release_agent(&self.agent, vm.console_signals(), RELEASE_WAIT).await?;
+        crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await?;
         let saved = crate::snapshot::save_vm(vm.as_mut(), &self.record.spec.disk, dir, false).await;
         let resumed = vm.resume().await;
         self.reattach().await;
@@ -393,8 +393,9 @@ impl Sandbox {
     }
 
     /// The agent's console signals, while the VM runs.
-    pub fn console_signals(&self) -> Option<crate::snapshot::ConsoleSignals> {
-        self.vm.as_ref().map(|v| v.console_signals())
+    /// The running VM's agent socket.
+    pub fn agent_socket(&self) -> Option<PathBuf> {
+        self.vm.as_ref().map(|v| v.agent_socket())
     }
 
     pub fn console_tail(&self, lines: usize) -> String {
@@ -480,7 +481,7 @@ async fn init_with_retry(vm: &mut dyn VmHandle, mut agent: AgentClient, id: &str
             Ok(()) => return Ok(agent.with_token(opts.access_token.as_deref())),
             Err(e @ CreateError::InitTimeout { .. }) if restored && attempt < 3 && started.elapsed() < opts.boot_timeout => {
                 tracing::warn!(sandbox = id, "{e}; reconnecting (attempt {attempt})");
-                let _ = crate::snapshot::release_agent(&agent, vm.console_signals(), Duration::from_secs(5)).await;
+                let _ = crate::snapshot::release_agent(&agent, &vm.agent_socket(), Duration::from_secs(5)).await;
                 agent = connect_restored(vm, opts.boot_timeout, Instant::now()).await?;
             }
             Err(e) => return Err(e),
@@ -539,28 +540,34 @@ async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, started: Insta
 
 pub use hutch_proto::agent::READY_LINE;
 
-/// Waits for the booting guest's agent. The console says when the agent serves the
-/// channel, so the host connects once and then waits: reconnecting while the guest
-/// is mid-session (slow under TCG) would hand the new hello to the old session.
+/// Waits for the booting guest's agent. An idle probe over the channel says when the
+/// agent serves it, so the host then connects once and waits: reconnecting while the
+/// guest is mid-session (slow under TCG) would hand the new hello to the old session.
 pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
     let console = vm.console_log();
     let exited = |vm: &mut dyn VmHandle| vm.exit_status().map(|status| CreateError::VmExited { status, console: console_tail(&console, 30) });
     let timed_out = || CreateError::BootTimeout { secs: limit.as_secs(), console: console_tail(&console, 30) };
-    let mut signals = vm.console_signals();
+    let socket = vm.agent_socket();
+    let probe = agent::wait_idle(&socket);
+    tokio::pin!(probe);
     loop {
         if let Some(e) = exited(vm) {
             return Err(e);
         }
-        if started.elapsed() >= limit {
+        let left = limit.saturating_sub(started.elapsed());
+        if left.is_zero() {
             return Err(timed_out());
         }
-        if signals.borrow_and_update().ready > 0 {
-            break;
-        }
-        // Woken by the console; the bound is for noticing an exit or the deadline.
-        if let Ok(Err(_)) = tokio::time::timeout(Duration::from_millis(100), signals.changed()).await {
-            // The console closed: QEMU is ending; poll for its exit status.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        // The bound is for noticing an exit or the deadline while the guest boots.
+        match tokio::time::timeout(left.min(Duration::from_millis(100)), &mut probe).await {
+            Ok(Ok(())) => break,
+            // QEMU closed the socket: it is ending; the next turn reports how.
+            Ok(Err(e)) => {
+                tracing::debug!("idle probe: {e}");
+                probe.set(agent::wait_idle(&socket));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {}
         }
     }
     let socket = vm.agent_socket();

@@ -141,19 +141,17 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
     result
 }
 
-/// Closes the host's agent session and waits until the guest agent says it is idle
-/// (`signals`: the VM's console signals).
-pub async fn release_agent(agent: &AgentClient, mut signals: ConsoleSignals, limit: Duration) -> Result<(), SaveError> {
-    let idle_before = signals.borrow_and_update().idle;
+/// Closes the host's agent session and waits until the guest agent, asked over its
+/// channel (`socket`), answers that it has left the session (an idle probe): the
+/// moment a VM can be saved. Nothing the guest prints on its console counts.
+pub async fn release_agent(agent: &AgentClient, socket: &Path, limit: Duration) -> Result<(), SaveError> {
     agent.close();
-    match tokio::time::timeout(limit, signals.wait_for(|s| s.idle > idle_before)).await {
-        Ok(Ok(_)) => Ok(()),
-        // The console closed (QEMU ended) or the deadline passed: not idle.
+    match tokio::time::timeout(limit, crate::agent::wait_idle(socket)).await {
+        Ok(Ok(())) => Ok(()),
+        // QEMU ended, the channel broke or the deadline passed: not idle.
         _ => Err(SaveError::AgentBusy(limit.as_secs())),
     }
 }
-
-pub type ConsoleSignals = tokio::sync::watch::Receiver<hutch_vmm::console::Signals>;
 
 /// Saves a paused-for-saving VM into `dir`: its state (RAM left out when it lives in a
 /// shared file) and a copy of its disk overlay, taken while QEMU has the disk flushed

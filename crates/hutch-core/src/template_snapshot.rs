@@ -179,7 +179,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
                 .map_err(|detail| TemplateSnapshotError::WarmUp { port, detail: format!("{detail}; console:\n{}", console_tail(&spec.console_log(), 20)) })?;
         }
     }
-    crate::snapshot::release_agent(&agent, vm.console_signals(), Duration::from_secs(10)).await?;
+    crate::snapshot::release_agent(&agent, &vm.agent_socket(), Duration::from_secs(10)).await?;
     drop(agent);
     crate::snapshot::save_vm(vm.as_mut(), &disk, dir, true).await?;
     vm.stop(Duration::from_secs(5)).await.map_err(TemplateSnapshotError::Stop)?;

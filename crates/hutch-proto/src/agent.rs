@@ -47,11 +47,12 @@ pub struct ClockReply {
     pub unix_ns: i128,
 }
 
-/// The console line an agent prints once it serves the agent channel.
+/// The console line an agent prints once it serves the agent channel. For people and
+/// benchmarks reading the console only: the host takes no signal from the console,
+/// which any guest root can write (see `IDLE_PROBE_PREFIX`).
 pub const READY_LINE: &str = "hutch-agent: ready";
 
-/// The console line an agent prints when a host session ends and it waits for the
-/// next one: the moment a template VM can be snapshotted.
+/// The console line an agent prints when a host session ends (for people, as above).
 pub const IDLE_LINE: &str = "hutch-agent: idle";
 
 /// Error body of the agent's plain HTTP endpoints (same as envd's).
@@ -83,28 +84,72 @@ pub struct Metrics {
 /// up to its own echoed nonce, so each HTTP/2 session starts on a clean boundary.
 pub const HELLO_PREFIX: &[u8] = b"HUTCH-HELLO ";
 
-pub fn hello_line(nonce: u64) -> Vec<u8> {
-    let mut line = HELLO_PREFIX.to_vec();
+/// The idle probe: a host asks whether the agent is between sessions, waiting for a
+/// hello. Only then does the agent answer, with `IDLE_REPLY_PREFIX` and the same nonce,
+/// and it stays waiting. This is how the host learns that a booting agent serves the
+/// channel and that a released one has left its session (before a snapshot): over the
+/// channel, echoing a nonce the host just drew, never from console output.
+pub const IDLE_PROBE_PREFIX: &[u8] = b"HUTCH-IDLE? ";
+pub const IDLE_REPLY_PREFIX: &[u8] = b"HUTCH-IDLE ";
+
+fn line(prefix: &[u8], nonce: u64) -> Vec<u8> {
+    let mut line = prefix.to_vec();
     line.extend_from_slice(format!("{nonce:016x}\n").as_bytes());
     line
 }
 
-/// Finds a hello line in `buf`: returns the index just past it and its nonce. A
-/// malformed one (the prefix, then anything but a hex nonce and a newline: a guest can
-/// write that) is skipped, so it cannot hide a real hello after it.
-pub fn find_hello(buf: &[u8]) -> Option<(usize, u64)> {
+pub fn hello_line(nonce: u64) -> Vec<u8> {
+    line(HELLO_PREFIX, nonce)
+}
+
+pub fn idle_probe(nonce: u64) -> Vec<u8> {
+    line(IDLE_PROBE_PREFIX, nonce)
+}
+
+pub fn idle_reply(nonce: u64) -> Vec<u8> {
+    line(IDLE_REPLY_PREFIX, nonce)
+}
+
+/// Finds a `prefix` line in `buf`: returns where it starts, the index just past it and
+/// its nonce. A malformed one (the prefix, then anything but a hex nonce and a newline:
+/// a guest can write that) is skipped, so it cannot hide a real one after it.
+pub fn find_line(buf: &[u8], prefix: &[u8]) -> Option<(usize, usize, u64)> {
     let mut from = 0;
     loop {
-        let start = from + buf[from..].windows(HELLO_PREFIX.len()).position(|w| w == HELLO_PREFIX)?;
-        let body = start + HELLO_PREFIX.len();
+        let start = from + buf[from..].windows(prefix.len()).position(|w| w == prefix)?;
+        let body = start + prefix.len();
         // No newline yet: this line is still arriving, and so is anything after it.
         let nl = buf[body..].iter().position(|b| *b == b'\n')?;
         let nonce = std::str::from_utf8(&buf[body..body + nl]).ok().and_then(|t| u64::from_str_radix(t, 16).ok());
         match nonce {
-            Some(n) => return Some((body + nl + 1, n)),
+            Some(n) => return Some((start, body + nl + 1, n)),
             None => from = start + 1,
         }
     }
+}
+
+/// Finds a hello line in `buf`: returns the index just past it and its nonce.
+pub fn find_hello(buf: &[u8]) -> Option<(usize, u64)> {
+    find_line(buf, HELLO_PREFIX).map(|(_, end, nonce)| (end, nonce))
+}
+
+/// What a host opens with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostLine {
+    Hello(u64),
+    IdleProbe(u64),
+}
+
+/// The first hello or idle probe in `buf`, and the index just past it.
+pub fn find_host_line(buf: &[u8]) -> Option<(usize, HostLine)> {
+    let hello = find_line(buf, HELLO_PREFIX).map(|(start, end, n)| (start, end, HostLine::Hello(n)));
+    let probe = find_line(buf, IDLE_PROBE_PREFIX).map(|(start, end, n)| (start, end, HostLine::IdleProbe(n)));
+    [hello, probe].into_iter().flatten().min_by_key(|(start, _, _)| *start).map(|(_, end, l)| (end, l))
+}
+
+/// Whether bytes from the host open a new host's connection.
+pub fn opens_host_line(bytes: &[u8]) -> bool {
+    bytes.starts_with(HELLO_PREFIX) || bytes.starts_with(IDLE_PROBE_PREFIX)
 }
 
 #[cfg(test)]
@@ -129,5 +174,19 @@ mod tests {
         buf.extend_from_slice(&hello_line(7));
         assert_eq!(find_hello(&buf).map(|(_, n)| n), Some(7));
         assert_eq!(find_hello(b"HUTCH-HELLO zz\nHUTCH-HELLO 1"), None);
+    }
+
+    #[test]
+    fn host_lines_are_taken_in_order_and_replies_are_not_probes() {
+        let mut buf = b"stale".to_vec();
+        buf.extend_from_slice(&idle_probe(5));
+        buf.extend_from_slice(&hello_line(6));
+        let (end, first) = find_host_line(&buf).expect("a host line");
+        assert_eq!(first, HostLine::IdleProbe(5));
+        assert_eq!(find_host_line(&buf[end..]).map(|(_, l)| l), Some(HostLine::Hello(6)));
+        // The agent's reply does not read as a probe, and a probe is not a reply.
+        assert_eq!(find_host_line(&idle_reply(5)), None);
+        assert_eq!(find_line(&idle_probe(5), IDLE_REPLY_PREFIX), None);
+        assert!(opens_host_line(&idle_probe(1)) && opens_host_line(&hello_line(1)) && !opens_host_line(b"PRI *"));
     }
 }

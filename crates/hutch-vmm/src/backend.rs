@@ -61,6 +61,10 @@ pub enum StartError {
     Qemu(crate::qemu::QemuVersionError),
     #[error("starting QEMU")]
     Spawn(#[source] std::io::Error),
+    #[error("confining QEMU")]
+    Jail(#[source] crate::qemu::jail::JailError),
+    #[error("QEMU could not enter its confinement (mount namespace, cgroup, uid): {0}; set HUTCH_JAIL=off to run it unconfined")]
+    Confine(std::io::Error),
     #[error("QEMU exited while starting ({status}): {stderr}")]
     Exited { status: String, stderr: String },
     #[error("QEMU did not open its QMP socket within {secs} s")]
@@ -98,8 +102,6 @@ pub trait VmHandle: Send + Sync {
     /// The host end of the agent channel (a unix socket).
     fn agent_socket(&self) -> PathBuf;
     fn console_log(&self) -> PathBuf;
-    /// The agent's signal lines seen on the console so far (see `console`).
-    fn console_signals(&self) -> tokio::sync::watch::Receiver<crate::console::Signals>;
     /// Whether the VM has ended, and how.
     fn exit_status(&mut self) -> Option<String>;
     /// Asks the VM to end (QMP `quit`), killing it if it does not within `grace`.

@@ -5,23 +5,15 @@
 //! older one, whose bytes are counted in `console.dropped`. Nobody holds the console in
 //! memory; readers get at most `CAP` bytes.
 //!
-//! The reader also watches the stream for the agent's signal lines (ready, idle), so
-//! waiting for one is a channel wait, not a re-read of the file.
+//! hutch takes no signal from the console: any guest root can write to it. Readiness
+//! and idleness come over the agent channel (`hutch_proto::agent::IDLE_PROBE_PREFIX`).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use tokio::io::AsyncReadExt;
-use tokio::sync::watch;
 
 /// Console bytes kept per VM, both halves together.
 pub const CAP: u64 = 1 << 20;
-
-/// How often the agent's signal lines have appeared since this VM started.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Signals {
-    pub ready: u64,
-    pub idle: u64,
-}
 
 fn older(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
@@ -99,37 +91,8 @@ impl Ring {
     }
 }
 
-/// Counts signal lines in a stream that arrives in arbitrary chunks.
-#[derive(Default)]
-pub struct Scanner {
-    carry: Vec<u8>,
-}
-
-impl Scanner {
-    pub fn feed(&mut self, chunk: &[u8], signals: &mut Signals) {
-        let longest = [hutch_proto::agent::READY_LINE.len(), hutch_proto::agent::IDLE_LINE.len()].into_iter().max().unwrap_or(0);
-        let mut window = std::mem::take(&mut self.carry);
-        let seen = window.len();
-        window.extend_from_slice(chunk);
-        let count = |line: &str| -> u64 {
-            // Only matches that end in the new bytes: the carried ones were counted.
-            window
-                .windows(line.len())
-                .enumerate()
-                .filter(|(i, w)| *w == line.as_bytes() && i + line.len() > seen)
-                .count() as u64
-        };
-        signals.ready += count(hutch_proto::agent::READY_LINE);
-        signals.idle += count(hutch_proto::agent::IDLE_LINE);
-        let keep = longest.saturating_sub(1).min(window.len());
-        self.carry = window.split_off(window.len() - keep);
-    }
-}
-
-/// Copies the console socket into the ring at `path` until QEMU closes it, publishing
-/// signal counts as they appear.
-pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) -> watch::Receiver<Signals> {
-    let (tx, rx) = watch::channel(Signals::default());
+/// Copies the console socket into the ring at `path` until QEMU closes it.
+pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) {
     tokio::spawn(async move {
         let mut ring = match Ring::open(&path, CAP) {
             Ok(r) => r,
@@ -139,7 +102,6 @@ pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) -> watch::Rec
             }
         };
         let mut socket = socket;
-        let mut scanner = Scanner::default();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
             let n = match socket.read(&mut buf).await {
@@ -149,16 +111,8 @@ pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) -> watch::Rec
             if let Err(e) = ring.append(&buf[..n]) {
                 tracing::warn!("writing the console {}: {e}", path.display());
             }
-            let mut signals = *tx.borrow();
-            scanner.feed(&buf[..n], &mut signals);
-            tx.send_if_modified(|s| {
-                let changed = *s != signals;
-                *s = signals;
-                changed
-            });
         }
     });
-    rx
 }
 
 #[cfg(test)]
@@ -178,20 +132,5 @@ mod tests {
         assert_eq!(dropped(&path) + kept.len() as u64, 700);
         // The newest bytes are the last ones written.
         assert_eq!(&kept[kept.len() - 7..], &[b'a' + 99 % 26; 7]);
-    }
-
-    #[test]
-    fn signal_lines_are_found_across_chunk_boundaries_once() {
-        let mut scanner = Scanner::default();
-        let mut s = Signals::default();
-        let text = format!("boot\n{}\nx{}\n{}\n", hutch_proto::agent::READY_LINE, hutch_proto::agent::IDLE_LINE, hutch_proto::agent::IDLE_LINE);
-        for chunk in text.as_bytes().chunks(3) {
-            scanner.feed(chunk, &mut s);
-        }
-        assert_eq!(s, Signals { ready: 1, idle: 2 });
-        let mut whole = Scanner::default();
-        let mut t = Signals::default();
-        whole.feed(text.as_bytes(), &mut t);
-        assert_eq!(t, s);
     }
 }

@@ -14,7 +14,6 @@ pub struct FakeBackend {
 
 struct FakeVm {
     spec: VmSpec,
-    signals: tokio::sync::watch::Sender<crate::console::Signals>,
     stopped: Arc<Mutex<Vec<String>>>,
     ended: bool,
 }
@@ -30,7 +29,7 @@ impl VmBackend for FakeBackend {
             return Err(StartError::Exited { status: "exit status: 1".into(), stderr: msg });
         }
         self.started.lock().unwrap_or_else(|e| e.into_inner()).push(spec.clone());
-        Ok(Box::new(FakeVm { spec: spec.clone(), signals: tokio::sync::watch::Sender::new(Default::default()), stopped: self.stopped.clone(), ended: false }))
+        Ok(Box::new(FakeVm { spec: spec.clone(), stopped: self.stopped.clone(), ended: false }))
     }
 }
 
@@ -53,9 +52,6 @@ impl VmHandle for FakeVm {
     }
     fn console_log(&self) -> PathBuf {
         self.spec.console_log()
-    }
-    fn console_signals(&self) -> tokio::sync::watch::Receiver<crate::console::Signals> {
-        self.signals.subscribe()
     }
     fn exit_status(&mut self) -> Option<String> {
         self.ended.then(|| "stopped".to_string())

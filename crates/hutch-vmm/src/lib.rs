@@ -1,7 +1,7 @@
 //! VM backends. Owns: the `VmBackend` trait, the QEMU `microvm` backend (process, QMP,
 //! disks, command line), the accelerator probe, and a fake backend for unit tests.
 //! Must not know about sandboxes, users or the agent's API: it starts, stops and kills VMs.
-#![allow(unsafe_code)] // KVM probe, prctl and rdtsc; each block has a SAFETY note.
+#![allow(unsafe_code)] // KVM probe, prctl, rdtsc and the jail's syscalls; each block has a SAFETY note.
 
 pub mod accel;
 pub mod backend;

@@ -4,7 +4,6 @@
 use crate::local::Local;
 use anyhow::Context;
 use clap::Args;
-use hutch_core::sandbox::READY_LINE;
 use hutch_core::{Sandbox, SandboxOptions};
 use hutch_proto::process::{ProcessConfig, ProcessEvent, StartRequest};
 use hutch_vmm::qemu::QemuBackend;
@@ -122,19 +121,9 @@ pub async fn exec_once(sb: &Sandbox, req: &StartRequest) -> anyhow::Result<Durat
 
 /// QEMU with hutch's command line for `spec`, started directly (no QMP session, no
 /// sandbox); killed when dropped.
-pub fn spawn_bare_qemu(backend: &QemuBackend, spec: &VmSpec) -> anyhow::Result<tokio::process::Child> {
-    tokio::process::Command::new(&backend.binary)
-        .args(hutch_vmm::qemu::command_line(spec))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting QEMU")
-}
-
-/// The same QEMU command line hutch uses, started directly: from spawn to the agent's
-/// ready line on the serial console. No overlay creation, QMP, channel or init call.
+/// QEMU started by hutch's VM layer alone (its command line, jail and QMP): from spawn
+/// to the agent's first answer on its channel (an idle probe). No sandbox directory,
+/// overlay creation, session or init call.
 async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Duration> {
     let dir = local.home.tmp().join(format!("bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -155,17 +144,12 @@ async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Durat
         die_with_parent: true,
     };
     let started = Instant::now();
-    let mut child = spawn_bare_qemu(backend, &spec)?;
-    let console = spec.console_log();
-    let took = loop {
-        if std::fs::read_to_string(&console).is_ok_and(|c| c.contains(READY_LINE)) {
-            break started.elapsed();
-        }
-        anyhow::ensure!(child.try_wait()?.is_none(), "bare QEMU exited early");
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(60), "bare QEMU did not boot in 60 s");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
-    child.kill().await?;
+    let mut vm = hutch_vmm::VmBackend::start(backend, &spec).await?;
+    tokio::time::timeout(Duration::from_secs(60), hutch_sdk::envd::wait_idle(&spec.agent_socket()))
+        .await
+        .context("the bare VM's agent did not answer within 60 s")??;
+    let took = started.elapsed();
+    vm.kill().await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok(took)
 }

@@ -100,8 +100,8 @@ pub async fn run(local: &Local, runs: usize, start_only: bool) -> anyhow::Result
     Ok(())
 }
 
-/// The snapshot restored by QEMU alone: hutch's command line for the same snapshot
-/// (on an overlay made beforehand), `migrate-incoming`, `cont`; timed to an agent
+/// The snapshot restored by hutch's VM layer alone: its command line (and jail) for the
+/// same snapshot (on an overlay made beforehand), `migrate-incoming` from an fd, `cont`; timed to an agent
 /// session being open (hello echoed, HTTP/2 handshake) and to the first command's
 /// result on it: what any client of the guest must do at least. No sandbox directory,
 /// record, overlay creation or /init.
@@ -122,25 +122,13 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
         memory_mib: snapshot.manifest.memory_mib,
         accel: snapshot.manifest.accel,
         memory,
-        incoming: Some(incoming.clone()),
+        incoming: Some(incoming),
         die_with_parent: true,
     };
     let started = Instant::now();
-    let mut child = super::bench::spawn_bare_qemu(backend, &spec)?;
-    let mut qmp = loop {
-        if let Ok(q) = hutch_vmm::qmp::Qmp::connect(&spec.qmp_socket()).await {
-            break q;
-        }
-        anyhow::ensure!(started.elapsed() < Duration::from_secs(10), "QMP did not come up");
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    };
-    let caps = serde_json::json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": incoming.ignore_shared }] });
-    qmp.execute("migrate-set-capabilities", Some(caps)).await?;
-    qmp.execute("migrate-incoming", Some(serde_json::json!({ "uri": format!("exec:cat '{}'", incoming.state.display()) }))).await?;
-    while qmp.execute("query-status", None).await?.get("status").and_then(|s| s.as_str()) == Some("inmigrate") {
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    qmp.execute("cont", None).await?;
+    let mut vm = hutch_vmm::VmBackend::start(backend, &spec).await?;
+    vm.load().await?;
+    vm.resume().await?;
     // What any client of the restored guest must do: hello, HTTP/2, Process.Start.
     let agent = hutch_sdk::envd::connect(&spec.agent_socket()).await?;
     let session = started.elapsed();
@@ -152,7 +140,7 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
     }
     let first_command = started.elapsed();
     agent.close();
-    child.kill().await?;
+    vm.kill().await?;
     let _ = std::fs::remove_dir_all(&dir);
     Ok((session, first_command))
 }

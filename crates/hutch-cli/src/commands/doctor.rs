@@ -46,6 +46,18 @@ pub async fn run(_args: DoctorArgs) -> anyhow::Result<i32> {
         healthy &= found;
         line(found, tool, if found { format!("found (for {purpose})") } else { format!("missing; hutch needs it for {purpose}: apt-get install {package}") });
     }
+    // The jail needs root; without it QEMU runs as this user, under seccomp only.
+    match hutch_vmm::qemu::jail::JailConfig::for_home(home.root()) {
+        Some(_) => match hutch_vmm::qemu::cgroup::summary() {
+            Ok(groups) => line(true, "jail", format!("on: each QEMU as its own uid, in its own mount, network and IPC namespaces and {groups}")),
+            Err(e) => {
+                healthy = false;
+                line(false, "jail", e);
+            }
+        },
+        None if nix::unistd::geteuid().is_root() => println!("WARN jail        off (HUTCH_JAIL=off): QEMU runs as root with seccomp only"),
+        None => println!("WARN jail        off: hutch is not root, so QEMU runs as this user with seccomp only (docs/SECURITY.md)"),
+    }
     let tsc = tokio::task::spawn_blocking(hutch_vmm::clock::measure).await?;
     match tsc {
         Some(khz) => line(true, "tsc", format!("{:.3} MHz: the guest kernel is told this rate, so its clock keeps the host's", khz as f64 / 1000.0)),

@@ -55,8 +55,16 @@ async fn destroy_leaves_nothing(env: Arc<Env>) -> anyhow::Result<()> {
     check!(status.lines().any(|l| l.split_whitespace().collect::<Vec<_>>() == ["Seccomp:", "2"]), "QEMU {pid} runs without a seccomp filter:\n{status}");
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
     check!(!String::from_utf8_lossy(&cmdline).contains("exec:"), "QEMU was handed an exec: migration");
+    // Jailed (jail.rs): its own uid, no capabilities, no new privileges, its own cgroups.
+    let uid = hutch_vmm::qemu::jail::ChildSide::uid_of(pid).to_string();
+    let field = |name: &str| status.lines().find(|l| l.starts_with(name)).map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>()).unwrap_or_default();
+    check!(field("Uid:") == [uid.as_str(); 4], "QEMU {pid} does not run as its own uid {uid}:\n{status}");
+    check!(field("CapEff:") == ["0000000000000000"] && field("NoNewPrivs:") == ["1"], "QEMU {pid} kept privileges:\n{status}");
+    let groups = crate::support::cgroups_of(pid)?;
+    check!(groups.len() >= 3 || groups.iter().any(|g| g.join("memory.max").exists()), "QEMU {pid} is not in hutch's cgroups: {groups:?}");
     sb.destroy().await?;
     check!(!dir.exists(), "{dir:?} left behind");
+    check!(groups.iter().all(|g| !g.exists()), "cgroups left behind: {groups:?}");
     check!(!alive(pid), "QEMU {pid} still running");
     Ok(())
 }

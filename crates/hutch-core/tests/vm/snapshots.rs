@@ -141,9 +141,9 @@ async fn quick_reconnect(env: Arc<Env>) -> anyhow::Result<()> {
     let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
     let socket = sb.dir().join("agent.sock");
     let mut agent = sb.agent().clone();
+    check!(sb.agent_socket().as_deref() == Some(socket.as_path()), "the agent socket is not in the sandbox's directory");
     for i in 0..10 {
-        let signals = sb.console_signals().ok_or_else(|| anyhow::anyhow!("the VM is not running"))?;
-        hutch_core::snapshot::release_agent(&agent, signals, Duration::from_secs(10)).await?;
+        hutch_core::snapshot::release_agent(&agent, &socket, Duration::from_secs(10)).await?;
         agent = tokio::time::timeout(Duration::from_secs(10), hutch_core::agent::connect(&socket)).await??;
         let out = tokio::time::timeout(Duration::from_secs(10), run(&agent, &format!("echo {i}"))).await;
         check!(matches!(&out, Ok(Ok(o)) if o.stdout_str() == format!("{i}\n")), "reconnect {i}: {out:?}");

@@ -32,7 +32,8 @@ impl Env {
         let home = HutchHome::from_env();
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
         let artifacts = Artifacts::prepare(&home, "base", &hutch_image::progress::Quiet).context("preparing artifacts")?;
-        Ok(Env { rt, home, artifacts, backend: QemuBackend::default(), shared: Mutex::new(Vec::new()) })
+        let backend = QemuBackend::with_cache_dir(home.root());
+        Ok(Env { rt, home, artifacts, backend, shared: Mutex::new(Vec::new()) })
     }
 
     pub fn options() -> SandboxOptions {
@@ -183,4 +184,20 @@ macro_rules! shared_trials {
             $env.trial($name, move |_env| $body(sb))
         }),*]
     };
+}
+
+/// The cgroup directories hutch put QEMU `pid` in (one per v1 controller, or one v2 group).
+pub fn cgroups_of(pid: u32) -> anyhow::Result<Vec<std::path::PathBuf>> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup"))?;
+    Ok(text
+        .lines()
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, ':');
+            let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+            path.contains("/hutch/").then(|| match controllers.split(',').next().filter(|c| !c.is_empty()) {
+                Some(c) => std::path::PathBuf::from(format!("/sys/fs/cgroup/{c}{path}")),
+                None => std::path::PathBuf::from(format!("/sys/fs/cgroup{path}")),
+            })
+        })
+        .collect())
 }

@@ -10,7 +10,7 @@ mod transport;
 
 pub use process::ProcessStream;
 pub use tunnel::Tunnel;
-pub use transport::{connect, ConnectError};
+pub use transport::{connect, wait_idle, ConnectError};
 
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};

@@ -66,6 +66,42 @@ pub async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
     Ok(AgentClient::from_socket(sender, closer))
 }
 
+/// How often an unanswered idle probe is sent again: a session the agent has not yet
+/// left swallows a probe (and ends on it, as on any new host's opening line).
+const PROBE_AGAIN: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Waits until the agent answers an idle probe: it serves the channel and is between
+/// sessions (`hutch_proto::agent::IDLE_PROBE_PREFIX`). Returns once answered, leaving
+/// the agent waiting for its next host; the caller bounds the wait.
+pub async fn wait_idle(socket: &Path) -> Result<(), ConnectError> {
+    use hutch_proto::agent::{find_line, idle_probe, IDLE_REPLY_PREFIX};
+    let mut stream = UnixStream::connect(socket).await.map_err(ConnectError::Socket)?;
+    let nonce: u64 = rand::random();
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        stream.write_all(&idle_probe(nonce)).await.map_err(ConnectError::Socket)?;
+        let deadline = tokio::time::Instant::now() + PROBE_AGAIN;
+        while let Ok(read) = tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            let n = read.map_err(ConnectError::Socket)?;
+            if n == 0 {
+                return Err(ConnectError::NoHello);
+            }
+            seen.extend_from_slice(&buf[..n]);
+            // Stale output and other hosts' replies are skipped: only our nonce counts.
+            while let Some((_, end, got)) = find_line(&seen, IDLE_REPLY_PREFIX) {
+                if got == nonce {
+                    return Ok(());
+                }
+                seen.drain(..end);
+            }
+            if seen.len() > MAX_SKIP {
+                seen.drain(..seen.len() - IDLE_REPLY_PREFIX.len() - 17);
+            }
+        }
+    }
+}
+
 /// The socket, with bytes read past the hello served first.
 struct Prefixed {
     prefix: Bytes,

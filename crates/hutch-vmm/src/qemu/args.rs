@@ -18,8 +18,11 @@ use std::ffi::OsString;
 /// QEMU's seccomp filter for every VM.
 pub const SECCOMP: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
 
-/// The fd QEMU finds its console socket on (set up between fork and exec).
+/// The fds QEMU finds its console socket and its listening QMP and agent sockets on
+/// (set up between fork and exec): QEMU creates no files of its own.
 pub const CONSOLE_FD: i32 = 3;
+pub const QMP_FD: i32 = 4;
+pub const AGENT_FD: i32 = 5;
 
 pub fn kernel_cmdline(tsc_khz: u32) -> String {
     format!("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz={tsc_khz} tsc=reliable lpj=6000000")
@@ -58,9 +61,10 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     push(&["-drive", &format!("id=root,file={},format=qcow2,if=none,discard=unmap", spec.disk.display())]);
     push(&["-device", "virtio-blk-device,drive=root"]);
     push(&["-device", "virtio-serial-device"]);
-    push(&["-chardev", &format!("socket,id=agent,path={},server=on,wait=off", spec.agent_socket().display())]);
+    push(&["-chardev", &format!("socket,id=agent,fd={AGENT_FD},server=on,wait=off")]);
     push(&["-device", &format!("virtserialport,chardev=agent,name={}", hutch_proto::AGENT_PORT_NAME)]);
-    push(&["-qmp", &format!("unix:{},server=on,wait=off", spec.qmp_socket().display())]);
+    push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off")]);
+    push(&["-mon", "chardev=qmp,mode=control"]);
     a
 }
 
@@ -99,7 +103,8 @@ mod tests {
         assert!(joined.contains("-M microvm,accel=tcg,memory-backend=mem0 -cpu max"));
         assert!(joined.contains("tsc_early_khz=") && joined.contains("tsc=reliable"));
         assert!(joined.contains("-smp 2 -m 512M"));
-        assert!(joined.contains("socket,id=agent,path=/s/agent.sock,server=on,wait=off"));
+        assert!(joined.contains("socket,id=agent,fd=5,server=on,wait=off"));
+        assert!(joined.contains("-chardev socket,id=qmp,fd=4,server=on,wait=off -mon chardev=qmp,mode=control"));
         assert!(joined.contains("-chardev socket,id=console,fd=3 -serial chardev:console"));
         assert!(joined.contains("microvm,accel=tcg,memory-backend=mem0"));
         assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));

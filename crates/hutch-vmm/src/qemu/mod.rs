@@ -1,6 +1,9 @@
 //! The QEMU `microvm` backend: one QEMU process per VM, driven over QMP.
 
 mod args;
+pub mod backing;
+pub mod cgroup;
+pub mod jail;
 pub mod version;
 mod vm;
 
@@ -21,18 +24,27 @@ pub struct QemuBackend {
     cache_dir: Option<PathBuf>,
     /// The version check, made once per backend before its first VM.
     version: Arc<OnceLock<Result<QemuVersion, QemuVersionError>>>,
+    /// How each VM is confined (`jail.rs`); None runs QEMU as hutch's own user.
+    jail: Option<jail::JailConfig>,
 }
 
 impl Default for QemuBackend {
     fn default() -> Self {
-        QemuBackend { binary: std::env::var("HUTCH_QEMU").unwrap_or_else(|_| DEFAULT_BINARY.into()), cache_dir: None, version: Arc::default() }
+        QemuBackend { binary: std::env::var("HUTCH_QEMU").unwrap_or_else(|_| DEFAULT_BINARY.into()), cache_dir: None, version: Arc::default(), jail: None }
     }
 }
 
 impl QemuBackend {
-    /// The default backend, caching what it learns about the host in `dir`.
+    /// The backend for a hutch home: it caches what it learns about the host there and,
+    /// run as root, confines each VM to its own files in that home (`jail.rs`).
     pub fn with_cache_dir(dir: impl Into<PathBuf>) -> Self {
-        QemuBackend { cache_dir: Some(dir.into()), ..QemuBackend::default() }
+        let dir = dir.into();
+        QemuBackend { jail: jail::JailConfig::for_home(&dir), cache_dir: Some(dir), ..QemuBackend::default() }
+    }
+
+    /// How VMs are confined, if they are.
+    pub fn jail(&self) -> Option<&jail::JailConfig> {
+        self.jail.as_ref()
     }
 
     /// This QEMU's version, or why hutch cannot use it (missing, too old).
@@ -49,6 +61,6 @@ impl VmBackend for QemuBackend {
 
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError> {
         self.version().map_err(StartError::Qemu)?;
-        Ok(Box::new(QemuVm::start(&self.binary, spec).await?))
+        Ok(Box::new(QemuVm::start(&self.binary, spec, self.jail.as_ref()).await?))
     }
 }

@@ -16,27 +16,27 @@ const QMP_WAIT: Duration = Duration::from_secs(10);
 const MIGRATION_WAIT: Duration = Duration::from_secs(300);
 const MAX_SOCKET_PATH: usize = 107;
 
-/// `fd` moved to a number above 2 if it is one of 0-2 (hutch started with a closed
-/// stdio): the child's stdio set-up would otherwise overwrite it before `pre_exec`.
-fn above_stdio(fd: std::os::fd::OwnedFd) -> std::io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::{AsRawFd, FromRawFd};
-    if fd.as_raw_fd() > 2 {
-        return Ok(fd);
+/// A listening socket at `path` for QEMU to serve on (it is handed the fd).
+fn listen_at(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
     }
-    let moved = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(3)).map_err(std::io::Error::from)?;
-    // SAFETY: fcntl just returned `moved` as a new descriptor that nothing else owns.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(moved) })
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
+    super::jail::lift(listener.into())
 }
+
 /// QEMU's names for the migration fds hutch hands it.
 const MIGRATION_OUT: &str = "migout";
 const MIGRATION_IN: &str = "migin";
 
 pub struct QemuVm {
     spec: VmSpec,
-    console: tokio::sync::watch::Receiver<crate::console::Signals>,
     child: Child,
     qmp: Option<Qmp>,
     exit: Option<String>,
+    /// The VM's cgroup when it is confined; removed once QEMU has exited.
+    group: Option<super::cgroup::Group>,
 }
 
 fn stderr_of(spec: &VmSpec) -> String {
@@ -44,19 +44,29 @@ fn stderr_of(spec: &VmSpec) -> String {
 }
 
 impl QemuVm {
-    pub async fn start(binary: &str, spec: &VmSpec) -> Result<QemuVm, StartError> {
+    pub async fn start(binary: &str, spec: &VmSpec, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, StartError> {
+        use super::args::{AGENT_FD, CONSOLE_FD, QMP_FD};
+        use std::os::fd::AsRawFd;
         for sock in [spec.agent_socket(), spec.qmp_socket()] {
             if sock.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(StartError::PathTooLong(sock.display().to_string()));
             }
         }
         let log = std::fs::File::create(spec.dir.join("qemu.log")).map_err(StartError::Spawn)?;
-        // std makes both ends close-on-exec: only the dup onto CONSOLE_FD reaches QEMU,
-        // so no other child of hutch inherits another VM's console.
+        // std makes every end close-on-exec: only the dups onto 3-5 reach QEMU, so no
+        // other child of hutch inherits another VM's sockets.
         let (console_host, console_qemu) = std::os::unix::net::UnixStream::pair().map_err(StartError::Spawn)?;
         console_host.set_nonblocking(true).map_err(StartError::Spawn)?;
-        let console_qemu = above_stdio(console_qemu.into()).map_err(StartError::Spawn)?;
-        let console_fd = std::os::fd::AsRawFd::as_raw_fd(&console_qemu);
+        let console_qemu = super::jail::lift(console_qemu.into()).map_err(StartError::Spawn)?;
+        let qmp_listener = listen_at(&spec.qmp_socket()).map_err(StartError::Spawn)?;
+        let agent_listener = listen_at(&spec.agent_socket()).map_err(StartError::Spawn)?;
+        // Every source sits at 10 or above, so no dup2 below overwrites another's source.
+        let handed = [(console_qemu.as_raw_fd(), CONSOLE_FD), (qmp_listener.as_raw_fd(), QMP_FD), (agent_listener.as_raw_fd(), AGENT_FD)];
+        let prepared = match jail {
+            Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(StartError::Jail)?),
+            None => None,
+        };
+        let mut jail_child = prepared.as_ref().map(|p| p.child.clone());
         let die_with_parent = spec.die_with_parent;
         let mut cmd = Command::new(binary);
         cmd.args(super::command_line(spec))
@@ -67,18 +77,19 @@ impl QemuVm {
             // Its own process group: a Ctrl-C at hutch's terminal is hutch's to handle.
             .process_group(0);
         // SAFETY: between fork and exec this calls only async-signal-safe functions
-        // (dup2, fcntl, prctl) on fds and values copied in; it touches no memory of the
-        // parent and allocates nothing.
+        // (dup2, prctl and the jail's syscalls) on fds and values prepared before the
+        // fork; it touches no other memory of the parent and allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
-                if console_fd == super::args::CONSOLE_FD {
-                    // dup2 onto itself keeps close-on-exec; clear it instead.
-                    if libc::fcntl(console_fd, libc::F_SETFD, 0) < 0 {
+                for (from, to) in handed {
+                    if libc::dup2(from, to) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
-                } else if libc::dup2(console_fd, super::args::CONSOLE_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
                 }
+                if let Some(jail) = &mut jail_child {
+                    jail.enter()?;
+                }
+                // After the jail: changing ids clears the parent-death signal.
                 if die_with_parent && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -86,13 +97,19 @@ impl QemuVm {
             });
         }
         let child = cmd.spawn().map_err(|e| match e.kind() {
-            std::io::ErrorKind::NotFound => StartError::Qemu(crate::qemu::QemuVersionError::Missing { binary: binary.into() }),
+            // The jail's own steps fail with ENOENT too, so ask whether QEMU is there.
+            std::io::ErrorKind::NotFound if jail.is_none() || super::jail::resolve(binary).is_none() => {
+                StartError::Qemu(crate::qemu::QemuVersionError::Missing { binary: binary.into() })
+            }
+            _ if jail.is_some() => StartError::Confine(e),
             _ => StartError::Spawn(e),
         })?;
-        drop(console_qemu);
+        // QEMU holds its own copies; once it exits, nobody listens on its sockets.
+        drop((console_qemu, qmp_listener, agent_listener));
+        let group = prepared.map(|p| p.group);
         let console_host = tokio::net::UnixStream::from_std(console_host).map_err(StartError::Spawn)?;
-        let console = crate::console::spawn_reader(console_host, spec.console_log());
-        let mut vm = QemuVm { spec: spec.clone(), console, child, qmp: None, exit: None };
+        crate::console::spawn_reader(console_host, spec.console_log());
+        let mut vm = QemuVm { spec: spec.clone(), child, qmp: None, exit: None, group };
         std::fs::write(spec.dir.join("qemu.pid"), vm.child.id().map(|p| p.to_string()).unwrap_or_default())
             .map_err(StartError::Spawn)?;
         vm.qmp = Some(vm.connect_qmp().await?);
@@ -105,12 +122,13 @@ impl QemuVm {
             if let Some(status) = self.exit_status() {
                 return Err(StartError::Exited { status, stderr: stderr_of(&self.spec) });
             }
-            if self.spec.qmp_socket().exists() {
-                match Qmp::connect(&self.spec.qmp_socket()).await {
-                    Ok(q) => return Ok(q),
-                    Err(e) if started.elapsed() > QMP_WAIT => return Err(StartError::Qmp(e)),
-                    Err(_) => {}
-                }
+            // The socket listens from the start; QEMU greets once it runs, and a QEMU
+            // that exits first closes it, ending the wait.
+            let left = QMP_WAIT.saturating_sub(started.elapsed());
+            match tokio::time::timeout(left, Qmp::connect(&self.spec.qmp_socket())).await {
+                Ok(Ok(q)) => return Ok(q),
+                Ok(Err(e)) if started.elapsed() > QMP_WAIT => return Err(StartError::Qmp(e)),
+                Ok(Err(_)) | Err(_) => {}
             }
             if started.elapsed() > QMP_WAIT {
                 return Err(StartError::QmpTimeout { secs: QMP_WAIT.as_secs() });
@@ -123,6 +141,12 @@ impl QemuVm {
     async fn hand_over(&mut self, name: &str, file: &std::fs::File) -> Result<(), SnapshotError> {
         use std::os::fd::AsFd;
         self.qmp()?.send_fd(name, file.as_fd()).await.map_err(SnapshotError::Qmp)
+    }
+
+    /// QEMU has exited: its cgroup is empty and can go.
+    fn ended(&mut self, status: String) {
+        self.exit = Some(status);
+        self.group = None;
     }
 
     fn qmp(&mut self) -> Result<&mut Qmp, SnapshotError> {
@@ -167,12 +191,30 @@ impl QemuVm {
     async fn wait_exit(&mut self, limit: Duration) -> bool {
         match tokio::time::timeout(limit, self.child.wait()).await {
             Ok(Ok(status)) => {
-                self.exit = Some(status.to_string());
+                self.ended(status.to_string());
                 true
             }
             Ok(Err(_)) => true,
             Err(_) => false,
         }
+    }
+}
+
+impl Drop for QemuVm {
+    /// kill_on_drop sends SIGKILL without waiting; the cgroup can only be removed once
+    /// the process is gone, so a short-lived thread waits for that (10 s at most).
+    fn drop(&mut self) {
+        let Some(group) = self.group.take() else { return };
+        if self.exit_status().is_some() {
+            return;
+        }
+        let _ = self.child.start_kill();
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !group.try_remove() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
     }
 }
 
@@ -190,14 +232,11 @@ impl VmHandle for QemuVm {
         self.spec.console_log()
     }
 
-    fn console_signals(&self) -> tokio::sync::watch::Receiver<crate::console::Signals> {
-        self.console.clone()
-    }
 
     fn exit_status(&mut self) -> Option<String> {
         if self.exit.is_none() {
             if let Ok(Some(status)) = self.child.try_wait() {
-                self.exit = Some(status.to_string());
+                self.ended(status.to_string());
             }
         }
         self.exit.clone()
@@ -223,7 +262,7 @@ impl VmHandle for QemuVm {
         let pid = self.child.id().unwrap_or(0);
         match self.child.kill().await {
             Ok(()) => {
-                self.exit = Some("killed".into());
+                self.ended("killed".into());
                 Ok(())
             }
             Err(source) if self.exit_status().is_some() => {

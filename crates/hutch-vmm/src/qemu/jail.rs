@@ -1,0 +1,414 @@
+//! Confinement of each QEMU process, after Firecracker's jailer. When hutch runs as
+//! root, every QEMU starts
+//! - as a uid of its own (`UID_BASE` + its pid, so unique among live processes), with
+//!   no supplementary groups, no capabilities (a change from uid 0 drops them all) and
+//!   `no_new_privs`;
+//! - in a mount namespace of its own where `$HUTCH_HOME`, /root, /home, /tmp, /var/tmp,
+//!   /dev/shm and /run are empty tmpfs, and only this VM's files are bound back at their
+//!   usual paths: kernel, initrd, backing images and a snapshot's memory read-only, its
+//!   overlay disk (and the memory file it fills, when it makes a snapshot) read-write.
+//!   It cannot see, let alone change, any other sandbox's disk, memory or sockets, nor
+//!   the database and tokens;
+//! - with a private `/dev/kvm` node owned by that uid, the host's staying root's;
+//! - in network and IPC namespaces of its own (no interfaces, no abstract sockets);
+//! - in a cgroup of its own (`cgroup.rs`).
+//!
+//! QEMU needs no write access to a directory: its QMP and agent sockets are listening
+//! sockets hutch binds and hands it as fds, like its console and migration streams.
+//! Everything is computed here in the parent; between fork and exec the child only
+//! makes syscalls on the values prepared (`Prepared::enter`).
+
+use crate::accel::Accel;
+use crate::backend::{Memory, VmSpec};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+/// The first of the uids confined QEMUs run as: far above the ids Debian gives users
+/// (1000+) and the subordinate ranges of /etc/subuid (100000 + 65536 per user), and
+/// pids stay below 2^22.
+pub const UID_BASE: u32 = 1_500_000_000;
+
+/// Directories hidden from every QEMU besides `$HUTCH_HOME`: where users, services and
+/// other programs keep what a VM has no business reading.
+const MASKED: [&str; 6] = ["/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run"];
+
+/// Fds the child uses sit at or above this, clear of the ones QEMU is handed (3-5).
+pub const FIRST_PRIVATE_FD: RawFd = 10;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JailConfig {
+    /// hutch's home, hidden whole but for this VM's own files.
+    pub hide: PathBuf,
+}
+
+impl JailConfig {
+    /// Confinement for VMs whose files live in `home`, when hutch can set it up (it
+    /// runs as root) and it was not turned off with `HUTCH_JAIL=off`.
+    pub fn for_home(home: &Path) -> Option<JailConfig> {
+        let off = std::env::var("HUTCH_JAIL").is_ok_and(|v| v == "off" || v == "0");
+        (nix::unistd::geteuid().is_root() && !off).then(|| JailConfig { hide: home.to_path_buf() })
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JailError {
+    #[error(transparent)]
+    Backing(#[from] super::backing::BackingError),
+    #[error(transparent)]
+    Cgroup(#[from] super::cgroup::CgroupError),
+    #[error("preparing {} for the VM: {source}", path.display())]
+    File { path: PathBuf, source: std::io::Error },
+    #[error("QEMU ({}) is under {}, which confined VMs cannot see; install it elsewhere or set HUTCH_JAIL=off", binary.display(), mask.display())]
+    HiddenBinary { binary: PathBuf, mask: PathBuf },
+}
+
+/// What the jail does, in order (paths as the host names them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Step {
+    /// An empty tmpfs over a directory.
+    Mask(PathBuf),
+    /// A file bound back over a mask at its own path.
+    Bind { path: PathBuf, writable: bool },
+}
+
+fn under_mask(steps: &[Step], path: &Path) -> Option<PathBuf> {
+    steps.iter().find_map(|s| match s {
+        Step::Mask(m) if path.starts_with(m) => Some(m.clone()),
+        _ => None,
+    })
+}
+
+/// The jail for `spec`, whose disk stacks on `backing`. `is_dir` says what exists on
+/// this host, so tests can plan for any layout.
+pub(crate) fn plan(spec: &VmSpec, config: &JailConfig, backing: &[PathBuf], is_dir: impl Fn(&Path) -> bool) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::new();
+    for mask in MASKED.iter().map(PathBuf::from).chain([config.hide.clone()]) {
+        if is_dir(&mask) && under_mask(&steps, &mask).is_none() {
+            steps.push(Step::Mask(mask));
+        }
+    }
+    let mut files: Vec<(PathBuf, bool)> = vec![(spec.kernel.clone(), false), (spec.initrd.clone(), false), (spec.disk.clone(), true)];
+    files.extend(backing.iter().map(|b| (b.clone(), false)));
+    match &spec.memory {
+        Memory::Anonymous => {}
+        Memory::SharedFile(f) => files.push((f.clone(), true)),
+        Memory::PrivateFile(f) => files.push((f.clone(), false)),
+    }
+    for (path, writable) in files {
+        let new = !steps.iter().any(|s| matches!(s, Step::Bind { path: p, .. } if *p == path));
+        if new && under_mask(&steps, &path).is_some() {
+            steps.push(Step::Bind { path, writable });
+        }
+    }
+    steps
+}
+
+fn cstr(path: &Path) -> CString {
+    CString::new(path.as_os_str().as_bytes()).unwrap_or_default()
+}
+
+/// `fd` moved to `FIRST_PRIVATE_FD` or above.
+pub fn lift(fd: OwnedFd) -> std::io::Result<OwnedFd> {
+    use std::os::fd::FromRawFd;
+    if fd.as_raw_fd() >= FIRST_PRIVATE_FD {
+        return Ok(fd);
+    }
+    let moved = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(FIRST_PRIVATE_FD)).map_err(std::io::Error::from)?;
+    // SAFETY: fcntl just returned `moved` as a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(moved) })
+}
+
+/// One syscall-level action for the child, on values prepared in the parent.
+#[derive(Debug, Clone)]
+enum Op {
+    Mkdir(CString),
+    /// An empty file to bind a file onto.
+    Touch(CString),
+    Tmpfs { at: CString, options: CString, flags: libc::c_ulong },
+    /// Attaches clone number `tree` (see `ChildSide::clones`) at `at`.
+    Attach { tree: usize, at: CString, flags: libc::c_ulong },
+    Bind { from: CString, at: CString, flags: libc::c_ulong },
+    /// A private char device node, made and given to the VM's uid.
+    Node { at: CString, dev: libc::dev_t },
+}
+
+/// What the child needs, all plain values: it must not allocate between fork and exec.
+#[derive(Debug, Clone)]
+pub struct ChildSide {
+    /// Files to clone (open_tree) before the masks hide them: a bind mount cannot take
+    /// its source from the parent's namespace, and after the masks the path is gone.
+    clones: Vec<CString>,
+    /// The clones' fds, filled in by the child (room made in the parent).
+    trees: Vec<RawFd>,
+    ops: Vec<Op>,
+    cgroup_procs: Vec<RawFd>,
+    chown: Vec<RawFd>,
+    parent: libc::pid_t,
+}
+
+/// A prepared jail. The fds must stay open until the child has exec'd.
+pub struct Prepared {
+    pub child: ChildSide,
+    _fds: Vec<OwnedFd>,
+    pub group: super::cgroup::Group,
+}
+
+const HIDDEN: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
+
+fn mkdirs(ops: &mut Vec<Op>, dir: &Path) {
+    let mut acc = PathBuf::new();
+    for part in dir.components() {
+        acc.push(part);
+        if acc != Path::new("/") {
+            ops.push(Op::Mkdir(cstr(&acc)));
+        }
+    }
+}
+
+fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> JailError + '_ {
+    move |source| JailError::File { path: path.to_path_buf(), source }
+}
+
+/// Resolves `binary` the way exec will (PATH for a bare name).
+pub(crate) fn resolve(binary: &str) -> Option<PathBuf> {
+    if binary.contains('/') {
+        return Some(PathBuf::from(binary));
+    }
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(binary)).find(|p| p.is_file())
+}
+
+impl Prepared {
+    pub fn new(spec: &VmSpec, config: &JailConfig, binary: &str) -> Result<Prepared, JailError> {
+        let backing = super::backing::chain(&spec.disk)?;
+        let steps = plan(spec, config, &backing, |p| p.is_dir());
+        if let Some(binary) = resolve(binary) {
+            if let Some(mask) = under_mask(&steps, &binary) {
+                return Err(JailError::HiddenBinary { binary, mask });
+            }
+        }
+        let mut ops = Vec::new();
+        let mut clones = Vec::new();
+        let mut fds = Vec::new();
+        let mut chown = Vec::new();
+        for step in &steps {
+            match step {
+                Step::Mask(dir) => {
+                    mkdirs(&mut ops, dir.parent().unwrap_or(Path::new("/")));
+                    // /tmp-like places stay writable to whoever uses them; the rest are empty.
+                    let options = if dir.starts_with("/tmp") || dir.starts_with("/var/tmp") || dir.starts_with("/dev/shm") { "mode=1777,size=16m" } else { "mode=0755,size=1m" };
+                    ops.push(Op::Tmpfs { at: cstr(dir), options: CString::new(options).unwrap_or_default(), flags: HIDDEN });
+                }
+                Step::Bind { path, writable } => {
+                    if *writable {
+                        // QEMU fills a new snapshot's memory file: it must exist to be bound.
+                        std::fs::OpenOptions::new().create(true).append(true).open(path).map_err(file_err(path))?;
+                    } else {
+                        ensure_world_readable(path)?;
+                    }
+                    if *writable {
+                        let file = lift(std::fs::File::open(path).map_err(file_err(path))?.into()).map_err(file_err(path))?;
+                        chown.push(file.as_raw_fd());
+                        fds.push(file);
+                    }
+                    clones.push(cstr(path));
+                    mkdirs(&mut ops, path.parent().unwrap_or(Path::new("/")));
+                    ops.push(Op::Touch(cstr(path)));
+                    let flags = HIDDEN | if *writable { 0 } else { libc::MS_RDONLY };
+                    ops.push(Op::Attach { tree: clones.len() - 1, at: cstr(path), flags });
+                }
+            }
+        }
+        if spec.accel == Accel::Kvm {
+            let kvm = Path::new("/dev/kvm");
+            let dev = std::fs::metadata(kvm).map_err(file_err(kvm))?;
+            let dir = config.hide.join(".dev");
+            mkdirs(&mut ops, &dir);
+            // Its own small tmpfs: device nodes work there, unlike in the masks.
+            let options = CString::new("mode=0755,size=4k").unwrap_or_default();
+            ops.push(Op::Tmpfs { at: cstr(&dir), options, flags: libc::MS_NOSUID | libc::MS_NOEXEC });
+            let node = cstr(&dir.join("kvm"));
+            ops.push(Op::Node { at: node.clone(), dev: std::os::unix::fs::MetadataExt::rdev(&dev) });
+            ops.push(Op::Bind { from: node, at: cstr(kvm), flags: libc::MS_NOSUID | libc::MS_NOEXEC });
+        }
+        let group = super::cgroup::Group::create(&spec.id, super::cgroup::Limits::for_vm(spec.memory_mib, spec.cpus, spec.accel))?;
+        let procs = group.procs_files()?;
+        let mut cgroup_procs = Vec::new();
+        for fd in procs {
+            let fd = lift(fd).map_err(file_err(Path::new("cgroup.procs")))?;
+            cgroup_procs.push(fd.as_raw_fd());
+            fds.push(fd);
+        }
+        let trees = vec![-1; clones.len()];
+        let child = ChildSide { clones, trees, ops, cgroup_procs, chown, parent: std::process::id() as libc::pid_t };
+        Ok(Prepared { child, _fds: fds, group })
+    }
+}
+
+/// Files bound read-only must be readable by the VM's uid. They live in `$HUTCH_HOME`,
+/// which is 0700, so opening them to everyone there exposes them to no one else.
+fn ensure_world_readable(path: &Path) -> Result<(), JailError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path).map_err(file_err(path))?.permissions().mode();
+    if mode & 0o004 == 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o444)).map_err(file_err(path))?;
+    }
+    Ok(())
+}
+
+/// From linux/mount.h.
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 4;
+
+/// Remounts the bind at `at` with `flags` (a bind's flags only take effect on a remount).
+///
+/// # Safety
+/// As `ChildSide::enter`.
+unsafe fn restrict(at: &CString, flags: libc::c_ulong) -> std::io::Result<()> {
+    // SAFETY: a syscall on a C string the caller keeps alive.
+    check(unsafe { libc::mount(std::ptr::null(), at.as_ptr(), std::ptr::null(), libc::MS_BIND | libc::MS_REMOUNT | flags, std::ptr::null()) })
+}
+
+fn check(ret: libc::c_int) -> std::io::Result<()> {
+    if ret < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+impl ChildSide {
+    /// The uid a child with pid `pid` runs as.
+    pub fn uid_of(pid: u32) -> u32 {
+        UID_BASE + pid
+    }
+
+    /// Enters the jail. Called between fork and exec.
+    ///
+    /// # Safety
+    /// Only in a freshly forked child: it changes the process's mounts and ids.
+    pub unsafe fn enter(&mut self) -> std::io::Result<()> {
+        // SAFETY: only async-signal-safe syscalls on C strings and fds prepared by the
+        // parent and kept alive by `self`; nothing is allocated.
+        unsafe {
+            libc::umask(0o022);
+            for &fd in &self.cgroup_procs {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // Its own network namespace too: nothing but a downed loopback, so an escaped
+            // QEMU has no network and no abstract unix sockets to reach.
+            check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC))?;
+            // Nothing done below may reach the host's mount table.
+            check(libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
+            let uid = Self::uid_of(libc::getpid() as u32);
+            for (path, slot) in self.clones.iter().zip(self.trees.iter_mut()) {
+                let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
+                let fd = libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags);
+                check(fd as libc::c_int)?;
+                *slot = fd as RawFd;
+            }
+            for op in &self.ops {
+                match op {
+                    Op::Mkdir(p) => {
+                        if libc::mkdir(p.as_ptr(), 0o755) < 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::EEXIST) {
+                            return Err(std::io::Error::last_os_error());
+                        }
+                    }
+                    Op::Touch(p) => {
+                        let fd = libc::open(p.as_ptr(), libc::O_RDONLY | libc::O_CREAT | libc::O_CLOEXEC | libc::O_NOFOLLOW, 0o644);
+                        check(fd)?;
+                        libc::close(fd);
+                    }
+                    Op::Tmpfs { at, options, flags } => {
+                        check(libc::mount(c"tmpfs".as_ptr(), at.as_ptr(), c"tmpfs".as_ptr(), *flags, options.as_ptr().cast()))?;
+                    }
+                    Op::Attach { tree, at, flags } => {
+                        let moved = libc::syscall(libc::SYS_move_mount, self.trees[*tree], c"".as_ptr(), libc::AT_FDCWD, at.as_ptr(), MOVE_MOUNT_F_EMPTY_PATH);
+                        check(moved as libc::c_int)?;
+                        restrict(at, *flags)?;
+                    }
+                    Op::Bind { from, at, flags } => {
+                        check(libc::mount(from.as_ptr(), at.as_ptr(), std::ptr::null(), libc::MS_BIND, std::ptr::null()))?;
+                        restrict(at, *flags)?;
+                    }
+                    Op::Node { at, dev } => {
+                        check(libc::mknod(at.as_ptr(), libc::S_IFCHR | 0o600, *dev))?;
+                        check(libc::chown(at.as_ptr(), uid, uid))?;
+                    }
+                }
+            }
+            for &fd in &self.chown {
+                check(libc::fchown(fd, uid, uid))?;
+            }
+            check(libc::setgroups(0, std::ptr::null()))?;
+            check(libc::setresgid(uid, uid, uid))?;
+            check(libc::setresuid(uid, uid, uid))?;
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            // The id change cleared any parent-death signal: the caller sets it after
+            // this, and a parent that died meanwhile is caught here.
+            if libc::getppid() != self.parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(memory: Memory) -> VmSpec {
+        VmSpec {
+            id: "sb1".into(),
+            dir: "/h/sandboxes/sb1".into(),
+            kernel: "/h/kernel/vmlinuz".into(),
+            initrd: "/h/initramfs/i.cpio.gz".into(),
+            disk: "/h/sandboxes/sb1/disk.qcow2".into(),
+            cpus: 1,
+            memory_mib: 256,
+            accel: Accel::Tcg,
+            memory,
+            incoming: None,
+            die_with_parent: true,
+        }
+    }
+
+    #[test]
+    fn hides_home_and_binds_back_only_the_vms_files() {
+        let config = JailConfig { hide: "/h".into() };
+        let backing = vec![PathBuf::from("/h/templates/base/rootfs.img")];
+        let steps = plan(&spec(Memory::PrivateFile("/h/snapshots/t/memory".into())), &config, &backing, |p| p != Path::new("/run"));
+        let bind = |p: &str, writable| Step::Bind { path: p.into(), writable };
+        assert_eq!(
+            steps,
+            vec![
+                Step::Mask("/root".into()),
+                Step::Mask("/home".into()),
+                Step::Mask("/tmp".into()),
+                Step::Mask("/var/tmp".into()),
+                Step::Mask("/dev/shm".into()),
+                Step::Mask("/h".into()),
+                bind("/h/kernel/vmlinuz", false),
+                bind("/h/initramfs/i.cpio.gz", false),
+                bind("/h/sandboxes/sb1/disk.qcow2", true),
+                bind("/h/templates/base/rootfs.img", false),
+                bind("/h/snapshots/t/memory", false),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_home_inside_a_mask_is_not_masked_twice_and_a_snapshot_source_writes_its_memory() {
+        let config = JailConfig { hide: "/root/.local/share/hutch".into() };
+        let mut s = spec(Memory::SharedFile("/root/.local/share/hutch/snapshots/t/memory".into()));
+        s.kernel = "/usr/lib/vmlinuz".into();
+        let steps = plan(&s, &config, &[], |_| true);
+        assert!(!steps.contains(&Step::Mask("/root/.local/share/hutch".into())));
+        assert!(!steps.iter().any(|s| matches!(s, Step::Bind { path, .. } if path.starts_with("/usr"))), "{steps:?}");
+        assert!(steps.contains(&Step::Bind { path: "/root/.local/share/hutch/snapshots/t/memory".into(), writable: true }));
+    }
+}
