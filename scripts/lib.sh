@@ -13,7 +13,7 @@ QEMU_MIN=8.2
 # dependency's version from the suite named for the package that needs it).
 QEMU_PACKAGES=(qemu-system-x86 qemu-system-common qemu-system-data seabios qemu-utils)
 # g++: the fuzz targets' libFuzzer is C++ (scripts/fuzz.sh, run by the test suite).
-OTHER_PACKAGES=(mmdebstrap e2fsprogs util-linux ca-certificates musl-tools python3-venv g++)
+OTHER_PACKAGES=(mmdebstrap e2fsprogs util-linux uidmap ca-certificates musl-tools python3-venv g++)
 
 step() { printf '\n==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
@@ -79,6 +79,7 @@ host_problem() {
   done <<'EOF'
 mkfs.ext4 e2fsprogs
 mmdebstrap mmdebstrap
+newuidmap uidmap
 musl-gcc musl-tools
 g++ g++
 dpkg-deb dpkg

@@ -144,8 +144,8 @@ pub enum TemplateError {
     Unknown { name: String, known: String },
     #[error(transparent)]
     Tool(#[from] ToolError),
-    #[error("building a root filesystem needs root (mmdebstrap keeps owners and setuid bits); run as root")]
-    NotRoot,
+    #[error("building a template without root needs subordinate ids for user {user} in /etc/subuid and /etc/subgid (65536 of each; `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`), or run as root")]
+    NoSubordinateIds { user: String },
     #[error(transparent)]
     File(#[from] FileError),
     #[error("reading {path}")]
@@ -204,52 +204,131 @@ pub fn ensure(home: &HutchHome, name: &str, progress: &dyn Progress) -> Result<T
 fn build_debian(home: &HutchHome, recipe: &Recipe, progress: &dyn Progress) -> Result<Template, TemplateError> {
     let name = recipe.name;
     let packages: Vec<&str> = recipe.packages.iter().flat_map(|p| p.iter().copied()).collect();
-    if !nix_is_root() {
-        return Err(TemplateError::NotRoot);
-    }
+    let mode = BuildMode::for_this_user()?;
     let work = home.tmp().join(format!("template-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
+    mode.remove(&work);
     std::fs::create_dir_all(&work).map_err(at("creating", &work))?;
-    let result = build_in(home, recipe, &packages, &work, progress);
-    let _ = std::fs::remove_dir_all(&work);
+    let result = build_in(home, recipe, &packages, &work, &mode, progress);
+    mode.remove(&work);
     result
+}
+
+/// How a template tree is made. As root, mmdebstrap writes it as root. Without root,
+/// mmdebstrap builds it in a user namespace (`--mode=unshare`) and hands over a tar;
+/// the tar is unpacked and written to ext4 inside a namespace of the same shape
+/// (root = this user, 1-65535 = its subordinate ids), so owners, modes and setuid bits
+/// come out as the guest needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum BuildMode {
+    Root,
+    Unshare { subuid: u32, subgid: u32 },
+}
+
+/// The first of 65535 subordinate ids `user` (or its `uid`) owns in an /etc/subuid-style file.
+fn subordinate(text: &str, user: &str, uid: u32) -> Option<u32> {
+    text.lines().find_map(|line| {
+        let mut f = line.trim().split(':');
+        let (who, start, count) = (f.next()?, f.next()?.parse::<u32>().ok()?, f.next()?.parse::<u32>().ok()?);
+        ((who == user || who == uid.to_string()) && count >= 65535).then_some(start)
+    })
+}
+
+impl BuildMode {
+    fn for_this_user() -> Result<BuildMode, TemplateError> {
+        if nix_is_root() {
+            return Ok(BuildMode::Root);
+        }
+        let uid = nix::unistd::getuid();
+        let user = nix::unistd::User::from_uid(uid).ok().flatten().map(|u| u.name).unwrap_or_else(|| uid.to_string());
+        let ids = |file: &str| std::fs::read_to_string(file).ok().and_then(|t| subordinate(&t, &user, uid.as_raw()));
+        match (ids("/etc/subuid"), ids("/etc/subgid")) {
+            (Some(subuid), Some(subgid)) => Ok(BuildMode::Unshare { subuid, subgid }),
+            _ => Err(TemplateError::NoSubordinateIds { user }),
+        }
+    }
+
+    /// `sh -c script` in a user namespace mapping root to this user and 1-65535 to its
+    /// subordinate ids (as root: on the host).
+    fn in_namespace(&self, script: &str) -> Command {
+        let mut cmd = Command::new("unshare");
+        if let BuildMode::Unshare { subuid, subgid } = self {
+            cmd.arg(format!("--map-users={subuid},1,65535")).arg(format!("--map-groups={subgid},1,65535")).arg("--map-root-user");
+        }
+        cmd.args(["sh", "-c", script]);
+        cmd
+    }
+
+    /// Removes a work directory. Without root, an unpacked tree's files belong to
+    /// subordinate ids, which only the namespace can remove.
+    fn remove(&self, dir: &Path) {
+        if std::fs::remove_dir_all(dir).is_err() && dir.exists() && *self != BuildMode::Root {
+            let mut cmd = self.in_namespace("rm -rf -- \"$0\"");
+            cmd.arg(dir).stdin(std::process::Stdio::null());
+            let _ = cmd.status();
+        }
+    }
 }
 
 fn nix_is_root() -> bool {
     std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
 }
 
-fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, progress: &dyn Progress) -> Result<Template, TemplateError> {
-    let name = recipe.name;
-    let tree = work.join("tree");
-    let started = Instant::now();
-    progress.step(&format!("building template '{name}': Debian {SUITE} with {} (mmdebstrap)", packages.join(", ")));
-    let mut cmd = Command::new("mmdebstrap");
-    cmd.args(["--variant=apt", "--mode=root", "--format=directory"])
-        .arg(format!("--include={}", packages.join(",")))
-        .arg("--customize-hook=chroot \"$1\" useradd --create-home --uid 1000 --user-group --shell /bin/bash --groups sudo user")
-        .arg("--customize-hook=echo 'user ALL=(ALL) NOPASSWD:ALL' > \"$1/etc/sudoers.d/user\" && chmod 0440 \"$1/etc/sudoers.d/user\"")
-        .arg("--customize-hook=echo hutch > \"$1/etc/hostname\" && printf '127.0.0.1 localhost hutch\\n::1 localhost\\n' > \"$1/etc/hosts\"")
-        .arg("--customize-hook=rm -rf \"$1/var/cache/apt/archives\"/*.deb \"$1/var/lib/apt/lists\"/*_Packages")
-        .arg(SUITE)
-        .arg(&tree)
-        .arg(MIRROR);
-    run(cmd, None, progress)?;
-    for (path, contents, mode) in recipe.files {
-        let dest = tree.join(path);
-        if let Some(parent) = dest.parent() {
-            std::fs::create_dir_all(parent).map_err(at("creating", parent))?;
-        }
-        std::fs::write(&dest, contents).map_err(at("writing", &dest))?;
-        std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(*mode)).map_err(at("writing", &dest))?;
+/// `s` as one single-quoted shell word.
+fn shell_word(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// mmdebstrap hooks that finish the tree: the default user, hostname, the recipe's
+/// files (staged under `stage` and uploaded, so they are root's whoever builds), its
+/// wheels and setup commands, then the package caches removed.
+fn customize_hooks(recipe: &Recipe, stage: &Path, wheels: &[String]) -> Result<Vec<String>, TemplateError> {
+    let mut hooks = vec![
+        "chroot \"$1\" useradd --create-home --uid 1000 --user-group --shell /bin/bash --groups sudo user".to_string(),
+        "echo 'user ALL=(ALL) NOPASSWD:ALL' > \"$1/etc/sudoers.d/user\" && chmod 0440 \"$1/etc/sudoers.d/user\"".to_string(),
+        "echo hutch > \"$1/etc/hostname\" && printf '127.0.0.1 localhost hutch\\n::1 localhost\\n' > \"$1/etc/hosts\"".to_string(),
+    ];
+    for (i, (path, contents, mode)) in recipe.files.iter().enumerate() {
+        let staged = stage.join(format!("file-{i}"));
+        std::fs::write(&staged, contents).map_err(at("writing", &staged))?;
+        let dir = Path::new("/").join(path).parent().map(|d| d.display().to_string()).unwrap_or_else(|| "/".into());
+        hooks.push(format!("mkdir -p \"$1\"{}", shell_word(&dir)));
+        hooks.push(format!("upload {} /{path}", staged.display()));
+        hooks.push(format!("chmod {mode:o} \"$1\"/{}", shell_word(path)));
     }
-    install_wheels(home, recipe, &tree, progress)?;
+    if !wheels.is_empty() {
+        let staged: Vec<String> = wheels.iter().map(|w| stage.join(w).display().to_string()).collect();
+        let inside: Vec<String> = wheels.iter().map(|w| shell_word(&format!("/tmp/hutch-wheels/{w}"))).collect();
+        hooks.push("mkdir -p \"$1/tmp/hutch-wheels\"".into());
+        hooks.push(format!("copy-in {} /tmp/hutch-wheels", staged.join(" ")));
+        hooks.push(format!("chroot \"$1\" pip3 install --quiet --no-index --no-deps --break-system-packages {}", inside.join(" ")));
+        hooks.push("rm -rf \"$1/tmp/hutch-wheels\"".into());
+    }
     for command in recipe.setup {
-        let mut cmd = Command::new("chroot");
-        cmd.arg(&tree).args(["/bin/sh", "-c", command]);
-        run(cmd, None, progress)?;
+        hooks.push(format!("chroot \"$1\" /bin/sh -c {}", shell_word(command)));
     }
-    let tree_bytes = crate::progress::tree_size(&tree);
+    hooks.push("rm -rf \"$1/var/cache/apt/archives\"/*.deb \"$1/var/lib/apt/lists\"/*_Packages".into());
+    Ok(hooks)
+}
+
+fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, mode: &BuildMode, progress: &dyn Progress) -> Result<Template, TemplateError> {
+    let name = recipe.name;
+    let started = Instant::now();
+    let stage = work.join("stage");
+    std::fs::create_dir_all(&stage).map_err(at("creating", &stage))?;
+    let wheels = download_wheels(home, recipe, &stage, progress)?;
+    let root = *mode == BuildMode::Root;
+    progress.step(&format!("building template '{name}': Debian {SUITE} with {} ({})", packages.join(", "), if root { "mmdebstrap" } else { "mmdebstrap, unprivileged" }));
+    let tree = work.join("tree");
+    let tarball = work.join("rootfs.tar");
+    let mut cmd = Command::new("mmdebstrap");
+    cmd.args(["--variant=apt", if root { "--mode=root" } else { "--mode=unshare" }, if root { "--format=directory" } else { "--format=tar" }]);
+    cmd.arg(format!("--include={}", packages.join(",")));
+    for hook in customize_hooks(recipe, &stage, &wheels)? {
+        cmd.arg(format!("--customize-hook={hook}"));
+    }
+    cmd.arg(SUITE).arg(if root { &tree } else { &tarball }).arg(MIRROR);
+    run(cmd, None, progress)?;
+    let tree_bytes = if root { crate::progress::tree_size(&tree) } else { std::fs::metadata(&tarball).map(|m| m.len()).unwrap_or(0) };
     progress.done(&format!("{} unpacked", human_bytes(tree_bytes)), started.elapsed());
 
     let started = Instant::now();
@@ -258,9 +337,18 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, p
     let file = std::fs::File::create(&image).map_err(at("creating", &image))?;
     file.set_len(DISK_SIZE).map_err(at("sizing", &image))?;
     drop(file);
-    let mut mkfs = Command::new("mkfs.ext4");
-    mkfs.args(["-q", "-F", "-L", "hutch-root", "-E", "root_owner=0:0", "-d"]).arg(&tree).arg(&image);
-    run(mkfs, None, progress)?;
+    let mkfs = "mkfs.ext4 -q -F -L hutch-root -E root_owner=0:0 -d \"$1\" \"$2\"";
+    let script = if root {
+        mkfs.to_string()
+    } else {
+        // Device nodes cannot be made in a user namespace, and the guest's /dev is a
+        // devtmpfs anyway. The tree is removed in the namespace that owns its files.
+        format!("set -e; trap 'rm -rf \"$1\"' EXIT; mkdir \"$1\"; tar -xpf \"$0\" -C \"$1\" --numeric-owner --exclude='./dev/*'; {mkfs}")
+    };
+    let mut cmd = mode.in_namespace(&script);
+    cmd.arg(&tarball).arg(&tree).arg(&image);
+    run(cmd, None, progress)?;
+    let _ = std::fs::remove_file(&tarball);
     let on_disk = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image).map_err(at("reading", &image))?) * 512;
     progress.done(&format!("{} on disk", human_bytes(on_disk)), started.elapsed());
 
@@ -286,18 +374,17 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, p
 }
 
 /// Downloads the recipe's wheels with the host's pip (cached under `$HUTCH_HOME/cache`)
-/// and installs them in the tree with the guest's pip, offline.
-fn install_wheels(home: &HutchHome, recipe: &Recipe, tree: &Path, progress: &dyn Progress) -> Result<(), TemplateError> {
+/// and stages them in `stage` for the guest's pip to install offline; returns their
+/// file names.
+fn download_wheels(home: &HutchHome, recipe: &Recipe, stage: &Path, progress: &dyn Progress) -> Result<Vec<String>, TemplateError> {
     if recipe.wheels.is_empty() {
-        return Ok(());
+        return Ok(Vec::new());
     }
     let cache = home.root().join("cache").join("wheels");
     std::fs::create_dir_all(&cache).map_err(at("creating", &cache))?;
     let mut download = Command::new("python3");
     download.args(["-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--dest"]).arg(&cache).args(recipe.wheels);
     run(download, None, progress)?;
-    let inside = tree.join("tmp/hutch-wheels");
-    std::fs::create_dir_all(&inside).map_err(at("creating", &inside))?;
     let mut wanted = Vec::new();
     for spec in recipe.wheels {
         let (name, version) = spec.split_once("==").unwrap_or((spec, ""));
@@ -310,14 +397,10 @@ fn install_wheels(home: &HutchHome, recipe: &Recipe, tree: &Path, progress: &dyn
         let Some(wheel) = wheel else {
             return Err(TemplateError::Wheel { spec: spec.to_string(), dir: cache });
         };
-        std::fs::copy(cache.join(&wheel), inside.join(&wheel)).map_err(at("copying", &inside))?;
-        wanted.push(format!("/tmp/hutch-wheels/{wheel}"));
+        std::fs::copy(cache.join(&wheel), stage.join(&wheel)).map_err(at("copying", stage))?;
+        wanted.push(wheel);
     }
-    let mut install = Command::new("chroot");
-    install.arg(tree).args(["pip3", "install", "--quiet", "--no-index", "--no-deps", "--break-system-packages"]).args(&wanted);
-    run(install, None, progress)?;
-    std::fs::remove_dir_all(&inside).map_err(at("removing", &inside))?;
-    Ok(())
+    Ok(wanted)
 }
 
 fn rand_id() -> u64 {
