@@ -409,3 +409,38 @@ fn rand_id() -> u64 {
     h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
     h.finish()
 }
+
+#[cfg(test)]
+mod build_tests {
+    use super::*;
+
+    #[test]
+    fn subordinate_ids_are_found_by_name_or_uid_and_must_cover_65535() {
+        let text = "alice:100000:65536\n1001:165536:65536\nbob:231072:1000\n";
+        assert_eq!(subordinate(text, "alice", 1000), Some(100000));
+        assert_eq!(subordinate(text, "carol", 1001), Some(165536));
+        assert_eq!(subordinate(text, "bob", 1002), None);
+    }
+
+    #[test]
+    fn hooks_quote_setup_commands_and_upload_files_as_root() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let recipe = Recipe {
+            name: "t",
+            aliases: &[],
+            packages: &[],
+            files: &[("etc/hutch/start", "#!/bin/sh\n", 0o755)],
+            wheels: &[],
+            setup: &["echo it's"],
+            ready_port: None,
+            warm_up: &[],
+        };
+        let hooks = customize_hooks(&recipe, dir.path(), &["w-1.whl".into()]).expect("hooks");
+        assert!(hooks.contains(&format!("upload {}/file-0 /etc/hutch/start", dir.path().display())), "{hooks:?}");
+        assert!(hooks.contains(&r#"chmod 755 "$1"/'etc/hutch/start'"#.to_string()), "{hooks:?}");
+        assert!(hooks.contains(&r#"chroot "$1" /bin/sh -c 'echo it'\''s'"#.to_string()), "{hooks:?}");
+        assert!(hooks.iter().any(|h| h.ends_with("'/tmp/hutch-wheels/w-1.whl'")), "{hooks:?}");
+        assert!(hooks.last().is_some_and(|h| h.contains("var/cache/apt")), "{hooks:?}");
+        assert_eq!(std::fs::read_to_string(dir.path().join("file-0")).expect("staged"), "#!/bin/sh\n");
+    }
+}
