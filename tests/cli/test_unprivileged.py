@@ -21,7 +21,8 @@ def ensure_user() -> Path:
         subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", USER], check=True)
         home = Path(pwd.getpwnam(USER).pw_dir)
     for table, flag in (("/etc/subuid", "--add-subuids"), ("/etc/subgid", "--add-subgids")):
-        if not any(line.startswith(f"{USER}:") for line in open(table)):
+        lines = open(table).read().splitlines() if os.path.exists(table) else []
+        if not any(line.startswith(f"{USER}:") for line in lines):
             subprocess.run(["usermod", flag, "300000-365535", USER], check=True)
     if subprocess.run(["getent", "group", "kvm"], capture_output=True).returncode == 0:
         subprocess.run(["usermod", "--append", "--groups", "kvm", USER], check=True)
