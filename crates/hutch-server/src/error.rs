@@ -5,6 +5,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hutch_core::manager::ManagerError;
+use hutch_core::sandbox::PauseError;
+use hutch_core::snapshot::SaveError;
 use serde_json::json;
 
 #[derive(Debug)]
@@ -66,6 +68,9 @@ impl From<ManagerError> for ApiError {
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
             ManagerError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
             ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Conflict(_) => StatusCode::CONFLICT,
+            // The guest held its session past the deadline, or the VM is not running: the
+            // sandbox's state, not a server failure, and nothing was changed.
+            ManagerError::Pause(PauseError::Save(SaveError::AgentBusy(_)) | PauseError::NotRunning) => StatusCode::CONFLICT,
             ManagerError::Template(_)
             | ManagerError::Create(_)
             | ManagerError::Pause(_)
@@ -101,5 +106,14 @@ mod tests {
         let e = ApiError::from(ManagerError::NoSpace("the server's disk has 3 MiB free".into()));
         assert_eq!(e.status, StatusCode::INSUFFICIENT_STORAGE);
         assert!(e.message.contains("3 MiB free"));
+    }
+
+    #[test]
+    fn a_guest_that_keeps_its_session_is_a_conflict_not_a_server_failure() {
+        let e = ApiError::from(ManagerError::Pause(PauseError::Save(SaveError::AgentBusy(10))));
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        assert!(e.message.contains("did not release its session within 10 s"), "{}", e.message);
+        let e = ApiError::from(ManagerError::Pause(PauseError::Stop(hutch_vmm::StopError::Kill { pid: 1, source: std::io::Error::other("x") })));
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 }
