@@ -18,6 +18,9 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("corrupt {what} in the database")]
     Corrupt { what: &'static str },
+    /// Two requests raced for one snapshot name; the database kept the first.
+    #[error("a snapshot named '{0}' exists; delete it or pick another name")]
+    NameTaken(String),
 }
 
 #[derive(Clone)]
@@ -205,7 +208,11 @@ impl Store {
         .bind(&s.dir)
         .bind(&s.created_at)
         .execute(&self.pool)
-        .await?;
+        .await
+        .map_err(|e| match (&s.name, e.as_database_error().is_some_and(|d| d.is_unique_violation())) {
+            (Some(name), true) => StoreError::NameTaken(name.clone()),
+            _ => StoreError::Query(e),
+        })?;
         Ok(())
     }
 
@@ -315,5 +322,24 @@ mod tests {
         assert!(!store.revoke_key("key_missing").await.expect("revoke"));
         let again = store.ensure_key("env", &key).await.expect("ensure");
         assert!(again.revoked, "ensure_key must not resurrect a revoked key");
+    }
+
+    #[tokio::test]
+    async fn a_second_snapshot_of_one_name_is_refused_by_name() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = Store::open_file(&tmp.path().join("t.db")).await.expect("open");
+        let (key, _) = store.create_key("ci").await.expect("create");
+        let row = |id: &str| SnapshotRow {
+            id: id.into(),
+            key_id: key.id.clone(),
+            name: Some("nightly".into()),
+            template: "base".into(),
+            source_sandbox: None,
+            memory: true,
+            dir: format!("/s/{id}"),
+            created_at: "2026-12-01T00:00:00Z".into(),
+        };
+        store.insert_snapshot(&row("a")).await.expect("first");
+        assert!(matches!(store.insert_snapshot(&row("b")).await, Err(StoreError::NameTaken(n)) if n == "nightly"));
     }
 }

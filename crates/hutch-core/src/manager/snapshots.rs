@@ -102,7 +102,7 @@ impl SandboxManager {
         lock(&self.pinned).remove(&snap.dir);
         if let Err(e) = stored {
             let _ = std::fs::remove_dir_all(&snap.dir);
-            return Err(e.into());
+            return Err(name_conflict(e));
         }
         Ok(row)
     }
@@ -218,7 +218,7 @@ impl SandboxManager {
             dir: dir.display().to_string(),
             created_at: now_rfc3339(),
         };
-        self.store.insert_snapshot(&row).await?;
+        self.store.insert_snapshot(&row).await.map_err(name_conflict)?;
         Ok(row)
     }
 
@@ -348,5 +348,14 @@ pub fn validate_identifier(what: &str, name: &str) -> Result<(), ManagerError> {
         Err(ManagerError::InvalidArgument(format!(
             "{what} '{shown}' is not allowed: use 1-64 letters, digits, '-', '_' or '.', not starting with '.'"
         )))
+    }
+}
+
+/// A name another request took between the check and the insert is the same 409 as
+/// one taken before.
+fn name_conflict(e: crate::store::StoreError) -> ManagerError {
+    match e {
+        crate::store::StoreError::NameTaken(_) => ManagerError::Conflict(e.to_string()),
+        e => e.into(),
     }
 }
