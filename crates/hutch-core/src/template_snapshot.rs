@@ -97,10 +97,44 @@ fn shape_prefix(template: &str, opts: &SandboxOptions) -> String {
     format!("{template}-{}cpu-{}mib-{}", opts.cpus, opts.memory.get(), opts.accel.as_str())
 }
 
+/// The template snapshots something in this home still uses: one whose file is under a
+/// sandbox's disk, is the memory a sandbox maps, or is under a stored snapshot's disk
+/// (a fork's, an E2B snapshot's, whatever stacks on what). Disks are followed down
+/// their whole backing chain, as QEMU opens them. An unreadable chain counts as in use.
+fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
+    let templates = root(home);
+    let mut used = crate::sandbox::base_snapshots_in_use(home);
+    let mut files: Vec<PathBuf> = Vec::new();
+    let mut disks: Vec<PathBuf> = Vec::new();
+    for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
+        let Ok(text) = std::fs::read_to_string(entry.path().join(crate::sandbox::VM_RECORD)) else { continue };
+        let Ok(record) = serde_json::from_str::<crate::sandbox::VmRecord>(&text) else { continue };
+        disks.push(record.spec.disk.clone());
+        if let Memory::SharedFile(f) | Memory::PrivateFile(f) = &record.spec.memory {
+            files.push(f.clone());
+        }
+    }
+    let stored = home.root().join("snapshots").join("sandboxes");
+    for entry in std::fs::read_dir(&stored).into_iter().flatten().flatten() {
+        disks.push(entry.path().join("disk.qcow2"));
+    }
+    for disk in disks.into_iter().filter(|d| d.is_file()) {
+        match hutch_vmm::qemu::backing::chain(&disk) {
+            Ok(chain) => files.extend(chain),
+            Err(e) => {
+                tracing::warn!("keeping every template snapshot: {e}");
+                return std::fs::read_dir(&templates).into_iter().flatten().flatten().map(|e| e.path()).collect();
+            }
+        }
+    }
+    used.extend(files.iter().filter_map(|f| f.strip_prefix(&templates).ok()?.components().next()).map(|c| templates.join(c)));
+    used
+}
+
 /// Removes the snapshots `current` replaced (same template and shape, older build of
-/// something), unless a sandbox of this home still stacks its disk on one.
+/// something), unless something still uses one (`in_use`).
 fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
-    let in_use = crate::sandbox::base_snapshots_in_use(home);
+    let in_use = in_use(home);
     for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
         let dir = entry.path();
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -129,8 +163,11 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     if let Some(s) = MemorySnapshot::open(&dir) {
         return Ok(s);
     }
-    // Short: the template VM's sockets live in it, and socket paths are limited.
-    let tmp = root(home).join(format!(".t{}", std::process::id()));
+    // Short: the template VM's sockets live in it, and socket paths are limited. One
+    // per build: two templates' first snapshots may be made at once in one process.
+    static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = root(home).join(format!(".t{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| TemplateSnapshotError::Dir(tmp.clone(), e))?;
     let made = make(artifacts, backend, opts, &tmp).await;
@@ -223,4 +260,54 @@ async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Resu
         return Err(format!("the warm-up code failed: {}", text.chars().take(500).collect::<String>()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qcow2(path: &Path, backing: Option<&Path>) {
+        let mut cmd = std::process::Command::new("qemu-img");
+        cmd.args(["create", "-q", "-f", "qcow2"]);
+        if let Some(b) = backing {
+            cmd.args(["-F", "qcow2", "-b"]).arg(b);
+        }
+        cmd.arg(path).arg("1M");
+        assert!(cmd.status().expect("qemu-img").success());
+    }
+
+    fn template_snapshot(home: &HutchHome, name: &str) -> PathBuf {
+        let dir = root(home).join(name);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join(crate::snapshot::MANIFEST), "{}").expect("manifest");
+        qcow2(&dir.join("disk.qcow2"), None);
+        dir
+    }
+
+    #[test]
+    fn a_replaced_template_snapshot_stays_while_a_stored_snapshot_stacks_on_it() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let home = HutchHome::at(tmp.path());
+        let old = template_snapshot(&home, "base-1cpu-512mib-tcg-0ld");
+        let new = template_snapshot(&home, "base-1cpu-512mib-tcg-new");
+        // A stored snapshot of a sandbox that started from the old one, two layers up
+        // (a fork of a fork): nothing names the template snapshot but the disk chain.
+        let stored = tmp.path().join("snapshots/sandboxes");
+        std::fs::create_dir_all(stored.join("fork")).expect("dir");
+        std::fs::create_dir_all(stored.join("snap")).expect("dir");
+        qcow2(&stored.join("fork/disk.qcow2"), Some(&old.join("disk.qcow2")));
+        qcow2(&stored.join("snap/disk.qcow2"), Some(&stored.join("fork/disk.qcow2")));
+        // With `fork` gone, `snap`'s chain cannot be read: everything is kept.
+        std::fs::remove_dir_all(stored.join("fork")).expect("rm");
+        prune_replaced(&home, &new, "base-1cpu-512mib-tcg");
+        assert!(old.exists(), "an unreadable chain must keep every template snapshot");
+        std::fs::create_dir_all(stored.join("fork")).expect("dir");
+        qcow2(&stored.join("fork/disk.qcow2"), Some(&old.join("disk.qcow2")));
+        prune_replaced(&home, &new, "base-1cpu-512mib-tcg");
+        assert!(old.exists(), "pruning deleted the base of a stored snapshot");
+        std::fs::remove_dir_all(&stored).expect("rm");
+        prune_replaced(&home, &new, "base-1cpu-512mib-tcg");
+        assert!(!old.exists(), "an unused replaced snapshot was kept");
+        assert!(new.exists());
+    }
 }
