@@ -10,7 +10,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::process::{Child, Command};
 
-const QMP_WAIT: Duration = Duration::from_secs(10);
+/// QEMU greets on QMP within a second when the host is well; a host tearing down big
+/// address spaces (seen: 10 s stalls as five ASan fuzzers exited) needs longer.
+const QMP_WAIT: Duration = Duration::from_secs(30);
 /// A whole-RAM migration of a 1 GiB guest into a file takes a few seconds; this only
 /// guards against a wedged QEMU.
 const MIGRATION_WAIT: Duration = Duration::from_secs(300);
