@@ -281,7 +281,12 @@ impl Sandbox {
     pub async fn pause(&mut self) -> Result<(), PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         flush_guest(&self.agent).await;
-        crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await?;
+        if let Err(e) = crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await {
+            // Nothing was saved: the sandbox runs on, with a session again.
+            self.reattach().await;
+            return Err(e.into());
+        }
+        let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         let state = self.dir.join(PAUSED_STATE);
         if let Err(e) = vm.save(&state, false).await {
             let _ = std::fs::remove_file(&state);
@@ -299,7 +304,11 @@ impl Sandbox {
     pub async fn snapshot(&mut self, dir: &Path, template: &str) -> Result<MemorySnapshot, PauseError> {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         flush_guest(&self.agent).await;
-        crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await?;
+        if let Err(e) = crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await {
+            self.reattach().await;
+            return Err(e.into());
+        }
+        let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         let saved = crate::snapshot::save_vm(vm.as_mut(), &self.record.spec.disk, dir, false).await;
         let resumed = vm.resume().await;
         self.reattach().await;

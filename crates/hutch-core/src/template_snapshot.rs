@@ -107,6 +107,8 @@ fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
     let mut files: Vec<PathBuf> = Vec::new();
     let mut disks: Vec<PathBuf> = Vec::new();
     for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
+        // A sandbox still starting has its overlay before its record.
+        disks.push(entry.path().join("disk.qcow2"));
         let Ok(text) = std::fs::read_to_string(entry.path().join(crate::sandbox::VM_RECORD)) else { continue };
         let Ok(record) = serde_json::from_str::<crate::sandbox::VmRecord>(&text) else { continue };
         disks.push(record.spec.disk.clone());

@@ -156,7 +156,15 @@ impl Group {
                     "pids" => write(&dir.join("pids.max"), &limits.pids.to_string()),
                     _ => {
                         write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
-                        write(&dir.join("cpu.cfs_quota_us"), &limits.cpu_quota_us.to_string())
+                        match write(&dir.join("cpu.cfs_quota_us"), &limits.cpu_quota_us.to_string()) {
+                            // v1 refuses a quota above an ancestor's (hutch in a limited
+                            // container): the VM then shares the ancestor's limit.
+                            Err(e) if e.source.raw_os_error() == Some(libc::EINVAL) => {
+                                tracing::warn!("no CPU quota of its own for the VM: {e}");
+                                Ok(())
+                            }
+                            other => other,
+                        }
                     }
                 }
             }),
@@ -196,9 +204,13 @@ impl Group {
 impl Group {
     /// Removes the groups; false while a process is still in one (EBUSY).
     pub fn try_remove(&self) -> bool {
-        self.dirs.iter().all(|dir| match std::fs::remove_dir(dir) {
-            Ok(()) => true,
-            Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+        // Every directory is tried, whichever fails.
+        self.dirs.iter().fold(true, |all, dir| {
+            let gone = match std::fs::remove_dir(dir) {
+                Ok(()) => true,
+                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+            };
+            all && gone
         })
     }
 }

@@ -60,6 +60,8 @@ pub enum JailError {
     Cgroup(#[from] super::cgroup::CgroupError),
     #[error("preparing {} for the VM: {source}", path.display())]
     File { path: PathBuf, source: std::io::Error },
+    #[error("the disk {} stacks on {}, which is outside hutch's templates and snapshots; refusing to bind it into the VM (its header was changed)", disk.display(), backing.display())]
+    ForeignBacking { disk: PathBuf, backing: PathBuf },
     #[error("QEMU ({}) is under {}, which confined VMs cannot see; install it elsewhere or set HUTCH_JAIL=off", binary.display(), mask.display())]
     HiddenBinary { binary: PathBuf, mask: PathBuf },
 }
@@ -146,6 +148,7 @@ pub struct ChildSide {
     cgroup_procs: Vec<RawFd>,
     chown: Vec<RawFd>,
     parent: libc::pid_t,
+    die_with_parent: bool,
 }
 
 /// A prepared jail. The fds must stay open until the child has exec'd.
@@ -182,6 +185,7 @@ pub(crate) fn resolve(binary: &str) -> Option<PathBuf> {
 impl Prepared {
     pub fn new(spec: &VmSpec, config: &JailConfig, binary: &str) -> Result<Prepared, JailError> {
         let backing = super::backing::chain(&spec.disk)?;
+        confined_chain(spec, config, &backing)?;
         let steps = plan(spec, config, &backing, |p| p.is_dir());
         if let Some(binary) = resolve(binary) {
             if let Some(mask) = under_mask(&steps, &binary) {
@@ -241,9 +245,32 @@ impl Prepared {
             fds.push(fd);
         }
         let trees = vec![-1; clones.len()];
-        let child = ChildSide { clones, trees, ops, cgroup_procs, chown, parent: std::process::id() as libc::pid_t };
+        let child = ChildSide { clones, trees, ops, cgroup_procs, chown, parent: std::process::id() as libc::pid_t, die_with_parent: spec.die_with_parent };
         Ok(Prepared { child, _fds: fds, group })
     }
+}
+
+/// The backing names come from qcow2 headers, which a compromised QEMU can rewrite in
+/// its own overlay (and which then travel into snapshots copied from it). Whatever they
+/// say, only images in hutch's templates and snapshots, or the VM's own directory, are
+/// bound into a jail: resolved through symlinks, so a name cannot point elsewhere.
+fn confined_chain(spec: &VmSpec, config: &JailConfig, backing: &[PathBuf]) -> Result<(), JailError> {
+    // Each resolved on its own: any of them may be a link to a shared cache.
+    let allowed: Vec<PathBuf> = ["templates", "snapshots", "snapshots/templates", "snapshots/sandboxes"]
+        .iter()
+        .map(|d| config.hide.join(d))
+        .chain([spec.dir.clone()])
+        .collect::<Vec<_>>()
+        .iter()
+        .filter_map(|d| std::fs::canonicalize(d).ok())
+        .collect();
+    for image in backing {
+        let real = std::fs::canonicalize(image).map_err(file_err(image))?;
+        if !allowed.iter().any(|root| real.starts_with(root)) {
+            return Err(JailError::ForeignBacking { disk: spec.disk.clone(), backing: image.clone() });
+        }
+    }
+    Ok(())
 }
 
 /// Files bound read-only must be readable by the VM's uid. They live in `$HUTCH_HOME`,
@@ -347,8 +374,14 @@ impl ChildSide {
             check(libc::setresgid(uid, uid, uid))?;
             check(libc::setresuid(uid, uid, uid))?;
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-            // The id change cleared any parent-death signal: the caller sets it after
-            // this, and a parent that died meanwhile is caught here.
+            // hutch's working directory may be under a mask: it stays reachable to a
+            // process already in it, so leave it.
+            check(libc::chdir(c"/".as_ptr()))?;
+            // The id change cleared any parent-death signal: set it again now, then catch
+            // a parent that died before it was set.
+            if self.die_with_parent {
+                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+            }
             if libc::getppid() != self.parent {
                 return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
             }
@@ -410,5 +443,27 @@ mod tests {
         assert!(!steps.contains(&Step::Mask("/root/.local/share/hutch".into())));
         assert!(!steps.iter().any(|s| matches!(s, Step::Bind { path, .. } if path.starts_with("/usr"))), "{steps:?}");
         assert!(steps.contains(&Step::Bind { path: "/root/.local/share/hutch/snapshots/t/memory".into(), writable: true }));
+    }
+
+    #[test]
+    fn a_backing_name_outside_templates_and_snapshots_is_refused_even_through_a_symlink() {
+        let tmp = tempfile::tempdir().expect("plan");
+        let home = tmp.path().join("h");
+        for d in ["templates/base", "snapshots/t", "sandboxes/sb1"] {
+            std::fs::create_dir_all(home.join(d)).expect("plan");
+        }
+        let inside = home.join("templates/base/rootfs.ext4");
+        let outside = tmp.path().join("secret");
+        std::fs::write(&inside, "img").expect("plan");
+        std::fs::write(&outside, "key").expect("plan");
+        let link = home.join("snapshots/t/disk.qcow2");
+        std::os::unix::fs::symlink(&outside, &link).expect("plan");
+        let mut s = spec(Memory::Anonymous);
+        s.dir = home.join("sandboxes/sb1");
+        s.disk = s.dir.join("disk.qcow2");
+        let config = JailConfig { hide: home.clone() };
+        assert!(confined_chain(&s, &config, std::slice::from_ref(&inside)).is_ok());
+        assert!(matches!(confined_chain(&s, &config, &[inside.clone(), outside]), Err(JailError::ForeignBacking { .. })));
+        assert!(matches!(confined_chain(&s, &config, &[link]), Err(JailError::ForeignBacking { .. })));
     }
 }

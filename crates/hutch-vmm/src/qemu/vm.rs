@@ -89,9 +89,9 @@ impl QemuVm {
                     }
                 }
                 if let Some(jail) = &mut jail_child {
-                    jail.enter()?;
+                    // Sets the parent-death signal itself, after its id change.
+                    return jail.enter();
                 }
-                // After the jail: changing ids clears the parent-death signal.
                 if die_with_parent && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
