@@ -92,7 +92,9 @@ async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
 async fn fork_independent(env: Arc<Env>) -> anyhow::Result<()> {
     let mut source = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
     run(source.agent(), "echo source > /home/user/who").await?;
-    let snap_dir = env.home.tmp().join(format!("fork-test-{}", std::process::id()));
+    // Where the server keeps sandbox snapshots: a jail binds backing images only from
+    // hutch's templates and snapshots.
+    let snap_dir = env.home.root().join("snapshots").join("sandboxes").join(format!("fork-test-{}", std::process::id()));
     std::fs::create_dir_all(&snap_dir)?;
     let full = source.snapshot(&snap_dir, "base").await?;
     // As the manager does for forks: RAM moves into a shared file the copies map.
