@@ -103,7 +103,7 @@ fn shape_prefix(template: &str, opts: &SandboxOptions) -> String {
 /// their whole backing chain, as QEMU opens them. An unreadable chain counts as in use.
 fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
     let templates = root(home);
-    let mut used = crate::sandbox::base_snapshots_in_use(home);
+    let mut used = std::collections::HashSet::new();
     let mut files: Vec<PathBuf> = Vec::new();
     let mut disks: Vec<PathBuf> = Vec::new();
     for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
@@ -111,6 +111,7 @@ fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
         disks.push(entry.path().join("disk.qcow2"));
         let Ok(text) = std::fs::read_to_string(entry.path().join(crate::sandbox::VM_RECORD)) else { continue };
         let Ok(record) = serde_json::from_str::<crate::sandbox::VmRecord>(&text) else { continue };
+        used.extend(record.base_snapshot.clone());
         disks.push(record.spec.disk.clone());
         if let Memory::SharedFile(f) | Memory::PrivateFile(f) = &record.spec.memory {
             files.push(f.clone());
