@@ -1,15 +1,20 @@
-"""`hutch run` for a user who is not root: the template is built without root
+"""hutch for a user who is not root. `hutch run`: the template is built without root
 (mmdebstrap in a user namespace, the image written in one of the same shape), and the
-guest still gets root-owned system files, setuid bits and its own user. Without root
-there is no jail (docs/SECURITY.md): QEMU runs as that user."""
+guest still gets root-owned system files, setuid bits and its own user. `hutch serve`:
+each QEMU is still jailed, in a user namespace as an id of the user's /etc/subuid
+range (docs/SECURITY.md), and in a cgroup under one delegated to the user."""
 
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
-from conftest import HUTCH, ROOT
+import httpx
+from e2b import Sandbox
+
+from conftest import API_KEY, HUTCH, ROOT, free_port, qemus_under, wait_until
 
 USER = "hutch-unpriv"
 
@@ -29,9 +34,8 @@ def ensure_user() -> Path:
     return home
 
 
-def test_hutch_run_builds_and_boots_without_root():
-    home = ensure_user()
-    # The user's own copy: the checkout may sit where only root can read.
+def install_binaries(home: Path) -> Path:
+    """The user's own copy: the checkout may sit where only root can read."""
     bin_dir = home / "bin"
     bin_dir.mkdir(exist_ok=True)
     agent = ROOT / "target" / "x86_64-unknown-linux-musl" / "agent" / "hutch-agent"
@@ -40,6 +44,12 @@ def test_hutch_run_builds_and_boots_without_root():
     user = pwd.getpwnam(USER)
     for p in (bin_dir, bin_dir / "hutch", bin_dir / "hutch-agent"):
         os.chown(p, user.pw_uid, user.pw_gid)
+    return bin_dir
+
+
+def test_hutch_run_builds_and_boots_without_root():
+    home = ensure_user()
+    bin_dir = install_binaries(home)
     script = "id -un; stat -c '%u %a' /usr/bin/sudo /etc/shadow; sudo id -u"
     cmd = f"HUTCH_HOME={home}/hutch-home {bin_dir}/hutch run -- sh -c \"{script}\""
     r = subprocess.run(["su", USER, "-c", cmd], capture_output=True, text=True, timeout=1500, cwd=home)
@@ -48,3 +58,119 @@ def test_hutch_run_builds_and_boots_without_root():
     assert r.stdout == "user\n0 4755\n0 640\n0\n", (r.stdout, r.stderr[-2000:])
     leftovers = list((home / "hutch-home" / "tmp").iterdir()) + list((home / "hutch-home" / "sandboxes").iterdir())
     assert leftovers == [], leftovers
+
+
+def subordinate_range(table: str) -> range:
+    for line in open(table).read().splitlines():
+        name, start, count = line.split(":")
+        if name == USER:
+            return range(int(start), int(start) + int(count))
+    raise AssertionError(f"{USER} has no range in {table}")
+
+
+def delegate_cgroups(name: str) -> list[Path]:
+    """A cgroup per v1 controller handed to the user, as systemd's Delegate=yes or an
+    operator would (v2 hosts: one group). hutch makes its VMs' groups inside."""
+    user = pwd.getpwnam(USER)
+    own = {}
+    for line in open("/proc/self/cgroup").read().splitlines():
+        _, controllers, path = line.split(":", 2)
+        for c in controllers.split(","):
+            own[c] = path
+    if os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
+        dirs = [Path("/sys/fs/cgroup") / own[""].lstrip("/") / name]
+    else:
+        dirs = [Path(f"/sys/fs/cgroup/{c}") / own[c].lstrip("/") / name for c in ("memory", "pids", "cpu")]
+    for d in dirs:
+        d.mkdir(exist_ok=True)
+        for p in [d, *d.iterdir()]:
+            os.chown(p, user.pw_uid, user.pw_gid)
+    return dirs
+
+
+def remove_cgroups(dirs: list[Path]) -> None:
+    for d in dirs:
+        for sub in sorted(d.rglob("*"), key=lambda p: -len(p.parts)):
+            if sub.is_dir():
+                sub.rmdir()
+        d.rmdir()
+
+
+def status_fields(pid: int) -> dict[str, list[str]]:
+    fields = {}
+    for line in open(f"/proc/{pid}/status").read().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.split()
+    return fields
+
+
+def test_hutch_serve_without_root_jails_each_vm_as_an_id_of_the_users_range():
+    home = ensure_user()
+    bin_dir = install_binaries(home)
+    user = pwd.getpwnam(USER)
+    uids, gids = subordinate_range("/etc/subuid"), subordinate_range("/etc/subgid")
+    hutch_home = home / "hutch-home"
+    delegated = delegate_cgroups("hutch-unpriv-serve")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    moves = "; ".join(f"echo $$ > {d}/cgroup.procs" for d in delegated)
+    serve = f"{bin_dir}/hutch serve --listen 127.0.0.1:{port} --accel tcg --max-sandboxes 2"
+    log = open(home / "serve.log", "w")
+    # setpriv execs: the server is this process, as the user, with its own groups only.
+    proc = subprocess.Popen(
+        ["setpriv", f"--reuid={USER}", f"--regid={USER}", "--init-groups", "--reset-env", "sh", "-c",
+         f"{moves}; exec env HUTCH_HOME={hutch_home} HUTCH_API_KEY={API_KEY} {serve}"],
+        stdout=log, stderr=subprocess.STDOUT, cwd=home,
+    )
+    conn = dict(api_key=API_KEY, api_url=url, sandbox_url=url)
+    try:
+        def answers():
+            assert proc.poll() is None, (home / "serve.log").read_text()
+            try:
+                return httpx.get(url + "/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+        wait_until(answers, "the unprivileged hutch serve to answer", timeout=120)
+        assert status_fields(proc.pid)["Uid"] == [str(user.pw_uid)] * 4
+        sbx = Sandbox.create("base", **conn)
+        pid = int((hutch_home / "sandboxes" / sbx.sandbox_id / "qemu.pid").read_text())
+        f = status_fields(pid)
+        # An id of the user's range, not the user's: it cannot signal or read the server.
+        assert len(set(f["Uid"])) == 1 and int(f["Uid"][0]) in uids and int(f["Uid"][0]) != user.pw_uid, f["Uid"]
+        assert len(set(f["Gid"])) == 1 and int(f["Gid"][0]) in gids, f["Gid"]
+        assert f["Groups"] == [] and f["CapEff"] == ["0000000000000000"], (f["Groups"], f["CapEff"])
+        assert f["NoNewPrivs"] == ["1"] and f["Seccomp"] == ["2"]
+        assert os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user")
+        assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        # Its view of the user's hutch home: its own disk, not the database or records.
+        root = f"/proc/{pid}/root{hutch_home}"
+        seen = {os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs}
+        assert f"sandboxes/{sbx.sandbox_id}/disk.qcow2" in seen, sorted(seen)
+        assert not any(p.endswith((".db", "vm.json", "console.log")) for p in seen), sorted(seen)
+        # Its cgroups are under the delegated ones, with the VM's limits.
+        groups = [Path(f"/sys/fs/cgroup/{c}{path}") if c else Path(f"/sys/fs/cgroup{path}")
+                  for _, c, path in (line.split(":", 2) for line in open(f"/proc/{pid}/cgroup").read().splitlines())
+                  if c in ("memory", "pids", "") and "hutch-unpriv-serve" in path]
+        assert groups and all(any(g.is_relative_to(d) for d in delegated) for g in groups), groups
+        limits = {n: (g / n).read_text().strip() for g in groups for n in ("pids.max", "memory.limit_in_bytes", "memory.max") if (g / n).exists()}
+        assert limits["pids.max"] == "256", limits
+        assert 512 << 20 < int(limits.get("memory.limit_in_bytes") or limits["memory.max"]) <= 2 << 30, limits
+        # The guest works, and what its VM wrote survives a pause: the server (the user)
+        # saves it, and the next QEMU, as another id of the range, gets the disk back.
+        assert sbx.commands.run("echo jailed > /home/user/f && cat /home/user/f").stdout == "jailed\n"
+        assert sbx.pause() is True
+        wait_until(lambda: not any(g.exists() for g in groups), "the paused VM's cgroups to go", timeout=30)
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120, **conn)
+        assert back.commands.run("cat /home/user/f").stdout == "jailed\n"
+        pid = int((hutch_home / "sandboxes" / sbx.sandbox_id / "qemu.pid").read_text())
+        assert int(status_fields(pid)["Uid"][0]) in uids
+        groups = [g for d in delegated for g in (d / "hutch").iterdir() if g.is_dir()]
+        assert groups, "the resumed VM has cgroups of its own too"
+        back.kill()
+        wait_until(lambda: not any(g.exists() for g in groups), "the killed VM's cgroups to go", timeout=30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        remove_cgroups(delegated)
+    assert qemus_under(hutch_home) == []
+    assert list((hutch_home / "sandboxes").iterdir()) == []

@@ -46,17 +46,28 @@ pub async fn run(_args: DoctorArgs) -> anyhow::Result<i32> {
         healthy &= found;
         line(found, tool, if found { format!("found (for {purpose})") } else { format!("missing; hutch needs it for {purpose}: apt-get install {package}") });
     }
-    // The jail needs root; without it QEMU runs as this user, under seccomp only.
+    // As root each QEMU gets ids of hutch's choosing; as another user, ids of its
+    // subordinate range in a user namespace; without either, seccomp only.
     match hutch_vmm::qemu::jail::JailConfig::for_home(home.root()) {
-        Some(_) => match hutch_vmm::qemu::cgroup::summary() {
-            Ok(groups) => line(true, "jail", format!("on: each QEMU as its own uid, in its own mount, network and IPC namespaces and {groups}")),
-            Err(e) => {
-                healthy = false;
-                line(false, "jail", e);
+        Ok(config) => {
+            let ids = match &config.identity {
+                hutch_vmm::qemu::jail::Identity::Root => "its own uid".to_string(),
+                hutch_vmm::qemu::jail::Identity::Subordinate(ids) => {
+                    format!("its own uid of this user's range {}-{} (user namespace)", ids.uids.start, ids.uids.start + ids.uids.count - 1)
+                }
+            };
+            let rooted = matches!(config.identity, hutch_vmm::qemu::jail::Identity::Root);
+            match hutch_vmm::qemu::cgroup::summary() {
+                Ok(groups) => line(true, "jail", format!("on: each QEMU as {ids}, in its own mount, network and IPC namespaces and {groups}")),
+                Err(e) if rooted => {
+                    healthy = false;
+                    line(false, "jail", e);
+                }
+                Err(e) => println!("WARN jail        on: each QEMU as {ids}, in its own namespaces, but without cgroup limits: {e}"),
             }
-        },
-        None if nix::unistd::geteuid().is_root() => println!("WARN jail        off (HUTCH_JAIL=off): QEMU runs as root with seccomp only"),
-        None => println!("WARN jail        off: hutch is not root, so QEMU runs as this user with seccomp only (docs/SECURITY.md)"),
+        }
+        Err(hutch_vmm::qemu::jail::Unconfined::Off) => println!("WARN jail        off (HUTCH_JAIL=off): QEMU runs as this user with seccomp only"),
+        Err(why) => println!("WARN jail        off: QEMU runs as this user with seccomp only: {why}"),
     }
     let tsc = tokio::task::spawn_blocking(hutch_vmm::clock::measure).await?;
     match tsc {

@@ -28,6 +28,17 @@ pub struct CgroupError {
     source: std::io::Error,
 }
 
+impl CgroupError {
+    /// The groups are not this user's to make (not root, nothing delegated).
+    pub fn is_denied(&self) -> bool {
+        matches!(self.source.raw_os_error(), Some(libc::EACCES | libc::EPERM | libc::EROFS))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
 /// What one VM may use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
@@ -131,7 +142,8 @@ fn sweep(parent: &Path) {
     for entry in entries.flatten() {
         let name = entry.file_name();
         let Some(pid) = name.to_str().and_then(|n| n.split('-').next()).and_then(|p| p.parse::<i32>().ok()) else { continue };
-        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
+        // EPERM: it runs, as another user.
+        let alive = !matches!(nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None), Err(nix::errno::Errno::ESRCH));
         if !alive {
             // Fails (EBUSY) if a process is still in it: then it is not ours to remove.
             let _ = std::fs::remove_dir(entry.path());

@@ -41,14 +41,41 @@ pub const FIRST_PRIVATE_FD: RawFd = 10;
 pub struct JailConfig {
     /// hutch's home, hidden whole but for this VM's own files.
     pub hide: PathBuf,
+    pub identity: Identity,
+}
+
+/// Whose ids the jail hands out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Identity {
+    /// hutch is root: each QEMU becomes `UID_BASE` + its pid.
+    Root,
+    /// hutch is an ordinary user: each QEMU gets a user namespace and one id of the
+    /// user's subordinate range (`userns.rs`).
+    Subordinate(super::userns::SubIds),
+}
+
+/// Why VMs run unconfined.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unconfined {
+    #[error("HUTCH_JAIL=off")]
+    Off,
+    #[error(transparent)]
+    NoIds(#[from] super::userns::Unavailable),
 }
 
 impl JailConfig {
-    /// Confinement for VMs whose files live in `home`, when hutch can set it up (it
-    /// runs as root) and it was not turned off with `HUTCH_JAIL=off`.
-    pub fn for_home(home: &Path) -> Option<JailConfig> {
-        let off = std::env::var("HUTCH_JAIL").is_ok_and(|v| v == "off" || v == "0");
-        (nix::unistd::geteuid().is_root() && !off).then(|| JailConfig { hide: home.to_path_buf() })
+    /// Confinement for VMs whose files live in `home`: as root, ids of hutch's own
+    /// choosing; as another user, ids of its subordinate range. Unless turned off with
+    /// `HUTCH_JAIL=off`.
+    pub fn for_home(home: &Path) -> Result<JailConfig, Unconfined> {
+        if std::env::var("HUTCH_JAIL").is_ok_and(|v| v == "off" || v == "0") {
+            return Err(Unconfined::Off);
+        }
+        let identity = match nix::unistd::geteuid().is_root() {
+            true => Identity::Root,
+            false => Identity::Subordinate(super::userns::SubIds::of_current_user()?),
+        };
+        Ok(JailConfig { hide: home.to_path_buf(), identity })
     }
 }
 
@@ -64,6 +91,10 @@ pub enum JailError {
     ForeignBacking { disk: PathBuf, backing: PathBuf },
     #[error("QEMU ({}) is under {}, which confined VMs cannot see; install it elsewhere or set HUTCH_JAIL=off", binary.display(), mask.display())]
     HiddenBinary { binary: PathBuf, mask: PathBuf },
+    #[error("leasing an id for the VM from this user's /etc/subuid range: {0}")]
+    Lease(std::io::Error),
+    #[error(transparent)]
+    Map(#[from] super::userns::MapError),
 }
 
 /// What the jail does, in order (paths as the host names them).
@@ -149,13 +180,22 @@ pub struct ChildSide {
     chown: Vec<RawFd>,
     parent: libc::pid_t,
     die_with_parent: bool,
+    /// Set when hutch is not root: the user namespace to make first (`userns.rs`).
+    userns: Option<super::userns::ChildPipes>,
+    /// Keeps hutch's supplementary groups: in a user namespace, the `kvm` group is
+    /// what lets the VM open the host's /dev/kvm.
+    keep_groups: bool,
 }
 
 /// A prepared jail. The fds must stay open until the child has exec'd.
 pub struct Prepared {
     pub child: ChildSide,
     _fds: Vec<OwnedFd>,
-    pub group: super::cgroup::Group,
+    /// None for a hutch that is not root and was given no cgroup to manage.
+    pub group: Option<super::cgroup::Group>,
+    /// The id slot the VM holds (not root), and the mapping still to be made for it.
+    pub lease: Option<super::userns::Lease>,
+    pub mapping: Option<super::userns::Mapping>,
 }
 
 const HIDDEN: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
@@ -212,19 +252,27 @@ impl Prepared {
                         ensure_world_readable(path)?;
                     }
                     if *writable {
-                        let file = lift(std::fs::File::open(path).map_err(file_err(path))?.into()).map_err(file_err(path))?;
+                        let file = std::fs::File::open(path).map_err(file_err(path))?;
+                        if let Identity::Subordinate(ids) = &config.identity {
+                            // Back to hutch's group (an earlier VM's may be left on it): in
+                            // the VM's namespace only hutch's ids and the VM's own map.
+                            std::os::unix::fs::fchown(&file, None, Some(ids.gid)).map_err(file_err(path))?;
+                        }
+                        let file = lift(file.into()).map_err(file_err(path))?;
                         chown.push(file.as_raw_fd());
                         fds.push(file);
                     }
                     clones.push(cstr(path));
                     mkdirs(&mut ops, path.parent().unwrap_or(Path::new("/")));
                     ops.push(Op::Touch(cstr(path)));
-                    let flags = HIDDEN | if *writable { 0 } else { libc::MS_RDONLY };
+                    let flags = HIDDEN | atime_flags(path) | if *writable { 0 } else { libc::MS_RDONLY };
                     ops.push(Op::Attach { tree: clones.len() - 1, at: cstr(path), flags });
                 }
             }
         }
-        if spec.accel == Accel::Kvm {
+        // A user namespace cannot make device nodes: there the VM opens the host's
+        // /dev/kvm through hutch's kvm group.
+        if spec.accel == Accel::Kvm && config.identity == Identity::Root {
             let kvm = Path::new("/dev/kvm");
             let dev = std::fs::metadata(kvm).map_err(file_err(kvm))?;
             let dir = config.hide.join(".dev");
@@ -236,17 +284,35 @@ impl Prepared {
             ops.push(Op::Node { at: node.clone(), dev: std::os::unix::fs::MetadataExt::rdev(&dev) });
             ops.push(Op::Bind { from: node, at: cstr(kvm), flags: libc::MS_NOSUID | libc::MS_NOEXEC });
         }
-        let group = super::cgroup::Group::create(&spec.id, super::cgroup::Limits::for_vm(spec.memory_mib, spec.cpus, spec.accel))?;
-        let procs = group.procs_files()?;
+        let limits = super::cgroup::Limits::for_vm(spec.memory_mib, spec.cpus, spec.accel);
+        let group = match (super::cgroup::Group::create(&spec.id, limits), &config.identity) {
+            (Ok(group), _) => Some(group),
+            // Not root: cgroups are hutch's only where they were delegated to its user.
+            (Err(e), Identity::Subordinate(_)) if e.is_denied() => {
+                static WARNED: std::sync::Once = std::sync::Once::new();
+                let why = format!("this user may not create {}", e.path().display());
+                WARNED.call_once(|| tracing::warn!("VMs run without memory, pids and cpu limits of their own: {why}; delegate a cgroup to this user (docs/SECURITY.md) or run hutch as root"));
+                None
+            }
+            (Err(e), _) => return Err(e.into()),
+        };
         let mut cgroup_procs = Vec::new();
-        for fd in procs {
+        for fd in group.as_ref().map(|g| g.procs_files()).transpose()?.unwrap_or_default() {
             let fd = lift(fd).map_err(file_err(Path::new("cgroup.procs")))?;
             cgroup_procs.push(fd.as_raw_fd());
             fds.push(fd);
         }
+        let (mut lease, mut mapping, mut userns) = (None, None, None);
+        if let Identity::Subordinate(ids) = &config.identity {
+            let held = ids.lease().map_err(JailError::Lease)?;
+            let (map, pipes) = super::userns::Mapping::new(ids, &held).map_err(|e| JailError::Map(e.into()))?;
+            (lease, mapping, userns) = (Some(held), Some(map), Some(pipes));
+        }
         let trees = vec![-1; clones.len()];
-        let child = ChildSide { clones, trees, ops, cgroup_procs, chown, parent: std::process::id() as libc::pid_t, die_with_parent: spec.die_with_parent };
-        Ok(Prepared { child, _fds: fds, group })
+        let keep_groups = userns.is_some() && spec.accel == Accel::Kvm;
+        let parent = std::process::id() as libc::pid_t;
+        let child = ChildSide { clones, trees, ops, cgroup_procs, chown, parent, die_with_parent: spec.die_with_parent, userns, keep_groups };
+        Ok(Prepared { child, _fds: fds, group, lease, mapping })
     }
 }
 
@@ -282,6 +348,26 @@ fn ensure_world_readable(path: &Path) -> Result<(), JailError> {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | 0o444)).map_err(file_err(path))?;
     }
     Ok(())
+}
+
+/// The access-time flags of the mount holding `path`. A remount must repeat them: in
+/// a user namespace the flags of mounts inherited from the host are locked, and a
+/// remount that left them out would ask to change them.
+fn atime_flags(path: &Path) -> libc::c_ulong {
+    use nix::sys::statvfs::FsFlags;
+    let Ok(stat) = nix::sys::statvfs::statvfs(path) else { return 0 };
+    let flags = stat.flags();
+    let mut out = 0;
+    if flags.contains(FsFlags::ST_NOATIME) {
+        out |= libc::MS_NOATIME;
+    }
+    if flags.contains(FsFlags::ST_NODIRATIME) {
+        out |= libc::MS_NODIRATIME;
+    }
+    if flags.contains(FsFlags::ST_RELATIME) {
+        out |= libc::MS_RELATIME;
+    }
+    out
 }
 
 /// From linux/mount.h.
@@ -325,12 +411,17 @@ impl ChildSide {
                     return Err(std::io::Error::last_os_error());
                 }
             }
+            // Not root: first a user namespace, in which hutch's user is root (and may
+            // make the namespaces and mounts below) and the VM's leased id is 1.
+            if let Some(userns) = &self.userns {
+                userns.enter()?;
+            }
             // Its own network namespace too: nothing but a downed loopback, so an escaped
             // QEMU has no network and no abstract unix sockets to reach.
             check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC))?;
             // Nothing done below may reach the host's mount table.
             check(libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
-            let uid = Self::uid_of(libc::getpid() as u32);
+            let uid = if self.userns.is_some() { 1 } else { Self::uid_of(libc::getpid() as u32) };
             for (path, slot) in self.clones.iter().zip(self.trees.iter_mut()) {
                 let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
                 let fd = libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags);
@@ -368,9 +459,19 @@ impl ChildSide {
                 }
             }
             for &fd in &self.chown {
-                check(libc::fchown(fd, uid, uid))?;
+                if self.userns.is_some() {
+                    // hutch stays the owner (it reads and copies the disk once the VM
+                    // is gone, which it could not do as another user's 0600 file); the
+                    // VM writes through the group that only it has.
+                    check(libc::fchown(fd, u32::MAX, uid))?;
+                    check(libc::fchmod(fd, 0o660))?;
+                } else {
+                    check(libc::fchown(fd, uid, uid))?;
+                }
             }
-            check(libc::setgroups(0, std::ptr::null()))?;
+            if !self.keep_groups {
+                check(libc::setgroups(0, std::ptr::null()))?;
+            }
             check(libc::setresgid(uid, uid, uid))?;
             check(libc::setresuid(uid, uid, uid))?;
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
@@ -412,7 +513,7 @@ mod tests {
 
     #[test]
     fn hides_home_and_binds_back_only_the_vms_files() {
-        let config = JailConfig { hide: "/h".into() };
+        let config = JailConfig { hide: "/h".into(), identity: Identity::Root };
         let backing = vec![PathBuf::from("/h/templates/base/rootfs.img")];
         let steps = plan(&spec(Memory::PrivateFile("/h/snapshots/t/memory".into())), &config, &backing, |p| p != Path::new("/run"));
         let bind = |p: &str, writable| Step::Bind { path: p.into(), writable };
@@ -436,7 +537,7 @@ mod tests {
 
     #[test]
     fn a_home_inside_a_mask_is_not_masked_twice_and_a_snapshot_source_writes_its_memory() {
-        let config = JailConfig { hide: "/root/.local/share/hutch".into() };
+        let config = JailConfig { hide: "/root/.local/share/hutch".into(), identity: Identity::Root };
         let mut s = spec(Memory::SharedFile("/root/.local/share/hutch/snapshots/t/memory".into()));
         s.kernel = "/usr/lib/vmlinuz".into();
         let steps = plan(&s, &config, &[], |_| true);
@@ -461,7 +562,7 @@ mod tests {
         let mut s = spec(Memory::Anonymous);
         s.dir = home.join("sandboxes/sb1");
         s.disk = s.dir.join("disk.qcow2");
-        let config = JailConfig { hide: home.clone() };
+        let config = JailConfig { hide: home.clone(), identity: Identity::Root };
         assert!(confined_chain(&s, &config, std::slice::from_ref(&inside)).is_ok());
         assert!(matches!(confined_chain(&s, &config, &[inside.clone(), outside]), Err(JailError::ForeignBacking { .. })));
         assert!(matches!(confined_chain(&s, &config, &[link]), Err(JailError::ForeignBacking { .. })));

@@ -4,6 +4,7 @@ mod args;
 pub mod backing;
 pub mod cgroup;
 pub mod jail;
+pub mod userns;
 pub mod version;
 mod vm;
 
@@ -36,10 +37,18 @@ impl Default for QemuBackend {
 
 impl QemuBackend {
     /// The backend for a hutch home: it caches what it learns about the host there and,
-    /// run as root, confines each VM to its own files in that home (`jail.rs`).
+    /// confines each VM to its own files in that home (`jail.rs`).
     pub fn with_cache_dir(dir: impl Into<PathBuf>) -> Self {
         let dir = dir.into();
-        QemuBackend { jail: jail::JailConfig::for_home(&dir), cache_dir: Some(dir), ..QemuBackend::default() }
+        let jail = match jail::JailConfig::for_home(&dir) {
+            Ok(config) => Some(config),
+            Err(jail::Unconfined::Off) => None,
+            Err(why) => {
+                tracing::warn!("QEMU runs as this user, confined by seccomp only: {why}");
+                None
+            }
+        };
+        QemuBackend { jail, cache_dir: Some(dir), ..QemuBackend::default() }
     }
 
     /// How VMs are confined, if they are.

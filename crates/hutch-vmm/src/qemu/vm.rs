@@ -39,6 +39,8 @@ pub struct QemuVm {
     exit: Option<String>,
     /// The VM's cgroup when it is confined; removed once QEMU has exited.
     group: Option<super::cgroup::Group>,
+    /// The id QEMU runs as, when hutch is not root: held until QEMU has exited.
+    lease: Option<super::userns::Lease>,
 }
 
 fn stderr_of(spec: &VmSpec) -> String {
@@ -64,11 +66,13 @@ impl QemuVm {
         let agent_listener = listen_at(&spec.agent_socket()).map_err(StartError::Spawn)?;
         // Every source sits at 10 or above, so no dup2 below overwrites another's source.
         let handed = [(console_qemu.as_raw_fd(), CONSOLE_FD), (qmp_listener.as_raw_fd(), QMP_FD), (agent_listener.as_raw_fd(), AGENT_FD)];
-        let prepared = match jail {
+        let mut prepared = match jail {
             Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(StartError::Jail)?),
             None => None,
         };
         let mut jail_child = prepared.as_ref().map(|p| p.child.clone());
+        // Not root: a thread maps the child's user namespace while the fork waits.
+        let mapper = prepared.as_mut().and_then(|p| p.mapping.take()).map(|m| m.serve());
         let die_with_parent = spec.die_with_parent;
         let mut cmd = Command::new(binary);
         cmd.args(super::command_line(spec))
@@ -98,7 +102,16 @@ impl QemuVm {
                 Ok(())
             });
         }
-        let child = cmd.spawn().map_err(|e| match e.kind() {
+        let spawned = cmd.spawn();
+        if let Some((child_ends, thread)) = mapper {
+            drop(child_ends);
+            let mapped = thread.join().unwrap_or_else(|_| Err(std::io::Error::other("the mapping thread panicked").into()));
+            // Its failure is why the child could not go on: say that, not the EPERM.
+            if let (Err(e), Err(_)) = (mapped, &spawned) {
+                return Err(StartError::Jail(e.into()));
+            }
+        }
+        let child = spawned.map_err(|e| match e.kind() {
             // The jail's own steps fail with ENOENT too, so ask whether QEMU is there.
             std::io::ErrorKind::NotFound if jail.is_none() || super::jail::resolve(binary).is_none() => {
                 StartError::Qemu(crate::qemu::QemuVersionError::Missing { binary: binary.into() })
@@ -108,10 +121,10 @@ impl QemuVm {
         })?;
         // QEMU holds its own copies; once it exits, nobody listens on its sockets.
         drop((console_qemu, qmp_listener, agent_listener));
-        let group = prepared.map(|p| p.group);
+        let (group, lease) = prepared.map(|p| (p.group, p.lease)).unwrap_or_default();
         let console_host = tokio::net::UnixStream::from_std(console_host).map_err(StartError::Spawn)?;
         crate::console::spawn_reader(console_host, spec.console_log());
-        let mut vm = QemuVm { spec: spec.clone(), child, qmp: None, exit: None, group };
+        let mut vm = QemuVm { spec: spec.clone(), child, qmp: None, exit: None, group, lease };
         std::fs::write(spec.dir.join("qemu.pid"), vm.child.id().map(|p| p.to_string()).unwrap_or_default())
             .map_err(StartError::Spawn)?;
         vm.qmp = Some(vm.connect_qmp().await?);
@@ -149,6 +162,7 @@ impl QemuVm {
     fn ended(&mut self, status: String) {
         self.exit = Some(status);
         self.group = None;
+        self.lease = None;
     }
 
     fn qmp(&mut self) -> Result<&mut Qmp, SnapshotError> {

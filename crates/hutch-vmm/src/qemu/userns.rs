@@ -1,0 +1,289 @@
+//! The jail for a hutch that is not root, as rootless Podman does it: each QEMU gets a
+//! user namespace of its own in which hutch's user is root (so the mounts of
+//! `jail.rs` can be made) and uid/gid 1 is one id of the user's `/etc/subuid` and
+//! `/etc/subgid` ranges, which QEMU then switches to. On the host QEMU thus runs as an
+//! id nobody else uses: it cannot signal, ptrace or read hutch or another VM, and it
+//! holds no capability outside its namespace.
+//!
+//! Only setuid `newuidmap`/`newgidmap` (package `uidmap`) may map ids other than the
+//! user's own, and they act on a running process: the child makes its namespace, tells
+//! hutch its pid over a pipe and waits; a thread of hutch's maps it and says go.
+//!
+//! Each VM leases one id (a slot of the range) for its life with an flock on a file in
+//! the user's `~/.cache/hutch/id-slots`, so every hutch process of that user, whatever
+//! its `$HUTCH_HOME`, sees the same leases, and a dead hutch's leases end with it.
+
+use std::fs::File;
+use std::io::Read;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// newuidmap and newgidmap are local and quick; this only guards against a wedged one.
+const MAP_WAIT: Duration = Duration::from_secs(10);
+
+/// Why this user's VMs cannot be jailed without root.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unavailable {
+    #[error("{table} has no range for {user}; add one (usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}) so hutch can give each VM an id of its own")]
+    NoRange { table: &'static str, user: String },
+    #[error("{tool} is missing; install the uidmap package so hutch can give each VM an id of its own")]
+    NoTool { tool: &'static str },
+}
+
+/// A range of subordinate ids: the first and how many.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Range {
+    pub start: u32,
+    pub count: u32,
+}
+
+/// The ids a user may hand its VMs, and the tools that map them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubIds {
+    pub uid: u32,
+    pub gid: u32,
+    pub uids: Range,
+    pub gids: Range,
+    newuidmap: PathBuf,
+    newgidmap: PathBuf,
+    /// Where the leases live (the user's own cache).
+    slots: PathBuf,
+}
+
+/// The first range of `/etc/subuid`-style `table` for the user named `name` or with id `id`.
+fn range_in(table: &str, name: &str, id: u32) -> Option<Range> {
+    table.lines().find_map(|line| {
+        let mut parts = line.trim().split(':');
+        let (owner, start, count) = (parts.next()?, parts.next()?, parts.next()?);
+        if owner != name && owner.parse::<u32>().ok() != Some(id) {
+            return None;
+        }
+        let range = Range { start: start.parse().ok()?, count: count.parse().ok()? };
+        (range.count >= 1).then_some(range)
+    })
+}
+
+impl SubIds {
+    /// The current user's ranges, if it has them and the tools are installed.
+    pub fn of_current_user() -> Result<SubIds, Unavailable> {
+        let uid = nix::unistd::getuid();
+        let user = nix::unistd::User::from_uid(uid).ok().flatten();
+        let name = user.as_ref().map(|u| u.name.clone()).unwrap_or_else(|| uid.to_string());
+        let lookup = |table: &'static str| {
+            let text = std::fs::read_to_string(table).unwrap_or_default();
+            range_in(&text, &name, uid.as_raw()).ok_or_else(|| Unavailable::NoRange { table, user: name.clone() })
+        };
+        let (uids, gids) = (lookup("/etc/subuid")?, lookup("/etc/subgid")?);
+        let tool = |tool: &'static str| super::jail::resolve(tool).filter(|p| p.is_file()).ok_or(Unavailable::NoTool { tool });
+        let home = user.map(|u| u.dir).unwrap_or_else(std::env::temp_dir);
+        Ok(SubIds {
+            uid: uid.as_raw(),
+            gid: nix::unistd::getgid().as_raw(),
+            uids,
+            gids,
+            newuidmap: tool("newuidmap")?,
+            newgidmap: tool("newgidmap")?,
+            slots: home.join(".cache/hutch/id-slots"),
+        })
+    }
+
+    fn slot_count(&self) -> u32 {
+        self.uids.count.min(self.gids.count)
+    }
+
+    /// The host uid of the VM holding `slot`.
+    pub fn host_uid(&self, slot: u32) -> u32 {
+        self.uids.start + slot
+    }
+
+    /// Leases a slot no live VM of this user holds.
+    pub fn lease(&self) -> std::io::Result<Lease> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.slots)?;
+        let count = self.slot_count();
+        // Start somewhere different in every process so two rarely probe the same files.
+        let first = std::process::id() % count;
+        for n in 0..count {
+            let slot = (first + n) % count;
+            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.slots.join(slot.to_string()))?;
+            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+                Ok(lock) => return Ok(Lease { _lock: lock, slot }),
+                Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
+                Err((_, e)) => return Err(e.into()),
+            }
+        }
+        Err(std::io::Error::other(format!("all {count} ids of this user's /etc/subuid range are held by running VMs")))
+    }
+}
+
+/// One slot of the range, held (by an flock) while its VM runs.
+#[derive(Debug)]
+pub struct Lease {
+    _lock: nix::fcntl::Flock<File>,
+    pub slot: u32,
+}
+
+/// The child's ends of the two pipes: it reports its pid on one and waits on the other.
+#[derive(Debug, Clone, Copy)]
+pub struct ChildPipes {
+    tell: RawFd,
+    wait: RawFd,
+}
+
+/// hutch's side of one child's mapping, until the child has been mapped.
+pub struct Mapping {
+    ids: SubIds,
+    slot: u32,
+    told: File,
+    go: File,
+    /// The child's ends: closed here once the child has them (after the fork).
+    child_ends: Option<(OwnedFd, OwnedFd)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    #[error("mapping the VM's ids with {tool}: {detail}")]
+    Tool { tool: String, detail: String },
+    #[error("setting up the VM's user namespace: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    Ok((super::jail::lift(read)?, super::jail::lift(write)?))
+}
+
+impl Mapping {
+    pub fn new(ids: &SubIds, lease: &Lease) -> std::io::Result<(Mapping, ChildPipes)> {
+        let (told, tell) = pipe()?;
+        let (wait, go) = pipe()?;
+        let pipes = ChildPipes { tell: tell.as_raw_fd(), wait: wait.as_raw_fd() };
+        let mapping = Mapping { ids: ids.clone(), slot: lease.slot, told: told.into(), go: go.into(), child_ends: Some((tell, wait)) };
+        Ok((mapping, pipes))
+    }
+
+    /// Maps the child once it asks, on a thread of its own: the fork that makes the
+    /// child returns only after the child has exec'd, which it does only once mapped.
+    /// Drop the `ChildEnds` once the fork has returned.
+    pub fn serve(mut self) -> (ChildEnds, std::thread::JoinHandle<Result<(), MapError>>) {
+        let ends = ChildEnds { _ends: self.child_ends.take() };
+        (ends, std::thread::spawn(move || self.map_child()))
+    }
+
+    fn map_child(mut self) -> Result<(), MapError> {
+        let mut pid = [0u8; 4];
+        if self.told.read_exact(&mut pid).is_err() {
+            // The child failed before it asked: its own error says why.
+            return Ok(());
+        }
+        let pid = i32::from_ne_bytes(pid).to_string();
+        let (uid, gid) = (self.ids.uid.to_string(), self.ids.gid.to_string());
+        let (sub_uid, sub_gid) = ((self.ids.uids.start + self.slot).to_string(), (self.ids.gids.start + self.slot).to_string());
+        // hutch's user is root in the namespace, the leased id is 1.
+        run(&self.ids.newuidmap, &[&pid, "0", &uid, "1", "1", &sub_uid, "1"])?;
+        run(&self.ids.newgidmap, &[&pid, "0", &gid, "1", "1", &sub_gid, "1"])?;
+        use std::io::Write;
+        // A child that died meanwhile makes this EPIPE; its exit says the rest.
+        let _ = self.go.write_all(b"g");
+        Ok(())
+    }
+}
+
+/// The child's pipe ends in hutch, to drop right after the fork so that a child that
+/// dies leaves the mapping thread an end of file, not a wait.
+pub struct ChildEnds {
+    _ends: Option<(OwnedFd, OwnedFd)>,
+}
+
+fn run(tool: &Path, args: &[&str]) -> Result<(), MapError> {
+    let fail = |detail: String| MapError::Tool { tool: tool.display().to_string(), detail };
+    let mut child = std::process::Command::new(tool)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| fail(e.to_string()))?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > MAP_WAIT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(fail(format!("no answer within {} s", MAP_WAIT.as_secs())));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    Err(fail(format!("{status}: {}", stderr.trim())))
+}
+
+impl ChildPipes {
+    /// Makes the user namespace and waits until hutch has mapped it.
+    ///
+    /// # Safety
+    /// Only in a freshly forked child, as `jail::ChildSide::enter`.
+    pub unsafe fn enter(&self) -> std::io::Result<()> {
+        // SAFETY: unshare, getpid, write and read on the fds prepared by the parent;
+        // nothing is allocated.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWUSER) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let pid = libc::getpid().to_ne_bytes();
+            if libc::write(self.tell, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut go = 0u8;
+            if libc::read(self.wait, (&mut go as *mut u8).cast(), 1) != 1 || go != b'g' {
+                // hutch could not map the namespace; the mapping thread says why.
+                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_users_range_by_name_or_id() {
+        let table = "tester:100000:65536\n1002:165536:65536\nbad:line\n";
+        assert_eq!(range_in(table, "tester", 1001), Some(Range { start: 100000, count: 65536 }));
+        assert_eq!(range_in(table, "other", 1002), Some(Range { start: 165536, count: 65536 }));
+        assert_eq!(range_in(table, "nobody", 1003), None);
+        assert_eq!(range_in("zero:1:0\n", "zero", 5), None);
+    }
+
+    #[test]
+    fn leases_are_exclusive_until_dropped() {
+        let tmp = tempfile::tempdir().expect("lease test");
+        let ids = SubIds {
+            uid: 1,
+            gid: 1,
+            uids: Range { start: 100, count: 2 },
+            gids: Range { start: 200, count: 3 },
+            newuidmap: "/x".into(),
+            newgidmap: "/x".into(),
+            slots: tmp.path().join("slots"),
+        };
+        let a = ids.lease().expect("lease test");
+        let b = ids.lease().expect("lease test");
+        assert_ne!(a.slot, b.slot);
+        assert!(ids.lease().is_err(), "only two slots (the smaller range)");
+        let freed = a.slot;
+        drop(a);
+        assert_eq!(ids.lease().expect("lease test").slot, freed);
+    }
+}
