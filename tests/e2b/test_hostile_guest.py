@@ -231,3 +231,59 @@ def test_qemu_runs_jailed_as_its_own_user_in_its_own_cgroup(server, bystander):
                    detail=lambda: str([d for d in groups if os.path.exists(d)]))
     finally:
         Sandbox.kill(sid)
+
+
+def backing_name(disk) -> str:
+    header = open(disk, "rb").read(20)
+    offset, length = int.from_bytes(header[8:16], "big"), int.from_bytes(header[16:20], "big")
+    with open(disk, "rb") as f:
+        f.seek(offset)
+        return f.read(length).decode()
+
+
+def rename_backing(disk, name: str) -> None:
+    """What a QEMU the guest took over can do to its own overlay: name another file."""
+    with open(disk, "r+b") as f:
+        offset = int.from_bytes(f.read(16)[8:16], "big")
+        f.seek(16)
+        f.write(len(name).to_bytes(4, "big"))
+        f.seek(offset)
+        f.write(name.encode())
+
+
+def test_a_rewritten_disk_header_cannot_reach_another_keys_snapshot(server):
+    """An escaped QEMU can rewrite its overlay's qcow2 header to stack it on another
+    tenant's stored snapshot. hutch gives every stored copy the base it made the
+    overlay on, and refuses to start a VM whose header names any other."""
+    import os
+    import subprocess
+    from conftest import HUTCH
+    other = subprocess.run([str(HUTCH), "keys", "create", "--name", "other-tenant"], env=dict(os.environ, HUTCH_HOME=str(server.home)),
+                           capture_output=True, text=True, check=True).stdout.strip()
+    theirs = Sandbox.create("base", api_key=other)
+    theirs.files.write("/home/user/secret", "theirs")
+    their_snapshot = theirs.create_snapshot()
+    theirs.kill()
+    their_disk = server.home / "snapshots" / "sandboxes" / their_snapshot.snapshot_id / "disk.qcow2"
+    assert their_disk.exists()
+    mine = Sandbox.create("base")
+    try:
+        disk = server.home / "sandboxes" / mine.sandbox_id / "disk.qcow2"
+        made_on = backing_name(disk)
+        # A running VM's header travels into its snapshots: the stored copy gets hutch's.
+        rename_backing(disk, str(their_disk))
+        snap = mine.create_snapshot()
+        stored = server.home / "snapshots" / "sandboxes" / snap.snapshot_id / "disk.qcow2"
+        assert backing_name(stored) == made_on
+        assert mine.commands.run("echo still-mine").stdout == "still-mine\n"
+        Sandbox.delete_snapshot(snap.snapshot_id)
+        # A paused VM's: the resume is refused rather than binding their disk into it.
+        assert mine.pause() is True
+        rename_backing(disk, str(their_disk))
+        with pytest.raises(SandboxException) as refused:
+            Sandbox.connect(mine.sandbox_id, timeout=60)
+        assert "409" in str(refused.value) and "changed from inside its VM" in str(refused.value), str(refused.value)
+        assert Sandbox.create(their_snapshot.snapshot_id, api_key=other).files.read("/home/user/secret") == "theirs"
+    finally:
+        Sandbox.kill(mine.sandbox_id)
+        Sandbox.delete_snapshot(their_snapshot.snapshot_id, api_key=other)

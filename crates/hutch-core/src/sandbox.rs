@@ -235,6 +235,7 @@ impl Sandbox {
             kernel: artifacts.kernel.vmlinuz(),
             initrd: artifacts.initramfs.clone(),
             disk,
+            base: Some(launch.base.to_path_buf()),
             cpus: opts.cpus,
             memory_mib: opts.memory.get(),
             accel: opts.accel,
@@ -309,7 +310,7 @@ impl Sandbox {
             return Err(e.into());
         }
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
-        let saved = crate::snapshot::save_vm(vm.as_mut(), &self.record.spec.disk, dir, false).await;
+        let saved = crate::snapshot::save_vm(vm.as_mut(), &self.record.spec.disk, self.record.spec.base.as_deref(), dir, false).await;
         let resumed = vm.resume().await;
         self.reattach().await;
         saved?;

@@ -55,6 +55,8 @@ pub enum SaveError {
     Vm(#[source] SnapshotError),
     #[error("{what} {path}")]
     File { what: &'static str, path: PathBuf, #[source] source: std::io::Error },
+    #[error(transparent)]
+    Disk(hutch_vmm::disk::DiskError),
 }
 
 fn file_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SaveError + 'a {
@@ -114,6 +116,7 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
         kernel,
         initrd,
         disk: snapshot.disk(),
+        base: None,
         cpus: snapshot.manifest.cpus,
         memory_mib: snapshot.manifest.memory_mib,
         accel: snapshot.manifest.accel,
@@ -155,8 +158,9 @@ pub async fn release_agent(agent: &AgentClient, socket: &Path, limit: Duration) 
 
 /// Saves a paused-for-saving VM into `dir`: its state (RAM left out when it lives in a
 /// shared file) and a copy of its disk overlay, taken while QEMU has the disk flushed
-/// and inactive. The VM stays paused.
-pub async fn save_vm(vm: &mut dyn VmHandle, overlay: &Path, dir: &Path, shared_memory: bool) -> Result<(), SaveError> {
+/// and inactive, its header naming `base` (the image hutch made the overlay on). The VM
+/// stays paused.
+pub async fn save_vm(vm: &mut dyn VmHandle, overlay: &Path, base: Option<&Path>, dir: &Path, shared_memory: bool) -> Result<(), SaveError> {
     vm.save(&dir.join("state"), shared_memory).await.map_err(SaveError::Vm)?;
     let console = dir.join(CONSOLE);
     if vm.console_log() != console {
@@ -165,6 +169,9 @@ pub async fn save_vm(vm: &mut dyn VmHandle, overlay: &Path, dir: &Path, shared_m
     let disk = dir.join("disk.qcow2");
     if overlay != disk {
         std::fs::copy(overlay, &disk).map_err(file_err("copying the disk to", &disk))?;
+        if let Some(base) = base {
+            hutch_vmm::disk::reset_backing(&disk, base).map_err(SaveError::Disk)?;
+        }
     }
     Ok(())
 }

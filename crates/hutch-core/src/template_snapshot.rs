@@ -202,6 +202,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         kernel: artifacts.kernel.vmlinuz(),
         initrd: artifacts.initramfs.clone(),
         disk: disk.clone(),
+        base: Some(artifacts.template.image()),
         cpus: opts.cpus,
         memory_mib: opts.memory.get(),
         accel: opts.accel,
@@ -221,7 +222,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
     }
     crate::snapshot::release_agent(&agent, &vm.agent_socket(), Duration::from_secs(10)).await?;
     drop(agent);
-    crate::snapshot::save_vm(vm.as_mut(), &disk, dir, true).await?;
+    crate::snapshot::save_vm(vm.as_mut(), &disk, None, dir, true).await?;
     vm.stop(Duration::from_secs(5)).await.map_err(TemplateSnapshotError::Stop)?;
     // QEMU's files are not part of the snapshot; the boot's console is (restored
     // sandboxes start their console with it).

@@ -78,6 +78,11 @@ impl From<ManagerError> for ApiError {
             | ManagerError::Store(_)
             | ManagerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
+        if e.is_tampered_disk() {
+            tracing::warn!("{}", chain(&e));
+            let message = "the sandbox's disk was changed from inside its VM (its image header names a file hutch did not make it on), so hutch will not start it again; kill it";
+            return ApiError::new(StatusCode::CONFLICT, message);
+        }
         // A full disk is the client's to hear about: the message names no path.
         if !status.is_server_error() || matches!(e, ManagerError::NoSpace(_)) {
             return ApiError::new(status, chain(&e));

@@ -33,6 +33,11 @@ pub struct VmSpec {
     pub initrd: PathBuf,
     /// The root disk (a qcow2 overlay), attached as the first virtio-blk device.
     pub disk: PathBuf,
+    /// The image hutch made `disk` on. The disk's header, which the VM's QEMU can
+    /// rewrite, must still name it (`qemu/jail.rs`). None in records from before it was
+    /// kept, and for a VM run on a snapshot's own disk.
+    #[serde(default)]
+    pub base: Option<PathBuf>,
     pub cpus: u32,
     pub memory_mib: u32,
     pub accel: Accel,

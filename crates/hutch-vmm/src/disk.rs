@@ -10,6 +10,8 @@ pub enum DiskError {
     NoQemuImg,
     #[error("qemu-img could not create the overlay {path}: {stderr}")]
     Failed { path: String, stderr: String },
+    #[error("the disk copy {path} cannot be stored: {why}")]
+    Unsafe { path: String, why: String },
     #[error("running qemu-img")]
     Io(#[source] std::io::Error),
 }
@@ -19,6 +21,29 @@ fn format_of(base: &Path) -> &'static str {
     let mut magic = [0u8; 4];
     let is_qcow2 = std::fs::File::open(base).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && &magic == b"QFI\xfb";
     if is_qcow2 { "qcow2" } else { "raw" }
+}
+
+/// Gives `image`, a copy of a VM's overlay, the header backing name `base` (the image
+/// hutch made the overlay on), whatever the VM's QEMU wrote there: a stored snapshot's
+/// header is then hutch's own, and so is every header below a disk made on it. An
+/// image whose data lives in another file is refused: its header names that file too.
+pub fn reset_backing(image: &Path, base: &Path) -> Result<(), DiskError> {
+    let changed = |why: String| DiskError::Unsafe { path: image.display().to_string(), why };
+    if crate::qemu::backing::has_external_data(image).map_err(|e| changed(e.to_string()))? {
+        return Err(changed("its header names an external data file, which hutch never makes (the VM changed it)".into()));
+    }
+    // -u rewrites only the header; the image's own clusters stay as they are.
+    let out = std::process::Command::new("qemu-img")
+        .args(["rebase", "-q", "-u", "-f", "qcow2", "-F", format_of(base), "-b"])
+        .arg(base)
+        .arg(image)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DiskError::NoQemuImg } else { DiskError::Io(e) })?;
+    if !out.status.success() {
+        return Err(changed(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(())
 }
 
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), DiskError> {

@@ -15,6 +15,7 @@ fn spec(home: &Path) -> VmSpec {
         kernel: home.join("kernel/vmlinuz"),
         initrd: home.join("initramfs/i.cpio.gz"),
         disk: home.join("sandboxes/a/disk.qcow2"),
+        base: None,
         cpus: 1,
         memory_mib: 128,
         // KVM: the jail makes the VM its own /dev/kvm node (no VM is started here).

@@ -136,6 +136,7 @@ async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Durat
         kernel: local.artifacts.kernel.vmlinuz(),
         initrd: local.artifacts.initramfs.clone(),
         disk,
+        base: Some(local.artifacts.template.image()),
         cpus: 1,
         memory_mib: SandboxOptions::default().memory.get(),
         accel: local.accel.accel,

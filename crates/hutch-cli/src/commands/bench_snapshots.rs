@@ -118,6 +118,7 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
         kernel: local.artifacts.kernel.vmlinuz(),
         initrd: local.artifacts.initramfs.clone(),
         disk,
+        base: Some(snapshot.disk()),
         cpus: snapshot.manifest.cpus,
         memory_mib: snapshot.manifest.memory_mib,
         accel: snapshot.manifest.accel,

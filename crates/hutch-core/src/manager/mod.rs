@@ -108,6 +108,13 @@ pub enum ManagerError {
     NoSpace(String),
 }
 
+impl ManagerError {
+    /// A sandbox whose disk header was rewritten from inside its VM: it stays down.
+    pub fn is_tampered_disk(&self) -> bool {
+        hutch_vmm::qemu::jail::JailError::tampered_disk_in(self)
+    }
+}
+
 /// A sandbox the manager knows: running (a VM and an agent) or paused (files only).
 /// The async mutex serializes pause, resume, fork and kill of one sandbox.
 struct Live {

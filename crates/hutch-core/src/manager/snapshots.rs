@@ -314,6 +314,10 @@ fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Resu
     let record: VmRecord = serde_json::from_str(&text).map_err(|e| io("reading the sandbox record", e.into()))?;
     std::fs::copy(sandbox_dir.join(PAUSED_STATE), dir.join("state")).map_err(|e| io("copying the memory state", e))?;
     std::fs::copy(&record.spec.disk, dir.join("disk.qcow2")).map_err(|e| io("copying the disk", e))?;
+    if let Some(base) = &record.spec.base {
+        // The copy's header is the paused VM's to have rewritten: make it hutch's.
+        hutch_vmm::disk::reset_backing(&dir.join("disk.qcow2"), base).map_err(|e| ManagerError::Internal(e.to_string()))?;
+    }
     let _ = hutch_vmm::console::copy(&record.spec.console_log(), &dir.join(crate::snapshot::CONSOLE));
     let manifest = Manifest {
         template: template.to_string(),

@@ -91,6 +91,7 @@ mod tests {
             kernel: "/k".into(),
             initrd: "/i".into(),
             disk: "/s/disk.qcow2".into(),
+            base: None,
             cpus: 2,
             memory_mib: 512,
             accel: Accel::Tcg,

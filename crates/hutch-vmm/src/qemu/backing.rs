@@ -43,6 +43,20 @@ fn backing_of(image: &Path) -> Result<Option<PathBuf>, BackingError> {
     Ok(Some(if name.is_absolute() { name } else { image.parent().unwrap_or(Path::new("/")).join(name) }))
 }
 
+/// Whether `image` is a qcow2 image whose data lives in another file (incompatible
+/// feature bit 2, "external data file"): QEMU and qemu-img open that file by the name
+/// in its header.
+pub fn has_external_data(image: &Path) -> Result<bool, BackingError> {
+    let mut header = [0u8; 80];
+    let mut f = std::fs::File::open(image).map_err(|e| BackingError::Io(image.to_path_buf(), e))?;
+    if f.read_exact(&mut header).is_err() || &header[..4] != b"QFI\xfb" {
+        return Ok(false);
+    }
+    let version = u32::from_be_bytes(header[4..8].try_into().expect("4 bytes"));
+    let incompatible = u64::from_be_bytes(header[72..80].try_into().expect("8 bytes"));
+    Ok(version >= 3 && incompatible & 4 != 0)
+}
+
 /// Every image below `disk`, nearest first.
 pub fn chain(disk: &Path) -> Result<Vec<PathBuf>, BackingError> {
     let mut below = Vec::new();
@@ -81,6 +95,18 @@ mod tests {
         qcow2_naming(&top, "mid.qcow2");
         assert_eq!(chain(&top).expect("test image"), vec![mid, raw.clone()]);
         assert_eq!(chain(&raw).expect("test image"), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn an_external_data_file_is_seen_in_the_header() {
+        let dir = tempfile::tempdir().expect("test image");
+        let image = dir.path().join("data.qcow2");
+        qcow2_naming(&image, "base.img");
+        assert!(!has_external_data(&image).expect("test image"));
+        let mut bytes = std::fs::read(&image).expect("test image");
+        bytes[72..80].copy_from_slice(&4u64.to_be_bytes());
+        std::fs::write(&image, bytes).expect("test image");
+        assert!(has_external_data(&image).expect("test image"));
     }
 
     #[test]

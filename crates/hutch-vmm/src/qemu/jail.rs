@@ -89,12 +89,29 @@ pub enum JailError {
     File { path: PathBuf, source: std::io::Error },
     #[error("the disk {} stacks on {}, which is outside hutch's templates and snapshots; refusing to bind it into the VM (its header was changed)", disk.display(), backing.display())]
     ForeignBacking { disk: PathBuf, backing: PathBuf },
+    #[error("the disk {} stacks on {}, not on {} which hutch made it on; refusing to start the VM (its header was changed)", disk.display(), backing.display(), base.display())]
+    ChangedBacking { disk: PathBuf, backing: PathBuf, base: PathBuf },
     #[error("QEMU ({}) is under {}, which confined VMs cannot see; install it elsewhere or set HUTCH_JAIL=off", binary.display(), mask.display())]
     HiddenBinary { binary: PathBuf, mask: PathBuf },
     #[error("leasing an id for the VM from this user's /etc/subuid range: {0}")]
     Lease(std::io::Error),
     #[error(transparent)]
     Map(#[from] super::userns::MapError),
+}
+
+impl JailError {
+    /// Whether `e` (or an error under it) is a disk whose header no longer names what
+    /// hutch made it on: the VM's doing, so it must not start again.
+    pub fn tampered_disk_in(e: &(dyn std::error::Error + 'static)) -> bool {
+        let mut current = Some(e);
+        while let Some(err) = current {
+            if let Some(JailError::ForeignBacking { .. } | JailError::ChangedBacking { .. }) = err.downcast_ref::<JailError>() {
+                return true;
+            }
+            current = err.source();
+        }
+        false
+    }
 }
 
 /// What the jail does, in order (paths as the host names them).
@@ -336,6 +353,16 @@ fn confined_chain(spec: &VmSpec, config: &JailConfig, backing: &[PathBuf]) -> Re
             return Err(JailError::ForeignBacking { disk: spec.disk.clone(), backing: image.clone() });
         }
     }
+    // Within them, the disk must still stack on the image hutch made it on: a rewritten
+    // header could name another tenant's snapshot. Below that image, headers are
+    // hutch's own (`disk::reset_backing` rewrites every stored copy's).
+    if let Some(base) = &spec.base {
+        let named = backing.first().map(|b| std::fs::canonicalize(b).map_err(file_err(b))).transpose()?;
+        if named.as_ref() != Some(&std::fs::canonicalize(base).map_err(file_err(base))?) {
+            let backing = backing.first().cloned().unwrap_or_default();
+            return Err(JailError::ChangedBacking { disk: spec.disk.clone(), backing, base: base.clone() });
+        }
+    }
     Ok(())
 }
 
@@ -502,6 +529,7 @@ mod tests {
             kernel: "/h/kernel/vmlinuz".into(),
             initrd: "/h/initramfs/i.cpio.gz".into(),
             disk: "/h/sandboxes/sb1/disk.qcow2".into(),
+            base: None,
             cpus: 1,
             memory_mib: 256,
             accel: Accel::Tcg,
@@ -566,5 +594,14 @@ mod tests {
         assert!(confined_chain(&s, &config, std::slice::from_ref(&inside)).is_ok());
         assert!(matches!(confined_chain(&s, &config, &[inside.clone(), outside]), Err(JailError::ForeignBacking { .. })));
         assert!(matches!(confined_chain(&s, &config, &[link]), Err(JailError::ForeignBacking { .. })));
+        // Inside hutch's snapshots but not the image hutch made the disk on: another
+        // tenant's snapshot, named by a rewritten header.
+        let theirs = home.join("snapshots/t/theirs.qcow2");
+        std::fs::write(&theirs, "their disk").expect("plan");
+        s.base = Some(inside.clone());
+        assert!(confined_chain(&s, &config, &[inside.clone()]).is_ok());
+        let changed = confined_chain(&s, &config, std::slice::from_ref(&theirs)).expect_err("plan");
+        assert!(matches!(changed, JailError::ChangedBacking { .. }));
+        assert!(JailError::tampered_disk_in(&changed));
     }
 }
