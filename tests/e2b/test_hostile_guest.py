@@ -267,6 +267,7 @@ def test_a_rewritten_disk_header_cannot_reach_another_keys_snapshot(server):
     their_disk = server.home / "snapshots" / "sandboxes" / their_snapshot.snapshot_id / "disk.qcow2"
     assert their_disk.exists()
     mine = Sandbox.create("base")
+    snap = None
     try:
         disk = server.home / "sandboxes" / mine.sandbox_id / "disk.qcow2"
         made_on = backing_name(disk)
@@ -276,14 +277,20 @@ def test_a_rewritten_disk_header_cannot_reach_another_keys_snapshot(server):
         stored = server.home / "snapshots" / "sandboxes" / snap.snapshot_id / "disk.qcow2"
         assert backing_name(stored) == made_on
         assert mine.commands.run("echo still-mine").stdout == "still-mine\n"
-        Sandbox.delete_snapshot(snap.snapshot_id)
         # A paused VM's: the resume is refused rather than binding their disk into it.
         assert mine.pause() is True
         rename_backing(disk, str(their_disk))
         with pytest.raises(SandboxException) as refused:
             Sandbox.connect(mine.sandbox_id, timeout=60)
         assert "409" in str(refused.value) and "changed from inside its VM" in str(refused.value), str(refused.value)
-        assert Sandbox.create(their_snapshot.snapshot_id, api_key=other).files.read("/home/user/secret") == "theirs"
+        # Their snapshot is untouched and still theirs to start.
+        child = Sandbox.create(their_snapshot.snapshot_id, api_key=other)
+        try:
+            assert child.files.read("/home/user/secret") == "theirs"
+        finally:
+            child.kill()
     finally:
         Sandbox.kill(mine.sandbox_id)
+        if snap is not None:
+            Sandbox.delete_snapshot(snap.snapshot_id)
         Sandbox.delete_snapshot(their_snapshot.snapshot_id, api_key=other)
