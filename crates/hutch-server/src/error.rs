@@ -67,7 +67,7 @@ impl From<ManagerError> for ApiError {
             ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
             ManagerError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
-            ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Conflict(_) => StatusCode::CONFLICT,
+            ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Conflict(_) | ManagerError::Transition(_) => StatusCode::CONFLICT,
             // The guest held its session past the deadline, or the VM is not running: the
             // sandbox's state, not a server failure, and nothing was changed.
             ManagerError::Pause(PauseError::Save(SaveError::AgentBusy(_)) | PauseError::NotRunning) => StatusCode::CONFLICT,

@@ -2,10 +2,12 @@
 //! API keys, persisted in the store, with lifetimes enforced by a reaper task. Handlers
 //! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
 
+mod owner;
 mod pause;
 mod pool;
 mod quota;
 mod snapshots;
+pub mod state;
 
 pub use pause::Connected;
 pub use snapshots::MAX_FORKS;
@@ -106,6 +108,9 @@ pub enum ManagerError {
     /// The host's disk is too full for the write asked for.
     #[error("{0}")]
     NoSpace(String),
+    /// The operation does not fit the sandbox's state (`state.rs`).
+    #[error(transparent)]
+    Transition(#[from] state::TransitionError),
 }
 
 impl ManagerError {
@@ -116,24 +121,29 @@ impl ManagerError {
 }
 
 /// A sandbox the manager knows: running (a VM and an agent) or paused (files only).
-/// The async mutex serializes pause, resume, fork and kill of one sandbox.
+/// Its VM and lifecycle state belong to its owner task (`owner.rs`), which runs pause,
+/// resume, snapshot and kill one at a time, each to its end.
 struct Live {
     row: Mutex<SandboxRow>,
+    /// The data plane's way in: set only while the sandbox runs and is not being saved.
     agent: Mutex<Option<AgentClient>>,
-    sandbox: tokio::sync::Mutex<Option<Sandbox>>,
+    owner: owner::Owner,
 }
 
 impl Live {
     fn running(row: SandboxRow, sandbox: Sandbox) -> Arc<Live> {
-        Arc::new(Live { row: Mutex::new(row), agent: Mutex::new(Some(sandbox.agent().clone())), sandbox: tokio::sync::Mutex::new(Some(sandbox)) })
+        let agent = Mutex::new(Some(sandbox.agent().clone()));
+        Arc::new(Live { row: Mutex::new(row), agent, owner: owner::Owner::spawn(state::SandboxState::Running, Some(sandbox)) })
     }
 
     fn paused(row: SandboxRow) -> Arc<Live> {
-        Arc::new(Live { row: Mutex::new(row), agent: Mutex::new(None), sandbox: tokio::sync::Mutex::new(None) })
+        Arc::new(Live { row: Mutex::new(row), agent: Mutex::new(None), owner: owner::Owner::spawn(state::SandboxState::Paused, None) })
     }
 
+    /// Whether it holds a VM (what the server's limit counts).
     fn is_running(&self) -> bool {
-        lock(&self.row).state == "running"
+        use state::SandboxState::*;
+        matches!(self.owner.state(), Creating | Running | Pausing | Snapshotting)
     }
 }
 
@@ -213,6 +223,22 @@ impl SandboxManager {
 
     pub fn home(&self) -> &HutchHome {
         &self.home
+    }
+
+    fn arc(&self) -> Result<Arc<SandboxManager>, ManagerError> {
+        self.me.upgrade().ok_or_else(|| ManagerError::Internal("the manager is shutting down".into()))
+    }
+
+    /// Runs an operation as a task of its own and awaits it: a caller that goes away
+    /// (a client hanging up drops its handler) leaves it running to its end, so no
+    /// operation stops halfway through its steps, pins or records.
+    async fn detached<T, Fut>(&self, operation: impl FnOnce(Arc<SandboxManager>) -> Fut) -> Result<T, ManagerError>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = Result<T, ManagerError>> + Send + 'static,
+    {
+        let task = tokio::spawn(operation(self.arc()?));
+        task.await.map_err(|e| ManagerError::Internal(format!("the operation's task failed: {e}")))?
     }
 
     pub fn store(&self) -> &Store {
@@ -298,6 +324,11 @@ impl SandboxManager {
     }
 
     pub async fn create(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
+        let key_id = key_id.to_string();
+        self.detached(move |m| async move { m.create_now(&key_id, spec).await }).await
+    }
+
+    async fn create_now(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
         let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
         snapshots::validate_identifier("templateID", &template)?;
         let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
@@ -393,25 +424,36 @@ impl SandboxManager {
 
     pub async fn kill(&self, key_id: &str, id: &str) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
-        self.remove(id, &live).await
+        let id = id.to_string();
+        self.detached(move |m| async move { m.remove(&id, &live).await }).await
     }
 
     async fn remove(&self, id: &str, live: &Live) -> Result<(), ManagerError> {
         lock(&self.live).remove(id);
         lock(&live.agent).take();
-        let mut slot = live.sandbox.lock().await;
-        match slot.take() {
-            Some(sandbox) => {
-                if let Err(e) = sandbox.destroy().await {
-                    tracing::warn!(sandbox = id, "stopping the VM: {e}");
-                }
-            }
-            // Paused: only files.
-            None => {
-                let _ = std::fs::remove_dir_all(&lock(&live.row).dir);
-            }
-        }
-        drop(slot);
+        let (dir, sandbox_id) = (lock(&live.row).dir.clone(), id.to_string());
+        live.owner
+            .run(move |o: &mut owner::Owned| -> futures::future::BoxFuture<'_, ()> {
+                Box::pin(async move {
+                    // From any settled state; a second kill finds it stopped already.
+                    if o.advance(state::SandboxState::Stopping).is_err() {
+                        return;
+                    }
+                    match o.sandbox.take() {
+                        Some(sandbox) => {
+                            if let Err(e) = sandbox.destroy().await {
+                                tracing::warn!(sandbox = %sandbox_id, "stopping the VM: {e}");
+                            }
+                        }
+                        // Paused: only files.
+                        None => {
+                            let _ = std::fs::remove_dir_all(&dir);
+                        }
+                    }
+                    let _ = o.advance(state::SandboxState::Stopped);
+                })
+            })
+            .await?;
         self.store.delete_sandbox(id).await?;
         self.prune_snapshot_files().await;
         self.fill_pools();
@@ -472,11 +514,18 @@ impl SandboxManager {
     /// and is looked at next time.
     async fn remove_ended(&self) {
         for (id, live) in self.running_lives() {
-            let ended = match live.sandbox.try_lock() {
-                Ok(mut slot) => slot.as_mut().and_then(|s| s.vm_ended().map(|status| (status, s.console_tail(5)))),
-                Err(_) => None,
-            };
-            let Some((status, console)) = ended else { continue };
+            if live.owner.is_busy() {
+                continue;
+            }
+            let ended = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, Option<(String, String)>> {
+                Box::pin(async move {
+                    let sandbox = o.sandbox.as_mut()?;
+                    let ended = sandbox.vm_ended().map(|status| (status, sandbox.console_tail(5)))?;
+                    let _ = o.advance(state::SandboxState::Failed);
+                    Some(ended)
+                })
+            });
+            let Ok(Some((status, console))) = ended.await else { continue };
             tracing::warn!(sandbox = %id, "the VM ended on its own ({status}); removing the sandbox. Last console lines:\n{console}");
             if let Err(e) = self.remove(&id, &live).await {
                 tracing::warn!(sandbox = %id, "removing a sandbox whose VM ended: {e}");
@@ -488,11 +537,19 @@ impl SandboxManager {
     /// disk pauses every writing tenant at once, and nothing else would wake them.
     async fn resume_disk_full(&self) {
         for (id, live) in self.running_lives() {
-            let Ok(mut slot) = live.sandbox.try_lock() else { continue };
-            if let Some(sandbox) = slot.as_mut() {
-                if sandbox.resume_after_io_error().await {
-                    tracing::warn!(sandbox = %id, "resumed the VM QEMU had paused when the host's disk was full (it is no longer)");
-                }
+            if live.owner.is_busy() {
+                continue;
+            }
+            let resumed = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, bool> {
+                Box::pin(async move {
+                    match o.sandbox.as_mut() {
+                        Some(sandbox) => sandbox.resume_after_io_error().await,
+                        None => false,
+                    }
+                })
+            });
+            if resumed.await.unwrap_or(false) {
+                tracing::warn!(sandbox = %id, "resumed the VM QEMU had paused when the host's disk was full (it is no longer)");
             }
         }
     }
@@ -508,7 +565,8 @@ impl SandboxManager {
             if lock(&live.row).auto_pause {
                 tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
                 match self.pause_live(&id, &live, pause::PausedBy::AutoPause).await {
-                    Ok(()) => continue,
+                    // A client's pause got there first: paused is what was asked.
+                    Ok(()) | Err(ManagerError::AlreadyPaused(_)) => continue,
                     Err(ManagerError::NoSpace(e)) => {
                         // Killing it would lose what autoPause is for: keep it a minute, try again.
                         tracing::warn!(sandbox = %id, "cannot pause the expired sandbox yet: {e}");

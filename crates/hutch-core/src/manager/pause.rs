@@ -2,7 +2,10 @@
 //! files on disk under its directory, holds no VM, and survives server restarts; a
 //! connect (or resume) brings it back under the same id.
 
+use super::owner::Owned;
+use super::state::SandboxState;
 use super::{lock, parse_time, Live, ManagerError, SandboxManager};
+use futures::future::BoxFuture;
 use crate::sandbox::{Sandbox, PAUSED_STATE, VM_RECORD};
 use crate::store::{rfc3339, SandboxRow};
 use std::path::Path;
@@ -59,38 +62,67 @@ impl SandboxManager {
     /// E2B's pause: saves the sandbox and stops its VM.
     pub async fn pause(&self, key_id: &str, id: &str) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
-        self.pause_live(id, &live, PausedBy::Client).await
+        let id = id.to_string();
+        self.detached(move |m| async move { m.pause_live(&id, &live, PausedBy::Client).await }).await
     }
 
+    /// Pauses in the sandbox's owner: to its end, whoever waits for it.
     pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>, by: PausedBy) -> Result<(), ManagerError> {
-        let mut slot = live.sandbox.lock().await;
-        let Some(sandbox) = slot.as_mut() else { return Err(ManagerError::AlreadyPaused(id.to_string())) };
+        let (m, id, live) = (self.arc()?, id.to_string(), live.clone());
+        let owner = live.clone();
+        owner.owner.run(move |o: &mut Owned| -> BoxFuture<'_, Result<(), ManagerError>> { Box::pin(async move { m.pause_owned(&id, &live, o, by).await }) }).await?
+    }
+
+    async fn pause_owned(&self, id: &str, live: &Live, o: &mut Owned, by: PausedBy) -> Result<(), ManagerError> {
+        let Some(memory_mib) = o.sandbox.as_ref().map(Sandbox::memory_mib) else {
+            return Err(match o.state() {
+                SandboxState::Paused => ManagerError::AlreadyPaused(id.to_string()),
+                from => super::state::TransitionError { from, to: SandboxState::Pausing }.into(),
+            });
+        };
         if by == PausedBy::Client {
             let key_id = lock(&live.row).key_id.clone();
             self.quota_paused(&key_id)?;
         }
-        self.room_for_memory(sandbox.memory_mib())?;
+        self.room_for_memory(memory_mib)?;
+        o.advance(SandboxState::Pausing)?;
         // New data-plane requests see "paused" from here on.
         lock(&live.agent).take();
+        let Some(sandbox) = o.sandbox.as_mut() else { return Err(ManagerError::Internal("the paused sandbox has no VM".into())) };
         if let Err(e) = sandbox.pause().await {
+            // Refused or failed before the VM stopped for good: it runs on, with its
+            // session back (a VM that died is found by the reaper).
             *lock(&live.agent) = Some(sandbox.agent().clone());
+            o.advance(SandboxState::Running)?;
             return Err(ManagerError::Pause(e));
         }
         // Dropping a paused Sandbox keeps its directory.
-        slot.take();
-        let end_at = lock(&live.row).end_at.clone();
+        o.sandbox.take();
+        o.advance(SandboxState::Paused)?;
+        let end_at = {
+            let mut row = lock(&live.row);
+            row.state = "paused".into();
+            row.qemu_pid = None;
+            row.end_at.clone()
+        };
         self.store.set_state(id, "paused", None, &end_at).await?;
-        let mut row = lock(&live.row);
-        row.state = "paused".into();
-        row.qemu_pid = None;
         Ok(())
     }
 
     /// E2B's connect: resumes a paused sandbox; extends the timeout (never shortens
     /// it) to `secs` from now.
     pub async fn connect(&self, key_id: &str, id: &str, secs: Option<u64>) -> Result<(SandboxRow, Connected), ManagerError> {
+        let (key_id, id) = (key_id.to_string(), id.to_string());
+        self.detached(move |m| async move { m.connect_now(&key_id, &id, secs).await }).await
+    }
+
+    async fn connect_now(&self, key_id: &str, id: &str, secs: Option<u64>) -> Result<(SandboxRow, Connected), ManagerError> {
         let live = self.find(key_id, id)?;
-        let how = self.resume_live(id, &live, secs).await?;
+        let how = {
+            let (m, id, live) = (self.arc()?, id.to_string(), live.clone());
+            let owner = live.clone();
+            owner.owner.run(move |o: &mut Owned| -> BoxFuture<'_, Result<Connected, ManagerError>> { Box::pin(async move { m.resume_owned(&id, &live, o, secs).await }) }).await??
+        };
         let row = lock(&live.row).clone();
         let Some(secs) = secs else { return Ok((row, how)) };
         let wanted = SystemTime::now() + Duration::from_secs(secs);
@@ -100,27 +132,46 @@ impl SandboxManager {
         Ok((row, how))
     }
 
-    async fn resume_live(&self, id: &str, live: &Arc<Live>, secs: Option<u64>) -> Result<Connected, ManagerError> {
-        let mut slot = live.sandbox.lock().await;
-        if slot.is_some() {
+    async fn resume_owned(&self, id: &str, live: &Live, o: &mut Owned, secs: Option<u64>) -> Result<Connected, ManagerError> {
+        if o.sandbox.is_some() {
             return Ok(Connected::AlreadyRunning);
+        }
+        // Only a paused sandbox resumes: a failed or killed one says so (409).
+        if !o.state().can_become(SandboxState::Resuming) {
+            return Err(super::state::TransitionError { from: o.state(), to: SandboxState::Resuming }.into());
         }
         let row = lock(&live.row).clone();
         self.quota_running(&row.key_id, 1)?;
         let _reserved = self.reserve_slot()?;
         let opts = self.options(&row.env_vars, &row.metadata, row.envd_token.clone());
-        let sandbox = Sandbox::resume(Path::new(&row.dir), self.backend.as_ref(), &opts).await.map_err(ManagerError::Resume)?;
+        o.advance(SandboxState::Resuming)?;
+        let sandbox = match Sandbox::resume(Path::new(&row.dir), self.backend.as_ref(), &opts).await {
+            Ok(sandbox) => sandbox,
+            Err(e) => {
+                // Its saved state is still on disk (a resume removes it only once the VM
+                // runs): paused, as before.
+                o.advance(SandboxState::Paused)?;
+                return Err(ManagerError::Resume(e));
+            }
+        };
         let started = parse_time(&row.started_at);
         let timeout = Duration::from_secs(secs.unwrap_or(self.config.default_timeout.as_secs()));
         let end_at = rfc3339(self.end_at(started, timeout).max(SystemTime::now() + Duration::from_secs(1)));
         let pid = sandbox.pid().map(i64::from);
-        self.store.set_state(id, "running", pid, &end_at).await?;
         *lock(&live.agent) = Some(sandbox.agent().clone());
-        *slot = Some(sandbox);
-        let mut row = lock(&live.row);
-        row.state = "running".into();
-        row.qemu_pid = pid;
-        row.end_at = end_at;
+        // The VM runs and its saved state is gone: it is running whatever the store says,
+        // and dropping it now would lose it.
+        o.sandbox = Some(sandbox);
+        o.advance(SandboxState::Running)?;
+        {
+            let mut row = lock(&live.row);
+            row.state = "running".into();
+            row.qemu_pid = pid;
+            row.end_at = end_at.clone();
+        }
+        if let Err(e) = self.store.set_state(id, "running", pid, &end_at).await {
+            tracing::error!(sandbox = %id, "the sandbox was resumed, but its record still says paused: {e}");
+        }
         Ok(Connected::Resumed)
     }
 }

@@ -3,7 +3,10 @@
 //! giving its id or name as the template. A fork is an unnamed snapshot restored N
 //! times; its files go when the last sandbox stacked on them does.
 
+use super::owner::Owned;
+use super::state::SandboxState;
 use super::{hex_token, lock, CreateSpec, Live, ManagerError, SandboxManager};
+use futures::future::BoxFuture;
 use crate::archive::{self, ArchiveError, ArchiveManifest};
 use crate::artifacts::Artifacts;
 use crate::sandbox::{Sandbox, SandboxOptions, VmRecord, PAUSED_STATE, VM_RECORD};
@@ -30,30 +33,17 @@ impl SandboxManager {
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
         lock(&self.pinned).insert(dir.clone());
         let template = lock(&live.row).template.clone();
-        let mut slot = live.sandbox.lock().await;
-        let made = match slot.as_mut() {
-            Some(sandbox) => {
-                if let Err(e) = self.room_for_memory(sandbox.memory_mib()) {
-                    drop(slot);
-                    lock(&self.pinned).remove(&dir);
-                    let _ = std::fs::remove_dir_all(&dir);
-                    return Err(e);
-                }
-                lock(&live.agent).take();
-                let made = sandbox.snapshot(&dir, &template).await.map_err(ManagerError::Pause);
-                *lock(&live.agent) = Some(sandbox.agent().clone());
-                made
-            }
-            None => {
-                // The row's lock is not held through the copy: everything else takes it.
-                let sandbox_dir = PathBuf::from(&lock(&live.row).dir);
-                let (to, t, sid) = (dir.clone(), template.clone(), id.to_string());
-                tokio::task::spawn_blocking(move || copy_paused(&sandbox_dir, &to, &t, &sid))
-                    .await
-                    .unwrap_or_else(|e| Err(ManagerError::Internal(e.to_string())))
-            }
+        let made = {
+            let (m, id, live, to, template) = (self.arc()?, id.to_string(), live.clone(), dir.clone(), template.clone());
+            let owner = live.clone();
+            owner
+                .owner
+                .run(move |o: &mut Owned| -> BoxFuture<'_, Result<MemorySnapshot, ManagerError>> {
+                    Box::pin(async move { m.snapshot_owned(&id, &live, o, &to, &template).await })
+                })
+                .await
+                .and_then(|made| made)
         };
-        drop(slot);
         // Restored copies share the snapshot's RAM pages (see `share_memory`); if that
         // fails the full-state snapshot still works, each copy loading its own RAM.
         let made = match made {
@@ -76,9 +66,38 @@ impl SandboxManager {
         made
     }
 
+    /// The save itself, in the sandbox's owner: a running sandbox pauses for it and runs
+    /// on, a paused one has its saved state copied.
+    async fn snapshot_owned(&self, id: &str, live: &Live, o: &mut Owned, dir: &Path, template: &str) -> Result<MemorySnapshot, ManagerError> {
+        let Some(memory_mib) = o.sandbox.as_ref().map(Sandbox::memory_mib) else {
+            let was = o.advance(SandboxState::Snapshotting)?;
+            // The row's lock is not held through the copy: everything else takes it.
+            let sandbox_dir = PathBuf::from(&lock(&live.row).dir);
+            let (to, t, sid) = (dir.to_path_buf(), template.to_string(), id.to_string());
+            let made = tokio::task::spawn_blocking(move || copy_paused(&sandbox_dir, &to, &t, &sid))
+                .await
+                .unwrap_or_else(|e| Err(ManagerError::Internal(e.to_string())));
+            o.advance(was)?;
+            return made;
+        };
+        self.room_for_memory(memory_mib)?;
+        o.advance(SandboxState::Snapshotting)?;
+        lock(&live.agent).take();
+        let Some(sandbox) = o.sandbox.as_mut() else { return Err(ManagerError::Internal("the running sandbox has no VM".into())) };
+        let made = sandbox.snapshot(dir, template).await.map_err(ManagerError::Pause);
+        *lock(&live.agent) = Some(sandbox.agent().clone());
+        o.advance(SandboxState::Running)?;
+        made
+    }
+
     /// E2B's `create_snapshot`: returns the snapshot's record (its id works as a
     /// template id; so does its name).
     pub async fn create_snapshot(&self, key_id: &str, id: &str, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+        let (key_id, id) = (key_id.to_string(), id.to_string());
+        self.detached(move |m| async move { m.create_snapshot_now(&key_id, &id, name).await }).await
+    }
+
+    async fn create_snapshot_now(&self, key_id: &str, id: &str, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
         if let Some(n) = &name {
             validate_name(n)?;
             if self.store.snapshot(key_id, n).await?.is_some() {
@@ -239,6 +258,11 @@ impl SandboxManager {
     /// E2B's fork: `count` new sandboxes, each continuing from the source's state as
     /// it is now (memory, processes, files), independently. One result per fork.
     pub async fn fork(&self, key_id: &str, id: &str, count: u32, timeout: Option<u64>) -> Result<Vec<Result<SandboxRow, ManagerError>>, ManagerError> {
+        let (key_id, id) = (key_id.to_string(), id.to_string());
+        self.detached(move |m| async move { m.fork_now(&key_id, &id, count, timeout).await }).await
+    }
+
+    async fn fork_now(&self, key_id: &str, id: &str, count: u32, timeout: Option<u64>) -> Result<Vec<Result<SandboxRow, ManagerError>>, ManagerError> {
         if !(1..=MAX_FORKS).contains(&count) {
             return Err(ManagerError::InvalidArgument(format!("count must be between 1 and {MAX_FORKS}, got {count}")));
         }
