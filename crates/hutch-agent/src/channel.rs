@@ -280,4 +280,59 @@ mod tests {
         assert!(find_line(hutch_proto::agent::IDLE_LINE.as_bytes(), IDLE_REPLY_PREFIX).is_none());
         waiting.abort();
     }
+
+    #[tokio::test]
+    async fn a_session_ends_soon_after_its_host_leaves_even_with_a_stream_open() {
+        // A response that never ends, like a command's output stream: a line every 10 ms.
+        let ticks = || async {
+            let ticks = futures::stream::unfold(0u64, |n| async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Some((Ok::<_, std::io::Error>(Bytes::from(format!("tick {n}\n"))), n + 1))
+            });
+            axum::body::Body::from_stream(ticks)
+        };
+        let app = axum::Router::new().route("/stream", axum::routing::get(ticks));
+        let (host, mut inbound, outbound, mut to_host) = port();
+        let (client_io, bridge) = tokio::io::duplex(1 << 16);
+        let (mut from_client, mut to_client) = tokio::io::split(bridge);
+        // The port: the host's bytes go in until the host is cut off (its socket closes).
+        let (cut, cut_off) = tokio::sync::oneshot::channel::<()>();
+        let up = tokio::spawn(async move {
+            let mut buf = vec![0u8; 1 << 16];
+            let forward = async {
+                while let Ok(n @ 1..) = from_client.read(&mut buf).await {
+                    if host.send(Inbound::Data(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                () = forward => {}
+                _ = cut_off => {}
+            }
+            host
+        });
+        tokio::spawn(async move {
+            while let Some(bytes) = to_host.recv().await {
+                if to_client.write_all(&bytes).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let serving = tokio::spawn(async move { session(Vec::new(), &mut inbound, &outbound, app).await });
+        let (mut sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(client_io)).await.expect("handshake");
+        let connection = tokio::spawn(connection);
+        let request = hyper::Request::get("http://agent/stream").body(http_body_util::Empty::<Bytes>::new()).expect("request");
+        let response = sender.send_request(request).await.expect("the stream's headers");
+        assert!(response.status().is_success());
+        // The host leaves with the stream open, without a word: the port reads EOF.
+        let _ = cut.send(());
+        let host = up.await.expect("bridge");
+        for _ in 0..2 {
+            host.send(Inbound::HostGone).await.expect("port open");
+        }
+        let ended = tokio::time::timeout(Duration::from_secs(5), serving).await;
+        assert!(ended.is_ok(), "the session waited for the open stream instead of going back to accept");
+        drop((sender, response, connection));
+    }
 }

@@ -2,16 +2,14 @@
 //! one that moves it, and only along the edges `can_become` allows:
 //!
 //! ```text
-//!   Creating ──► Running ◄──────────────┐
-//!      │          │  │  │               │ (rolled back)
-//!      │          │  │  └─► Pausing ────┼──► Paused ──► Resuming ──► Running
-//!      │          │  └────► Snapshotting┘      │  ▲          │
-//!      │          │           (from Paused too)│  └──────────┘ (rolled back)
-//!      ▼          ▼                            ▼
-//!    Failed ──► Stopping ◄─────────────────────┘
-//!                  │
-//!                  ▼
-//!               Stopped
+//! Creating ─► Running ─► Pausing ─► Paused ─► Resuming ─► Running
+//!               │ ▲                   │ ▲
+//!               ▼ │                   ▼ │
+//!           Snapshotting          Snapshotting
+//!
+//! rolled back:  Pausing ─► Running    Resuming ─► Paused
+//! failed:       Creating, Running, Pausing, Resuming, Snapshotting ─► Failed
+//! killed:       Creating, Running, Paused, Failed ─► Stopping ─► Stopped
 //! ```
 //!
 //! Every operation's intermediate state (Pausing, Resuming, Snapshotting, Stopping) is

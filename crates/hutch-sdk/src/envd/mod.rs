@@ -67,8 +67,8 @@ pub fn full(data: impl Into<Bytes>) -> Body {
 /// How requests reach the agent.
 #[derive(Clone)]
 enum Transport {
-    /// HTTP/2 over a local VM's agent socket; the Notify ends the connection.
-    Socket(hyper::client::conn::http2::SendRequest<Body>, Arc<tokio::sync::Notify>),
+    /// HTTP/2 over a local VM's agent socket; the closer ends the connection.
+    Socket(hyper::client::conn::http2::SendRequest<Body>, Arc<transport::Closer>),
     /// `hutch serve`'s data proxy.
     Proxy(Arc<Proxy>),
 }
@@ -145,7 +145,7 @@ impl AgentClient {
         }
     }
 
-    fn from_socket(sender: hyper::client::conn::http2::SendRequest<Body>, closer: Arc<tokio::sync::Notify>) -> AgentClient {
+    fn from_socket(sender: hyper::client::conn::http2::SendRequest<Body>, closer: Arc<transport::Closer>) -> AgentClient {
         AgentClient { transport: Transport::Socket(sender, closer), user: None, token: None }
     }
 
@@ -153,7 +153,7 @@ impl AgentClient {
     /// flight: the guest then sees the host leave (before a snapshot, say).
     pub fn close(&self) {
         if let Transport::Socket(_, closer) = &self.transport {
-            closer.notify_one();
+            closer.close();
         }
     }
 

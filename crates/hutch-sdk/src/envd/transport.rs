@@ -21,6 +21,28 @@ pub enum ConnectError {
     Handshake(#[source] hyper::Error),
 }
 
+/// Ends one agent connection on the host's word.
+pub struct Closer {
+    stop: tokio::sync::Notify,
+    /// The connection's socket (a second fd of it): shut down, it ends the connection
+    /// at once. Dropping hyper's connection task alone does not: hyper keeps the
+    /// connection open while a request or response body is still streaming (a
+    /// command's output through the data proxy), and the guest would never see the
+    /// host leave, so it could not be saved.
+    socket: std::os::unix::net::UnixStream,
+}
+
+impl Closer {
+    pub fn close(&self) {
+        self.stop.notify_one();
+        if let Err(e) = self.socket.shutdown(std::net::Shutdown::Both) {
+            if e.kind() != io::ErrorKind::NotConnected {
+                tracing::debug!("shutting down the agent socket: {e}");
+            }
+        }
+    }
+}
+
 /// Stale guest output tolerated before the echoed hello.
 const MAX_SKIP: usize = 1 << 20;
 
@@ -51,16 +73,17 @@ pub async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
             return Err(ConnectError::NoHello);
         }
     };
+    let socket = std::os::unix::net::UnixStream::from(std::os::fd::AsFd::as_fd(&stream).try_clone_to_owned().map_err(ConnectError::Socket)?);
     let io = Prefixed { prefix: Bytes::from(rest), inner: stream };
     let mut builder = hyper::client::conn::http2::Builder::new(TokioExecutor::new());
     builder.initial_stream_window_size(4 << 20).initial_connection_window_size(16 << 20).max_frame_size(1 << 20);
     let (sender, conn) = builder.handshake::<_, Body>(TokioIo::new(io)).await.map_err(ConnectError::Handshake)?;
-    let closer = std::sync::Arc::new(tokio::sync::Notify::new());
+    let closer = std::sync::Arc::new(Closer { stop: tokio::sync::Notify::new(), socket });
     let close = closer.clone();
     tokio::spawn(async move {
         tokio::select! {
             r = conn => if let Err(e) = r { tracing::debug!("agent connection ended: {e}") },
-            _ = close.notified() => tracing::debug!("agent connection closed by the host"),
+            _ = close.stop.notified() => tracing::debug!("agent connection closed by the host"),
         }
     });
     Ok(AgentClient::from_socket(sender, closer))

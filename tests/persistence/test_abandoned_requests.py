@@ -1,0 +1,69 @@
+"""Lifecycle operations whose client hangs up: each runs to its end in the sandbox's
+owner task (issue 11). Before, the server dropped the handler with the connection, and
+a pause could stop between QMP `stop` and `cont`, leaving a guest stopped that the
+data plane called paused and the API called running."""
+
+import httpx
+import pytest
+from e2b import Sandbox
+
+from conftest import wait_until
+
+
+def hang_up(server, method: str, path: str, **kw) -> None:
+    """Sends the request and gives up on it at once: the connection closes mid-operation."""
+    with pytest.raises(httpx.TimeoutException):
+        httpx.request(method, server.url + path, headers={"X-API-Key": server.key}, timeout=0.05, **kw)
+
+
+def state_of(server, sid: str) -> str:
+    return server.api().get(f"/sandboxes/{sid}").json().get("state", "")
+
+
+def test_an_abandoned_pause_still_pauses_and_the_sandbox_resumes(server):
+    sbx = Sandbox.create("base")
+    try:
+        sbx.files.write("/home/user/kept", "before the pause")
+        hang_up(server, "POST", f"/sandboxes/{sbx.sandbox_id}/pause")
+        wait_until(lambda: state_of(server, sbx.sandbox_id) == "paused", "the abandoned pause to finish", timeout=120,
+                   detail=lambda: state_of(server, sbx.sandbox_id))
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert back.files.read("/home/user/kept") == "before the pause"
+        assert back.commands.run("echo runs").stdout == "runs\n"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+def test_an_abandoned_snapshot_is_stored_and_the_sandbox_runs_on(server):
+    sbx = Sandbox.create("base")
+    try:
+        sbx.files.write("/home/user/kept", "in the snapshot")
+        hang_up(server, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", json={"name": "abandoned"})
+        listed = lambda: [s for s in server.api().get("/snapshots").json() if "abandoned" in s["names"]]
+        snaps = wait_until(listed, "the abandoned snapshot to be stored", timeout=120, detail=lambda: server.api().get("/snapshots").text)
+        assert sbx.commands.run("echo runs-on").stdout == "runs-on\n"
+        child = Sandbox.create("abandoned", timeout=120)
+        try:
+            assert child.files.read("/home/user/kept") == "in the snapshot"
+        finally:
+            child.kill()
+        assert Sandbox.delete_snapshot(snaps[0]["snapshotID"]) is True
+    finally:
+        sbx.kill()
+
+
+def test_a_sandbox_pauses_while_a_command_streams_its_output(server):
+    """Pausing a busy sandbox is the normal case: the open stream ends, the pause
+    succeeds, and the command's process is still there after the resume."""
+    sbx = Sandbox.create("base")
+    try:
+        streaming = sbx.commands.run("for i in $(seq 600); do echo tick $i; sleep 0.5; done", background=True)
+        alive = lambda: sbx.commands.run("pgrep -f 'seq 600' >/dev/null && echo alive || true").stdout == "alive\n"
+        wait_until(alive, "the streaming command to run", timeout=30)
+        # Its output stream is open through the server while the pause saves the VM.
+        assert sbx.pause() is True
+        streaming.disconnect()
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert back.commands.run("pgrep -f 'seq 600' >/dev/null && echo alive").stdout == "alive\n"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
