@@ -117,3 +117,37 @@ def test_fifty_snapshot_create_kill_cycles_leave_nothing(server):
         assert db.execute("SELECT COUNT(*) FROM sandboxes").fetchone()[0] == 0, "sandbox rows left"
     from conftest import qemus_under
     assert not qemus_under(server.home), "QEMU processes left"
+
+
+def test_a_sandbox_started_from_a_snapshot_can_be_snapshotted_and_forked(server):
+    """Its template id is the snapshot's (as E2B shows it); its own snapshots and forks
+    still boot with the template underneath (issue 11: they named the snapshot id,
+    which no one could prepare, and nobody could start them)."""
+    src = Sandbox.create(timeout=300)
+    first = second = None
+    try:
+        src.files.write("/home/user/layer", "one")
+        first = src.create_snapshot()
+        child = Sandbox.create(first.snapshot_id, timeout=300)
+        try:
+            child.files.write("/home/user/layer2", "two")
+            second = child.create_snapshot()
+            grandchild = Sandbox.create(second.snapshot_id, timeout=120)
+            try:
+                assert grandchild.files.read("/home/user/layer") == "one"
+                assert grandchild.files.read("/home/user/layer2") == "two"
+            finally:
+                grandchild.kill()
+            forks = child.fork(count=1)
+            try:
+                assert forks[0].files.read("/home/user/layer2") == "two"
+            finally:
+                for f in forks:
+                    f.kill()
+        finally:
+            child.kill()
+    finally:
+        src.kill()
+        for snap in (first, second):
+            if snap is not None:
+                Sandbox.delete_snapshot(snap.snapshot_id)

@@ -32,7 +32,11 @@ impl SandboxManager {
         let dir = self.snapshots_root().join(&snap_id);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
         lock(&self.pinned).insert(dir.clone());
-        let template = lock(&live.row).template.clone();
+        let (key_id, asked) = {
+            let row = lock(&live.row);
+            (row.key_id.clone(), row.template.clone())
+        };
+        let template = self.base_template(&key_id, &asked).await?;
         let made = {
             let (m, id, live, to, template) = (self.arc()?, id.to_string(), live.clone(), dir.clone(), template.clone());
             let owner = live.clone();
@@ -64,6 +68,20 @@ impl SandboxManager {
             lock(&self.pinned).remove(&dir);
         }
         made
+    }
+
+    /// The built-in template a sandbox's template id stands for. A sandbox started from
+    /// one of the key's snapshots carries that snapshot's id (as E2B shows it), but its
+    /// own snapshots and forks boot with the snapshot's template: recorded as the
+    /// snapshot's id, they would name a template nobody can prepare.
+    pub(super) async fn base_template(&self, key_id: &str, template: &str) -> Result<String, ManagerError> {
+        if hutch_image::rootfs::recipe(template).is_some() {
+            return Ok(template.to_string());
+        }
+        Ok(match self.store.snapshot(key_id, template).await? {
+            Some(snapshot) => snapshot.template,
+            None => template.to_string(),
+        })
     }
 
     /// The save itself, in the sandbox's owner: a running sandbox pauses for it and runs
@@ -275,7 +293,7 @@ impl SandboxManager {
         if self.running_count() + count as usize > self.config.max_sandboxes {
             return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
         }
-        let artifacts = self.prepare(&source.template).await?;
+        let artifacts = self.prepare(&self.base_template(key_id, &source.template).await?).await?;
         let snap = self.snapshot_sandbox(id, &live, "fork_").await?;
         let mut results = Vec::new();
         for _ in 0..count {
@@ -334,8 +352,7 @@ impl SandboxManager {
 /// A snapshot of a paused sandbox: its saved state and disk, copied.
 fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Result<MemorySnapshot, ManagerError> {
     let io = |what: &str, e: std::io::Error| ManagerError::Internal(format!("{what}: {e}"));
-    let text = std::fs::read_to_string(sandbox_dir.join(VM_RECORD)).map_err(|e| io("reading the sandbox record", e))?;
-    let record: VmRecord = serde_json::from_str(&text).map_err(|e| io("reading the sandbox record", e.into()))?;
+    let record: VmRecord = crate::record::read(&sandbox_dir.join(VM_RECORD), crate::record::Kind::Vm).map_err(|e| ManagerError::Internal(e.to_string()))?;
     std::fs::copy(sandbox_dir.join(PAUSED_STATE), dir.join("state")).map_err(|e| io("copying the memory state", e))?;
     std::fs::copy(&record.spec.disk, dir.join("disk.qcow2")).map_err(|e| io("copying the disk", e))?;
     if let Some(base) = &record.spec.base {
