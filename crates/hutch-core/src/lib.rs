@@ -9,6 +9,7 @@ pub mod artifacts;
 pub mod clock_sync;
 pub mod ids;
 pub mod manager;
+pub mod record;
 pub mod sandbox;
 pub mod snapshot;
 pub mod space;

@@ -73,8 +73,8 @@ pub enum CreateError {
     RestoreTimeout { secs: u64, last: String },
     #[error("making the template's memory snapshot")]
     TemplateSnapshot(#[source] Box<crate::template_snapshot::TemplateSnapshotError>),
-    #[error("writing {0}")]
-    Record(PathBuf, #[source] std::io::Error),
+    #[error("the sandbox's record")]
+    Record(#[source] crate::record::RecordError),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -114,8 +114,7 @@ pub fn base_snapshots_in_use(home: &HutchHome) -> std::collections::HashSet<Path
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path().join(VM_RECORD)).ok())
-        .filter_map(|t| serde_json::from_str::<VmRecord>(&t).ok())
+        .filter_map(|e| crate::record::read::<VmRecord>(&e.path().join(VM_RECORD), crate::record::Kind::Vm).ok())
         .filter_map(|r| r.base_snapshot)
         .collect()
 }
@@ -261,10 +260,10 @@ impl Sandbox {
     /// and files. On failure the directory is left as it was, still paused.
     pub async fn resume(dir: &Path, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
-        let read = |e| CreateError::Record(dir.join(VM_RECORD), e);
-        let text = std::fs::read_to_string(dir.join(VM_RECORD)).map_err(read)?;
-        let mut record: VmRecord = serde_json::from_str(&text).map_err(|e| read(e.into()))?;
-        let id = SandboxId::parse(&record.spec.id).ok_or_else(|| read(std::io::Error::other(format!("bad sandbox id '{}'", record.spec.id))))?;
+        let path = dir.join(VM_RECORD);
+        let mut record: VmRecord = crate::record::read(&path, crate::record::Kind::Vm).map_err(CreateError::Record)?;
+        let bad_id = || crate::record::RecordError::Corrupt { path: path.clone(), detail: format!("bad sandbox id '{}'", record.spec.id) };
+        let id = SandboxId::parse(&record.spec.id).ok_or_else(|| CreateError::Record(bad_id()))?;
         record.spec.memory = Memory::Anonymous;
         record.spec.incoming = Some(Incoming { state: dir.join(PAUSED_STATE), ignore_shared: false });
         record.spec.die_with_parent = opts.die_with_parent;
@@ -458,9 +457,7 @@ struct Launch<'a> {
 }
 
 fn write_record(dir: &Path, record: &VmRecord) -> Result<(), CreateError> {
-    let path = dir.join(VM_RECORD);
-    let json = serde_json::to_vec_pretty(record).map_err(|e| CreateError::Record(path.clone(), e.into()))?;
-    std::fs::write(&path, json).map_err(|e| CreateError::Record(path, e))
+    crate::record::write(&dir.join(VM_RECORD), crate::record::Kind::Vm, record).map_err(CreateError::Record)
 }
 
 /// Starts QEMU and gets an agent session: after a boot, or after loading saved state.

@@ -57,6 +57,8 @@ pub enum SaveError {
     File { what: &'static str, path: PathBuf, #[source] source: std::io::Error },
     #[error(transparent)]
     Disk(hutch_vmm::disk::DiskError),
+    #[error("the snapshot's manifest")]
+    Record(#[source] crate::record::RecordError),
 }
 
 fn file_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SaveError + 'a {
@@ -64,10 +66,18 @@ fn file_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Erro
 }
 
 impl MemorySnapshot {
+    /// The snapshot in `dir`, if its manifest reads (`record.rs`: a damaged, foreign
+    /// or newer one does not, and is logged).
     pub fn open(dir: &Path) -> Option<MemorySnapshot> {
-        let text = std::fs::read_to_string(dir.join(MANIFEST)).ok()?;
-        let manifest = serde_json::from_str(&text).ok()?;
-        Some(MemorySnapshot { dir: dir.to_path_buf(), manifest })
+        let path = dir.join(MANIFEST);
+        match crate::record::read(&path, crate::record::Kind::Snapshot) {
+            Ok(manifest) => Some(MemorySnapshot { dir: dir.to_path_buf(), manifest }),
+            Err(crate::record::RecordError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                tracing::warn!("{e}");
+                None
+            }
+        }
     }
 
     pub fn disk(&self) -> PathBuf {
@@ -91,9 +101,7 @@ impl MemorySnapshot {
     }
 
     pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), SaveError> {
-        let path = dir.join(MANIFEST);
-        let json = serde_json::to_vec_pretty(manifest).map_err(|e| SaveError::File { what: "writing", path: path.clone(), source: e.into() })?;
-        std::fs::write(&path, json).map_err(file_err("writing", &path))
+        crate::record::write(&dir.join(MANIFEST), crate::record::Kind::Snapshot, manifest).map_err(SaveError::Record)
     }
 }
 

@@ -109,8 +109,8 @@ fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
     for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
         // A sandbox still starting has its overlay before its record.
         disks.push(entry.path().join("disk.qcow2"));
-        let Ok(text) = std::fs::read_to_string(entry.path().join(crate::sandbox::VM_RECORD)) else { continue };
-        let Ok(record) = serde_json::from_str::<crate::sandbox::VmRecord>(&text) else { continue };
+        let path = entry.path().join(crate::sandbox::VM_RECORD);
+        let Ok(record) = crate::record::read::<crate::sandbox::VmRecord>(&path, crate::record::Kind::Vm) else { continue };
         used.extend(record.base_snapshot.clone());
         disks.push(record.spec.disk.clone());
         if let Memory::SharedFile(f) | Memory::PrivateFile(f) = &record.spec.memory {
