@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 pub const FORMAT: &str = "hutch-snapshot-archive/1";
 /// Largest archive upload and largest disk (logical bytes) an archive may declare.
@@ -60,7 +61,9 @@ fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> 
 }
 
 fn qemu_img(args: &[&std::ffi::OsStr], path: &Path) -> Result<Vec<u8>, ArchiveError> {
-    let out = Command::new("qemu-img").args(args).output().map_err(io("running qemu-img on", path))?;
+    // A flattening convert copies the whole disk; the rest read a header.
+    let limit = if args.first().is_some_and(|a| a.to_str() == Some("convert")) { Duration::from_secs(1800) } else { Duration::from_secs(60) };
+    let out = hutch_vmm::process::output_within(Command::new("qemu-img").args(args), limit).map_err(io("running qemu-img on", path))?;
     if !out.status.success() {
         return Err(ArchiveError::QemuImg { path: path.to_path_buf(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
     }

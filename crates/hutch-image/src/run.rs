@@ -13,6 +13,19 @@ pub enum ToolError {
     Failed { command: String, status: String, output: String },
     #[error("running '{command}'")]
     Io { command: String, #[source] source: std::io::Error },
+    #[error("'{command}' did not finish within {minutes} minutes and was stopped; check the host's network and disk, then try again")]
+    Timeout { command: String, minutes: u64 },
+}
+
+/// How long a tool may run: far beyond what each takes on a slow host (mmdebstrap with
+/// its downloads a few minutes), so only a wedged one meets it.
+fn deadline_of(tool: &str) -> std::time::Duration {
+    let minutes = match tool {
+        "mmdebstrap" | "unshare" => 60,
+        "apt-get" | "python3" => 20,
+        _ => 10,
+    };
+    std::time::Duration::from_secs(minutes * 60)
 }
 
 fn package_of(tool: &str) -> &str {
@@ -35,7 +48,13 @@ fn describe(cmd: &Command) -> String {
 
 /// Runs a command, streaming its output lines to `progress` and keeping the last ones
 /// for the error message.
-pub fn run(mut cmd: Command, cwd: Option<&Path>, progress: &dyn Progress) -> Result<String, ToolError> {
+pub fn run(cmd: Command, cwd: Option<&Path>, progress: &dyn Progress) -> Result<String, ToolError> {
+    let limit = deadline_of(&cmd.get_program().to_string_lossy());
+    run_within(cmd, cwd, progress, limit)
+}
+
+/// `run`, stopping the tool once `limit` has passed.
+pub fn run_within(mut cmd: Command, cwd: Option<&Path>, progress: &dyn Progress, limit: std::time::Duration) -> Result<String, ToolError> {
     if let Some(dir) = cwd {
         cmd.current_dir(dir);
     }
@@ -47,6 +66,17 @@ pub fn run(mut cmd: Command, cwd: Option<&Path>, progress: &dyn Progress) -> Res
         _ => ToolError::Io { command: command.clone(), source },
     })?;
     let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    // A watchdog stops the tool at its deadline; its pipes then close and the reads end.
+    let (finished, watch) = std::sync::mpsc::channel::<()>();
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let watchdog = std::thread::spawn(move || {
+        let expired = matches!(watch.recv_timeout(limit), Err(std::sync::mpsc::RecvTimeoutError::Timeout));
+        // The child is reaped only after `finished` is sent, so the pid is still its.
+        if expired {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+        expired
+    });
     let collect = |stream: Option<Box<dyn std::io::Read + Send>>| {
         let mut lines = Vec::new();
         if let Some(s) = stream {
@@ -62,11 +92,40 @@ pub fn run(mut cmd: Command, cwd: Option<&Path>, progress: &dyn Progress) -> Res
         let out = collect(stdout.map(|o| Box::new(o) as Box<dyn std::io::Read + Send>));
         (out, err.join().unwrap_or_default())
     });
+    // Waits for the exit without reaping (WNOWAIT), then stops the watchdog, then reaps.
+    let flags = nix::sys::wait::WaitPidFlag::WEXITED | nix::sys::wait::WaitPidFlag::WNOWAIT;
+    let _ = nix::sys::wait::waitid(nix::sys::wait::Id::Pid(pid), flags);
+    let _ = finished.send(());
+    let expired = watchdog.join().unwrap_or(false);
     let status = child.wait().map_err(|source| ToolError::Io { command: command.clone(), source })?;
+    if expired {
+        return Err(ToolError::Timeout { command, minutes: limit.as_secs() / 60 });
+    }
     if !status.success() {
         let lines = if err.iter().any(|l| !l.trim().is_empty()) { &err } else { &out };
         let output = lines[lines.len().saturating_sub(8)..].join("\n");
         return Err(ToolError::Failed { command, status: status.to_string(), output });
     }
     Ok(out.join("\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_past_its_deadline_is_stopped_with_a_clear_error() {
+        let mut cmd = Command::new("sleep");
+        cmd.arg("30");
+        let e = run_within(cmd, None, &crate::progress::Quiet, std::time::Duration::from_millis(300)).expect_err("sleep outlives it");
+        assert!(matches!(e, ToolError::Timeout { .. }), "{e}");
+    }
+
+    #[test]
+    fn a_tool_that_fails_in_time_says_how() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "echo broken >&2; exit 2"]);
+        let e = run_within(cmd, None, &crate::progress::Quiet, std::time::Duration::from_secs(10)).expect_err("exit 2");
+        assert!(e.to_string().contains("broken"), "{e}");
+    }
 }

@@ -16,6 +16,10 @@ pub enum DiskError {
     Io(#[source] std::io::Error),
 }
 
+/// Creating an overlay or rewriting a header touches a few clusters: seconds even on
+/// a loaded host. Beyond this the tool is wedged.
+const QEMU_IMG_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// The base's format: qcow2 files start with "QFI\xfb"; anything else is raw.
 fn format_of(base: &Path) -> &'static str {
     let mut magic = [0u8; 4];
@@ -33,12 +37,9 @@ pub fn reset_backing(image: &Path, base: &Path) -> Result<(), DiskError> {
         return Err(changed("its header names an external data file, which hutch never makes (the VM changed it)".into()));
     }
     // -u rewrites only the header; the image's own clusters stay as they are.
-    let out = std::process::Command::new("qemu-img")
-        .args(["rebase", "-q", "-u", "-f", "qcow2", "-F", format_of(base), "-b"])
-        .arg(base)
-        .arg(image)
-        .stdin(Stdio::null())
-        .output()
+    let mut cmd = std::process::Command::new("qemu-img");
+    cmd.args(["rebase", "-q", "-u", "-f", "qcow2", "-F", format_of(base), "-b"]).arg(base).arg(image);
+    let out = crate::process::output_within(&mut cmd, QEMU_IMG_WAIT)
         .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DiskError::NoQemuImg } else { DiskError::Io(e) })?;
     if !out.status.success() {
         return Err(changed(String::from_utf8_lossy(&out.stderr).trim().to_string()));
@@ -47,13 +48,17 @@ pub fn reset_backing(image: &Path, base: &Path) -> Result<(), DiskError> {
 }
 
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), DiskError> {
-    let out = tokio::process::Command::new("qemu-img")
+    let run = tokio::process::Command::new("qemu-img")
         .args(["create", "-q", "-f", "qcow2", "-F", format_of(base), "-b"])
         .arg(base)
         .arg(overlay)
         .stdin(Stdio::null())
-        .output()
+        .kill_on_drop(true)
+        .output();
+    let timed_out = || std::io::Error::new(std::io::ErrorKind::TimedOut, format!("it did not finish within {} s and was killed", QEMU_IMG_WAIT.as_secs()));
+    let out = tokio::time::timeout(QEMU_IMG_WAIT, run)
         .await
+        .unwrap_or_else(|_| Err(timed_out()))
         .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DiskError::NoQemuImg } else { DiskError::Io(e) })?;
     if !out.status.success() {
         return Err(DiskError::Failed {

@@ -8,6 +8,7 @@ pub mod backend;
 pub mod clock;
 pub mod console;
 pub mod disk;
+pub mod process;
 pub mod fake;
 pub mod qemu;
 pub mod qmp;

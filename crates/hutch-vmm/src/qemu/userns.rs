@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io::Read;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// newuidmap and newgidmap are local and quick; this only guards against a wedged one.
 const MAP_WAIT: Duration = Duration::from_secs(10);
@@ -198,33 +198,11 @@ pub struct ChildEnds {
 
 fn run(tool: &Path, args: &[&str]) -> Result<(), MapError> {
     let fail = |detail: String| MapError::Tool { tool: tool.display().to_string(), detail };
-    let mut child = std::process::Command::new(tool)
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| fail(e.to_string()))?;
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = child.try_wait()? {
-            break status;
-        }
-        if started.elapsed() > MAP_WAIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            return Err(fail(format!("no answer within {} s", MAP_WAIT.as_secs())));
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    };
-    if status.success() {
+    let out = crate::process::output_within(std::process::Command::new(tool).args(args), MAP_WAIT).map_err(|e| fail(e.to_string()))?;
+    if out.status.success() {
         return Ok(());
     }
-    let mut stderr = String::new();
-    if let Some(mut pipe) = child.stderr.take() {
-        let _ = pipe.read_to_string(&mut stderr);
-    }
-    Err(fail(format!("{status}: {}", stderr.trim())))
+    Err(fail(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
 }
 
 impl ChildPipes {

@@ -91,7 +91,7 @@ pub fn probe(binary: &str, cache_dir: Option<&Path>) -> Result<QemuVersion, Qemu
     let line = match cached {
         Some(line) => line,
         None => {
-            let out = std::process::Command::new(&path).arg("--version").output().map_err(|e| match e.kind() {
+            let out = crate::process::output_within(std::process::Command::new(&path).arg("--version"), std::time::Duration::from_secs(30)).map_err(|e| match e.kind() {
                 std::io::ErrorKind::NotFound => QemuVersionError::Missing { binary: binary.into() },
                 _ => QemuVersionError::Run { binary: binary.into(), detail: e.to_string() },
             })?;

@@ -1,0 +1,63 @@
+//! Host tools run with a deadline (`qemu-img`, `newuidmap`, `qemu --version`): a tool
+//! that hangs (an NFS stall, a wedged lock) becomes a `TimedOut` error and is killed,
+//! instead of holding a request, a sandbox's owner or a build forever.
+
+use std::io::Read;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// How often a running tool is looked at: fine-grained for the quick ones, cheap for
+/// the long ones.
+const POLL: Duration = Duration::from_millis(5);
+
+/// Runs `cmd` (stdin null, output captured) and waits at most `limit` for it.
+pub fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Output> {
+    let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;
+    let drain = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut p) = pipe {
+                let _ = p.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
+    let status = wait_within(&mut child, limit)?;
+    Ok(Output { status, stdout: stdout.join().unwrap_or_default(), stderr: stderr.join().unwrap_or_default() })
+}
+
+/// Waits at most `limit` for `child`, killing it when the time is up.
+pub fn wait_within(child: &mut Child, limit: Duration) -> std::io::Result<std::process::ExitStatus> {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+        if started.elapsed() >= limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("it did not finish within {} s and was killed", limit.as_secs())));
+        }
+        std::thread::sleep(POLL.min(limit / 10 + Duration::from_millis(1)).max(Duration::from_millis(1)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_that_finishes_gives_its_output() {
+        let out = output_within(Command::new("sh").args(["-c", "echo out; echo err >&2; exit 3"]), Duration::from_secs(10)).expect("sh");
+        assert_eq!((out.status.code(), &out.stdout[..], &out.stderr[..]), (Some(3), &b"out\n"[..], &b"err\n"[..]));
+    }
+
+    #[test]
+    fn a_tool_that_hangs_is_killed_at_its_deadline() {
+        let e = output_within(Command::new("sleep").arg("30"), Duration::from_millis(200)).expect_err("sleep outlives 200 ms");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut);
+        assert!(e.to_string().contains("killed"), "{e}");
+    }
+}
