@@ -155,7 +155,9 @@ pub struct SandboxManager {
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// Sandboxes being created, counted against the limit.
     starting: Mutex<usize>,
-    artifacts: tokio::sync::Mutex<HashMap<String, Artifacts>>,
+    /// Each template's artifacts, prepared once: a build holds only its own cell, so
+    /// creates of other templates never wait behind it.
+    artifacts: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Artifacts>>>>,
     /// Snapshot directories being made or used right now, which pruning must skip.
     pinned: Mutex<std::collections::HashSet<std::path::PathBuf>>,
     pools: Mutex<pool::Pools>,
@@ -193,7 +195,7 @@ impl SandboxManager {
             config,
             live: Mutex::new(HashMap::new()),
             starting: Mutex::new(0),
-            artifacts: tokio::sync::Mutex::new(HashMap::new()),
+            artifacts: Mutex::new(HashMap::new()),
             pinned: Mutex::new(Default::default()),
             pools: Mutex::new(Default::default()),
             shutting_down: Default::default(),
@@ -251,12 +253,22 @@ impl SandboxManager {
 
     /// Makes sure a template's artifacts exist (builds them on first use).
     pub async fn prepare(&self, template: &str) -> Result<Artifacts, ManagerError> {
-        let mut cache = self.artifacts.lock().await;
-        if let Some(a) = cache.get(template) {
-            return Ok(a.clone());
+        let cell = lock(&self.artifacts).entry(template.to_string()).or_default().clone();
+        let prepared = cell.get_or_try_init(|| self.build(template)).await.cloned();
+        if prepared.is_err() {
+            // Nothing is kept for a name that failed (or was never a template): the next
+            // create tries again, and made-up names do not pile up.
+            let mut cells = lock(&self.artifacts);
+            if cells.get(template).is_some_and(|c| c.get().is_none()) {
+                cells.remove(template);
+            }
         }
+        prepared
+    }
+
+    async fn build(&self, template: &str) -> Result<Artifacts, ManagerError> {
         let (home, name) = (self.home.clone(), template.to_string());
-        let artifacts = tokio::task::spawn_blocking(move || Artifacts::prepare(&home, &name, &hutch_image::progress::Quiet))
+        tokio::task::spawn_blocking(move || Artifacts::prepare(&home, &name, &hutch_image::progress::Quiet))
             .await
             .map_err(|e| ManagerError::Internal(e.to_string()))?
             .map_err(|e| match e {
@@ -266,9 +278,7 @@ impl SandboxManager {
                     hutch_image::rootfs::builtin_names().join(", ")
                 )),
                 other => ManagerError::Template(other),
-            })?;
-        cache.insert(template.to_string(), artifacts.clone());
-        Ok(artifacts)
+            })
     }
 
     fn end_at(&self, started: SystemTime, timeout: Duration) -> SystemTime {
