@@ -17,9 +17,9 @@ pub mod store;
 pub mod sweep;
 pub mod template_snapshot;
 
-/// The envd client lives in hutch-sdk; core uses it over the VM's agent socket.
-pub use hutch_sdk::envd as agent;
-pub use hutch_sdk::envd::{AgentClient, AgentError};
+/// The envd client (hutch-envd, shared with the Rust SDK); core uses it over the VM's agent socket.
+pub use hutch_envd as agent;
+pub use hutch_envd::{AgentClient, AgentError};
 pub use artifacts::{Artifacts, ArtifactsError};
 pub use ids::{MemMib, SandboxId};
 pub use sandbox::{CreateError, Sandbox, SandboxOptions};

@@ -8,7 +8,7 @@
 //!
 //! This crate does no VM work and holds no server state.
 
-pub mod envd;
+pub use hutch_envd as envd;
 mod code;
 mod commands;
 mod lifecycle;
