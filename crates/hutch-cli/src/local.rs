@@ -15,7 +15,7 @@ pub struct Local {
 impl Local {
     pub async fn prepare(template: &str, accel_choice: AccelChoice) -> anyhow::Result<Local> {
         let home = HutchHome::from_env();
-        let swept = hutch_core::sweep::sweep_orphans(&home);
+        let swept = hutch_core::sweep::sweep_orphans(&home, hutch_core::sweep::Sweeper::Local);
         if swept > 0 {
             tracing::info!("removed {swept} sandbox(es) left behind by hutch processes that died");
         }

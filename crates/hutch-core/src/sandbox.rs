@@ -77,6 +77,27 @@ pub enum CreateError {
     Record(#[source] crate::record::RecordError),
 }
 
+/// Why a sandbox an earlier server left running could not be taken over.
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    #[error("its record")]
+    Record(#[source] crate::record::RecordError),
+    #[error("it has no QEMU pid on record")]
+    NoPid,
+    #[error(transparent)]
+    Vm(#[from] hutch_vmm::AdoptError),
+    #[error("asking QEMU for its state")]
+    State(#[source] hutch_vmm::SnapshotError),
+    /// The VM holds a loaded guest that has not run since (a resume cut short): the
+    /// paused sandbox's files are still the truth.
+    #[error("its guest was loaded but never ran ({state})")]
+    NeverRan { state: String },
+    #[error("running its stopped guest again")]
+    Resume(#[source] hutch_vmm::SnapshotError),
+    #[error("its agent")]
+    Agent(#[source] CreateError),
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PauseError {
     #[error("the sandbox is not running")]
@@ -96,6 +117,8 @@ pub enum StartKind {
     Snapshot,
     /// Resumed after a pause.
     Resumed,
+    /// Taken over, running, from an earlier server.
+    Adopted,
 }
 
 /// What a sandbox directory records about its VM (`vm.json`): enough to resume it.
@@ -120,6 +143,12 @@ pub fn base_snapshots_in_use(home: &HutchHome) -> std::collections::HashSet<Path
 }
 /// Present while the sandbox is paused: its saved state lives beside it.
 pub const PAUSED_STATE: &str = "memory.state";
+/// A pause's save in progress; renamed to `PAUSED_STATE` once complete, so that name
+/// always holds a whole state.
+const SAVING_STATE: &str = "memory.state.partial";
+/// Marks a sandbox a server answers for: its VM outlives that server, for the next
+/// one to adopt, and local commands' orphan sweeps leave it alone.
+pub const SERVER_OWNED: &str = "server.owned";
 
 pub struct Sandbox {
     id: SandboxId,
@@ -276,6 +305,53 @@ impl Sandbox {
         Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Resumed, keep_dir: false })
     }
 
+    /// Takes over the sandbox an earlier server left running in `dir`: the VM runs on
+    /// with its processes, and this process answers for it from now on. A guest that
+    /// server stopped for a save it never finished (a pause or snapshot cut short) runs
+    /// again when `resume_stopped`; otherwise (a resume cut short: the paused files are
+    /// the truth) such a VM is killed and `NeverRan` returned.
+    pub async fn adopt(dir: &Path, backend: &dyn VmBackend, access_token: Option<&str>, resume_stopped: bool) -> Result<Sandbox, AdoptError> {
+        let started = Instant::now();
+        let path = dir.join(VM_RECORD);
+        let mut record: VmRecord = crate::record::read(&path, crate::record::Kind::Vm).map_err(AdoptError::Record)?;
+        let bad_id = || crate::record::RecordError::Corrupt { path: path.clone(), detail: format!("bad sandbox id '{}'", record.spec.id) };
+        let id = SandboxId::parse(&record.spec.id).ok_or_else(|| AdoptError::Record(bad_id()))?;
+        let pid = std::fs::read_to_string(dir.join("qemu.pid")).ok().and_then(|p| p.trim().parse().ok()).ok_or(AdoptError::NoPid)?;
+        let mut vm = backend.adopt(&record.spec, pid).await?;
+        let state = vm.run_state().await.map_err(AdoptError::State)?;
+        match state.as_str() {
+            "running" | "io-error" => {}
+            // Stopped by a save (`paused`, then `postmigrate` once written).
+            "paused" | "postmigrate" | "finish-migrate" if resume_stopped => vm.resume().await.map_err(AdoptError::Resume)?,
+            _ => return Err(AdoptError::NeverRan { state }),
+        }
+        std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| AdoptError::Agent(CreateError::Dir(dir.to_path_buf(), e)))?;
+        let agent = connect_restored(vm.as_mut(), ADOPT_AGENT_WAIT, started).await.map_err(AdoptError::Agent)?;
+        // It runs: whatever a cut-short pause or resume left is stale.
+        for stale in [PAUSED_STATE, SAVING_STATE] {
+            let _ = std::fs::remove_file(dir.join(stale));
+        }
+        if record.spec.incoming.take().is_some() {
+            write_record(dir, &record).map_err(AdoptError::Agent)?;
+        }
+        let agent = agent.with_token(access_token);
+        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Adopted, keep_dir: false })
+    }
+
+    /// Lets go of the sandbox and leaves its VM running (a server shutting down): the
+    /// next server adopts it.
+    pub fn release(mut self) {
+        self.keep_dir = true;
+        if let Some(vm) = self.vm.take() {
+            vm.release();
+        }
+    }
+
+    /// Marks the sandbox as a server's (see `SERVER_OWNED`).
+    pub fn mark_server_owned(&self) -> std::io::Result<()> {
+        std::fs::write(self.dir.join(SERVER_OWNED), b"")
+    }
+
     /// Saves memory and disk under the sandbox's directory and stops the VM. After
     /// success the sandbox keeps its directory (see `resume`); after a failure it runs on.
     pub async fn pause(&mut self) -> Result<(), PauseError> {
@@ -287,11 +363,17 @@ impl Sandbox {
             return Err(e.into());
         }
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
-        let state = self.dir.join(PAUSED_STATE);
-        if let Err(e) = vm.save(&state, false).await {
-            let _ = std::fs::remove_file(&state);
+        let saving = self.dir.join(SAVING_STATE);
+        let saved = vm.save(&saving, false).await.map_err(SaveError::Vm);
+        let saved = saved.and_then(|()| std::fs::rename(&saving, self.dir.join(PAUSED_STATE)).map_err(|source| SaveError::File { what: "naming the saved state", path: saving.clone(), source }));
+        if let Err(e) = saved {
+            let _ = std::fs::remove_file(&saving);
+            if let Some(vm) = self.vm.as_mut() {
+                // The save stopped the guest; it runs on.
+                let _ = vm.resume().await;
+            }
             self.reattach().await;
-            return Err(PauseError::Save(SaveError::Vm(e)));
+            return Err(PauseError::Save(e));
         }
         self.keep_dir = true;
         let result = vm.stop(Duration::from_secs(5)).await.map_err(PauseError::Stop);
@@ -442,6 +524,10 @@ async fn flush_guest(agent: &AgentClient) {
         tracing::warn!("the guest did not flush its disk: {e}");
     }
 }
+
+/// How long an adopted guest's agent may take to see the dead server's session end
+/// and take a new one.
+const ADOPT_AGENT_WAIT: Duration = Duration::from_secs(30);
 
 /// How long a guest agent may take to end the host's session before a save.
 const RELEASE_WAIT: Duration = Duration::from_secs(10);

@@ -30,15 +30,33 @@ fn kill_qemu(dir: &Path) {
     }
 }
 
+/// Whether this sandbox's QEMU runs (checked against its command line).
+fn qemu_runs(dir: &Path) -> bool {
+    let Some(pid) = read_pid(&dir.join("qemu.pid")).filter(|p| alive(*p)) else { return false };
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&cmdline).contains(&dir.display().to_string())
+}
+
+/// Who sweeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sweeper {
+    /// A local command (`hutch run`): a server's sandbox whose VM runs on after that
+    /// server ended is left for the next server to adopt.
+    Local,
+    /// A server that has adopted all it could: the rest is swept.
+    Server,
+}
+
 /// Removes sandboxes whose owning process is gone; returns how many.
-pub fn sweep_orphans(home: &HutchHome) -> usize {
+pub fn sweep_orphans(home: &HutchHome, by: Sweeper) -> usize {
     let mut swept = 0;
     for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
         let dir = entry.path();
         let owner = read_pid(&dir.join("owner.pid"));
         // A paused sandbox has no process; the server's store owns it.
         let paused = dir.join(crate::sandbox::PAUSED_STATE).is_file() && dir.join(crate::sandbox::VM_RECORD).is_file();
-        if paused || owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
+        let adoptable = by == Sweeper::Local && dir.join(crate::sandbox::SERVER_OWNED).is_file() && qemu_runs(&dir);
+        if paused || adoptable || owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
             continue;
         }
         kill_qemu(&dir);

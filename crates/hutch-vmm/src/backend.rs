@@ -55,6 +55,10 @@ impl VmSpec {
     pub fn qmp_socket(&self) -> PathBuf {
         self.dir.join("qmp.sock")
     }
+    /// Where QEMU serves the serial console (hutch reads it into `console_log`).
+    pub fn console_socket(&self) -> PathBuf {
+        self.dir.join("console.sock")
+    }
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
     }
@@ -100,7 +104,24 @@ pub enum StopError {
     Kill { pid: u32, #[source] source: std::io::Error },
 }
 
-/// A running VM. Dropping it kills the VM (a panic must not leak QEMU).
+#[derive(Debug, thiserror::Error)]
+pub enum AdoptError {
+    #[error("its QEMU (pid {pid}) no longer runs")]
+    Gone { pid: u32 },
+    #[error("pid {pid} is not this VM's QEMU")]
+    NotOurs { pid: u32 },
+    #[error("QEMU did not answer on its QMP socket within {secs} s")]
+    QmpTimeout { secs: u64 },
+    #[error("the VM's id: {0}")]
+    Lease(std::io::Error),
+    #[error("watching QEMU (pid {pid})")]
+    Watch { pid: u32, #[source] source: std::io::Error },
+    #[error("this backend cannot adopt VMs it did not start")]
+    Unsupported,
+}
+
+/// A running VM. Dropping it kills the VM (a panic must not leak QEMU), unless it was
+/// `release`d for another hutch to adopt.
 #[async_trait::async_trait]
 pub trait VmHandle: Send + Sync {
     fn pid(&self) -> Option<u32>;
@@ -122,10 +143,18 @@ pub trait VmHandle: Send + Sync {
     async fn resume(&mut self) -> Result<(), SnapshotError>;
     /// QEMU's run state (`running`, `paused`, `io-error`…).
     async fn run_state(&mut self) -> Result<String, SnapshotError>;
+    /// Lets go of the VM and leaves it running, for a later hutch to `adopt`.
+    fn release(self: Box<Self>);
 }
 
 #[async_trait::async_trait]
 pub trait VmBackend: Send + Sync {
     fn name(&self) -> &'static str;
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError>;
+    /// Takes over the VM of `spec` that an earlier hutch started and left running as
+    /// process `pid`: the VM keeps running, and the handle drives it from now on.
+    async fn adopt(&self, spec: &VmSpec, pid: u32) -> Result<Box<dyn VmHandle>, AdoptError> {
+        let _ = (spec, pid);
+        Err(AdoptError::Unsupported)
+    }
 }

@@ -73,6 +73,8 @@ impl VmHandle for FakeVm {
     async fn run_state(&mut self) -> Result<String, SnapshotError> {
         Ok(if self.ended { "shutdown" } else { "running" }.to_string())
     }
+    /// A fake VM lives in this process: nothing outlives it.
+    fn release(self: Box<Self>) {}
     async fn resume(&mut self) -> Result<(), SnapshotError> {
         Err(SnapshotError::Unsupported)
     }

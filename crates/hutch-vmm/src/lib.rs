@@ -8,10 +8,11 @@ pub mod backend;
 pub mod clock;
 pub mod console;
 pub mod disk;
+pub mod pidfd;
 pub mod process;
 pub mod fake;
 pub mod qemu;
 pub mod qmp;
 
 pub use accel::{Accel, AccelChoice};
-pub use backend::{Incoming, Memory, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
+pub use backend::{AdoptError, Incoming, Memory, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};

@@ -49,6 +49,10 @@ pub struct ServeArgs {
     /// --max-sandboxes.
     #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = parse_pool)]
     pub pool: Vec<(String, usize)>,
+    /// Kill running sandboxes when the server stops. Without it they run on, and the
+    /// next `hutch serve` on this home adopts them with their processes.
+    #[arg(long)]
+    pub kill_on_exit: bool,
 }
 
 fn parse_pool(s: &str) -> Result<(String, usize), String> {
@@ -96,8 +100,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
     let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     eprintln!("hutch serve: listening on http://{}", listener.local_addr()?);
     hutch_server::serve(listener, app, hutch_server::Limits::default(), shutdown_signal()).await?;
-    eprintln!("hutch serve: shutting down; stopping sandboxes");
-    manager.shutdown().await;
+    if args.kill_on_exit {
+        eprintln!("hutch serve: shutting down; killing running sandboxes (--kill-on-exit)");
+    } else {
+        eprintln!("hutch serve: shutting down; running sandboxes keep running for the next `hutch serve` to adopt (--kill-on-exit ends them)");
+    }
+    manager.shutdown(args.kill_on_exit).await;
     Ok(0)
 }
 

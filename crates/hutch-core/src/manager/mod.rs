@@ -201,8 +201,9 @@ impl SandboxManager {
             shutting_down: Default::default(),
             me: me.clone(),
         });
-        manager.adopt_paused().await?;
-        crate::sweep::sweep_orphans(&manager.home);
+        manager.adopt_earlier().await?;
+        // After adoption, which made this server the owner of every sandbox it took.
+        crate::sweep::sweep_orphans(&manager.home, crate::sweep::Sweeper::Server);
         manager.prune_snapshot_files().await;
         manager.fill_pools();
         let reaper = Arc::downgrade(&manager);
@@ -328,7 +329,8 @@ impl SandboxManager {
             accel: self.config.accel,
             envs: env_vars.clone(),
             metadata: metadata.clone(),
-            die_with_parent: true,
+            // A server's VMs outlive it: the next server adopts them.
+            die_with_parent: false,
             ..SandboxOptions::default()
         }
     }
@@ -402,6 +404,9 @@ impl SandboxManager {
         if let Err(e) = self.store.insert_sandbox(&row).await {
             let _ = sandbox.destroy().await;
             return Err(e.into());
+        }
+        if let Err(e) = sandbox.mark_server_owned() {
+            tracing::warn!(sandbox = %row.id, "marking the sandbox as the server's (a local command's sweep may end it while no server runs): {e}");
         }
         lock(&self.live).insert(row.id.clone(), Live::running(row.clone(), sandbox));
         Ok(row)
@@ -594,15 +599,33 @@ impl SandboxManager {
         }
     }
 
-    /// Server shutdown: kills every running sandbox; paused ones stay for the next
-    /// server (their state is on disk and in the store).
-    pub async fn shutdown(&self) {
+    /// Server shutdown. Running sandboxes are let go with their VMs running, for the
+    /// next server to adopt (or killed, with `kill_running`); paused ones stay as they
+    /// are (their state is on disk and in the store). Pooled VMs, which nobody holds,
+    /// are killed.
+    pub async fn shutdown(&self, kill_running: bool) {
         self.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
         self.drain_pools().await;
         let all: Vec<(String, Arc<Live>)> = lock(&self.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (id, live) in all {
-            if live.is_running() {
+            if !live.is_running() {
+                continue;
+            }
+            if kill_running {
                 let _ = self.remove(&id, &live).await;
+                continue;
+            }
+            lock(&live.agent).take();
+            // In the owner: after whatever it is doing ends, so no save is cut short.
+            let released = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, ()> {
+                Box::pin(async move {
+                    if let Some(sandbox) = o.sandbox.take() {
+                        sandbox.release();
+                    }
+                })
+            });
+            if released.await.is_ok() {
+                tracing::info!(sandbox = %id, "left running for the next server to adopt");
             }
         }
     }

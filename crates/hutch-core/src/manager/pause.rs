@@ -32,20 +32,49 @@ pub(super) enum PausedBy {
 }
 
 impl SandboxManager {
-    /// At start: paused sandboxes of earlier runs are taken over; running ones died
-    /// with that server (their VMs end with it) and are removed, each logged.
-    pub(super) async fn adopt_paused(&self) -> Result<(), ManagerError> {
+    /// At start: takes over what earlier server runs left. A sandbox whose VM still
+    /// runs is adopted with its processes (its QEMU outlived that server); a paused one
+    /// is kept and resumes on connect. Whatever an operation cut short by a crash left
+    /// is settled one way: a finished pause whose record was not updated is paused, a
+    /// resume that ran its guest is running, one that never ran it is still paused.
+    /// The rest (a VM that ended, a record without files) is removed, each logged.
+    pub(super) async fn adopt_earlier(&self) -> Result<(), ManagerError> {
         let mut kept = std::collections::HashSet::new();
-        for row in self.store.sandboxes().await? {
-            if row.state == "paused" && is_paused_dir(Path::new(&row.dir)) {
-                tracing::info!(sandbox = %row.id, "paused sandbox from an earlier server run: kept, resumes on connect");
-                kept.insert(row.dir.clone());
-                lock(&self.live).insert(row.id.clone(), Live::paused(row));
-                continue;
+        for mut row in self.store.sandboxes().await? {
+            let dir = Path::new(&row.dir).to_path_buf();
+            let was_paused = row.state == "paused";
+            match Sandbox::adopt(&dir, self.backend.as_ref(), row.envd_token.as_deref(), !was_paused).await {
+                Ok(sandbox) => {
+                    tracing::info!(sandbox = %row.id, "running sandbox from an earlier server run: adopted, its VM and processes ran on");
+                    row.state = "running".into();
+                    row.qemu_pid = sandbox.pid().map(i64::from);
+                    if was_paused {
+                        self.store.set_state(&row.id, "running", row.qemu_pid, &row.end_at).await?;
+                    }
+                    kept.insert(row.dir.clone());
+                    lock(&self.live).insert(row.id.clone(), Live::running(row, sandbox));
+                    continue;
+                }
+                Err(e) if is_paused_dir(&dir) => {
+                    if !was_paused {
+                        // Its pause finished but the store did not hear of it.
+                        tracing::info!(sandbox = %row.id, "its pause finished as the earlier server stopped ({e}); paused");
+                        self.store.set_state(&row.id, "paused", None, &row.end_at).await?;
+                    } else {
+                        tracing::info!(sandbox = %row.id, "paused sandbox from an earlier server run: kept, resumes on connect");
+                    }
+                    row.state = "paused".into();
+                    row.qemu_pid = None;
+                    kept.insert(row.dir.clone());
+                    lock(&self.live).insert(row.id.clone(), Live::paused(row));
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %row.id, state = %row.state, "sandbox from an earlier server run cannot be taken over ({e}); removing its record and files");
+                    let _ = std::fs::remove_dir_all(&row.dir);
+                    self.store.delete_sandbox(&row.id).await?;
+                }
             }
-            tracing::warn!(sandbox = %row.id, state = %row.state, "sandbox from an earlier server run is gone (its VM ended with that server); removing its record and files");
-            let _ = std::fs::remove_dir_all(&row.dir);
-            self.store.delete_sandbox(&row.id).await?;
         }
         // Paused directories without a record (a crash between the save and the
         // store update) cannot be resumed by anyone: remove them.

@@ -50,7 +50,7 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     // `exec:`), change its ids or priorities, or use obsolete syscalls.
     push(&["-sandbox", SECCOMP]);
     // A socket hutch reads into a bounded ring (`console.rs`), never a file QEMU grows.
-    push(&["-chardev", &format!("socket,id=console,fd={CONSOLE_FD}")]);
+    push(&["-chardev", &format!("socket,id=console,fd={CONSOLE_FD},server=on,wait=off")]);
     push(&["-serial", "chardev:console"]);
     push(&["-kernel", &spec.kernel.display().to_string()]);
     push(&["-initrd", &spec.initrd.display().to_string()]);
@@ -106,7 +106,7 @@ mod tests {
         assert!(joined.contains("-smp 2 -m 512M"));
         assert!(joined.contains("socket,id=agent,fd=5,server=on,wait=off"));
         assert!(joined.contains("-chardev socket,id=qmp,fd=4,server=on,wait=off -mon chardev=qmp,mode=control"));
-        assert!(joined.contains("-chardev socket,id=console,fd=3 -serial chardev:console"));
+        assert!(joined.contains("-chardev socket,id=console,fd=3,server=on,wait=off -serial chardev:console"));
         assert!(joined.contains("microvm,accel=tcg,memory-backend=mem0"));
         assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));
         assert!(joined.contains("-incoming defer"));

@@ -211,6 +211,32 @@ impl Group {
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs
     }
+
+    /// The groups hutch made for the running process `pid` (a VM an earlier hutch
+    /// left running), read from /proc/PID/cgroup; None if it is in none of hutch's.
+    pub fn of_process(pid: u32) -> Option<Group> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        let root = Path::new("/sys/fs/cgroup");
+        let ours = |path: &str| Path::new(path).parent().and_then(Path::file_name).is_some_and(|n| n == "hutch");
+        let dirs: Vec<PathBuf> = if root.join("cgroup.controllers").exists() {
+            let path = own_path_v2(&text)?;
+            ours(&path).then(|| root.join(path)).into_iter().collect()
+        } else {
+            V1_CONTROLLERS.iter().filter_map(|c| own_path(&text, c).filter(|p| ours(p)).map(|p| root.join(c).join(p))).collect()
+        };
+        (!dirs.is_empty()).then_some(Group { dirs })
+    }
+
+    /// Lets go of the groups without removing them: their VM runs on for another
+    /// hutch to adopt.
+    pub fn leave(mut self) {
+        self.dirs.clear();
+    }
+}
+
+/// The process's group in the v2 hierarchy (the `0::` line).
+fn own_path_v2(proc_cgroup: &str) -> Option<String> {
+    proc_cgroup.lines().find_map(|line| line.strip_prefix("0::")).map(|p| p.trim_start_matches('/').to_string())
 }
 
 impl Group {
@@ -246,6 +272,7 @@ mod tests {
         assert_eq!(own_path(text, "cpu").as_deref(), Some(""));
         assert_eq!(own_path(text, "cpuacct").as_deref(), Some(""));
         assert_eq!(own_path(text, "blkio"), None);
+        assert_eq!(own_path_v2("0::/hutch/12-0-sb\n").as_deref(), Some("hutch/12-0-sb"));
     }
 
     #[test]

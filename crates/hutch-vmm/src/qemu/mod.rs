@@ -72,4 +72,8 @@ impl VmBackend for QemuBackend {
         self.version().map_err(StartError::Qemu)?;
         Ok(Box::new(QemuVm::start(&self.binary, spec, self.jail.as_ref()).await?))
     }
+
+    async fn adopt(&self, spec: &VmSpec, pid: u32) -> Result<Box<dyn VmHandle>, crate::backend::AdoptError> {
+        Ok(Box::new(QemuVm::adopt(spec, pid, self.jail.as_ref()).await?))
+    }
 }

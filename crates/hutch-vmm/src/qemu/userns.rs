@@ -99,21 +99,35 @@ impl SubIds {
 
     /// Leases a slot no live VM of this user holds.
     pub fn lease(&self) -> std::io::Result<Lease> {
-        use std::os::unix::fs::DirBuilderExt;
-        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.slots)?;
         let count = self.slot_count();
         // Start somewhere different in every process so two rarely probe the same files.
         let first = std::process::id() % count;
         for n in 0..count {
-            let slot = (first + n) % count;
-            let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.slots.join(slot.to_string()))?;
-            match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-                Ok(lock) => return Ok(Lease { _lock: lock, slot }),
-                Err((_, nix::errno::Errno::EWOULDBLOCK)) => continue,
-                Err((_, e)) => return Err(e.into()),
+            if let Some(lease) = self.try_lease((first + n) % count)? {
+                return Ok(lease);
             }
         }
         Err(std::io::Error::other(format!("all {count} ids of this user's /etc/subuid range are held by running VMs")))
+    }
+
+    /// Leases the slot of host uid `uid` again: a VM adopted from an earlier hutch
+    /// runs as it, and its lease went with that hutch.
+    pub fn lease_uid(&self, uid: u32) -> std::io::Result<Lease> {
+        let slot = uid.checked_sub(self.uids.start).filter(|s| *s < self.slot_count());
+        let slot = slot.ok_or_else(|| std::io::Error::other(format!("uid {uid} is not in this user's /etc/subuid range")))?;
+        self.try_lease(slot)?.ok_or_else(|| std::io::Error::other(format!("the id slot {slot} of uid {uid} is held by another VM")))
+    }
+
+    /// The slot's lease, or None while another holds it.
+    fn try_lease(&self, slot: u32) -> std::io::Result<Option<Lease>> {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&self.slots)?;
+        let file = std::fs::OpenOptions::new().read(true).write(true).create(true).truncate(false).open(self.slots.join(slot.to_string()))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => Ok(Some(Lease { _lock: lock, slot })),
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
+            Err((_, e)) => Err(e.into()),
+        }
     }
 }
 

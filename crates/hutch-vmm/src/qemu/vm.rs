@@ -1,8 +1,11 @@
-//! One QEMU process: spawn, wait for QMP, stop, kill. Dropping a `QemuVm` kills the
-//! process (tokio's kill_on_drop), and with `die_with_parent` the kernel kills it if
-//! hutch itself dies (PR_SET_PDEATHSIG), so neither a panic nor a SIGKILL leaks QEMU.
+//! One QEMU process: spawn (or adopt from an earlier hutch), wait for QMP, stop, kill.
+//! Dropping a `QemuVm` kills the process unless it was released, and with
+//! `die_with_parent` the kernel kills it if hutch itself dies (PR_SET_PDEATHSIG), so
+//! neither a panic nor a SIGKILL of `hutch run` leaks QEMU. `hutch serve` starts VMs
+//! without it: they outlive the server, and the next one adopts them.
 
-use crate::backend::{SnapshotError, StartError, StopError, VmHandle, VmSpec};
+use crate::backend::{AdoptError, SnapshotError, StartError, StopError, VmHandle, VmSpec};
+use crate::pidfd::PidFd;
 use crate::qmp::Qmp;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
@@ -32,9 +35,68 @@ fn listen_at(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
 const MIGRATION_OUT: &str = "migout";
 const MIGRATION_IN: &str = "migin";
 
+/// How hutch knows its QEMU: as its child, or (adopted) by a pidfd.
+enum Process {
+    Child(Child),
+    Adopted(PidFd),
+}
+
+impl Process {
+    fn id(&self) -> Option<u32> {
+        match self {
+            Process::Child(c) => c.id(),
+            Process::Adopted(p) => Some(p.pid()),
+        }
+    }
+
+    fn try_exited(&mut self) -> Option<String> {
+        match self {
+            Process::Child(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
+            // Its exit status went to whoever reaps it now (init).
+            Process::Adopted(p) => p.has_exited().then(|| "exited".to_string()),
+        }
+    }
+
+    /// Waits up to `limit`; the exit status if it ended.
+    async fn wait(&mut self, limit: Duration) -> Option<String> {
+        match self {
+            Process::Child(c) => match tokio::time::timeout(limit, c.wait()).await {
+                Ok(Ok(status)) => Some(status.to_string()),
+                Ok(Err(e)) => Some(format!("unknown ({e})")),
+                Err(_) => None,
+            },
+            Process::Adopted(p) => p.wait(limit).await.then(|| "exited".to_string()),
+        }
+    }
+
+    fn start_kill(&mut self) -> std::io::Result<()> {
+        match self {
+            Process::Child(c) => c.start_kill(),
+            Process::Adopted(p) => p.kill(),
+        }
+    }
+}
+
+/// Connects to a socket QEMU listens on, retrying until `limit`: an adopted QEMU
+/// takes a new client once it has seen the last one (the dead hutch's) go.
+async fn connect_within(path: &Path, limit: Duration) -> Option<tokio::net::UnixStream> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Ok(stream) = tokio::net::UnixStream::connect(path).await {
+            return Some(stream);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+const ADOPT_WAIT: Duration = Duration::from_secs(10);
+
 pub struct QemuVm {
     spec: VmSpec,
-    child: Child,
+    process: Process,
+    /// Released for a later hutch: dropping it leaves QEMU running.
+    released: bool,
     qmp: Option<Qmp>,
     exit: Option<String>,
     /// The VM's cgroup when it is confined; removed once QEMU has exited.
@@ -51,17 +113,16 @@ impl QemuVm {
     pub async fn start(binary: &str, spec: &VmSpec, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, StartError> {
         use super::args::{AGENT_FD, CONSOLE_FD, QMP_FD};
         use std::os::fd::AsRawFd;
-        for sock in [spec.agent_socket(), spec.qmp_socket()] {
+        for sock in [spec.agent_socket(), spec.qmp_socket(), spec.console_socket()] {
             if sock.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(StartError::PathTooLong(sock.display().to_string()));
             }
         }
         let log = std::fs::File::create(spec.dir.join("qemu.log")).map_err(StartError::Spawn)?;
         // std makes every end close-on-exec: only the dups onto 3-5 reach QEMU, so no
-        // other child of hutch inherits another VM's sockets.
-        let (console_host, console_qemu) = std::os::unix::net::UnixStream::pair().map_err(StartError::Spawn)?;
-        console_host.set_nonblocking(true).map_err(StartError::Spawn)?;
-        let console_qemu = super::jail::lift(console_qemu.into()).map_err(StartError::Spawn)?;
+        // other child of hutch inherits another VM's sockets. The console listens too
+        // (rather than being one end of a pair): a hutch adopting the VM reconnects.
+        let console_qemu = listen_at(&spec.console_socket()).map_err(StartError::Spawn)?;
         let qmp_listener = listen_at(&spec.qmp_socket()).map_err(StartError::Spawn)?;
         let agent_listener = listen_at(&spec.agent_socket()).map_err(StartError::Spawn)?;
         // Every source sits at 10 or above, so no dup2 below overwrites another's source.
@@ -79,7 +140,8 @@ impl QemuVm {
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(StartError::Spawn)?)
             .stderr(log)
-            .kill_on_drop(true)
+            // Drop kills it unless released (see `Drop for QemuVm`).
+            .kill_on_drop(false)
             // Its own process group: a Ctrl-C at hutch's terminal is hutch's to handle.
             .process_group(0);
         // SAFETY: between fork and exec this calls only async-signal-safe functions
@@ -122,13 +184,58 @@ impl QemuVm {
         // QEMU holds its own copies; once it exits, nobody listens on its sockets.
         drop((console_qemu, qmp_listener, agent_listener));
         let (group, lease) = prepared.map(|p| (p.group, p.lease)).unwrap_or_default();
-        let console_host = tokio::net::UnixStream::from_std(console_host).map_err(StartError::Spawn)?;
-        crate::console::spawn_reader(console_host, spec.console_log());
-        let mut vm = QemuVm { spec: spec.clone(), child, qmp: None, exit: None, group, lease };
-        std::fs::write(spec.dir.join("qemu.pid"), vm.child.id().map(|p| p.to_string()).unwrap_or_default())
+        let mut vm = QemuVm { spec: spec.clone(), process: Process::Child(child), released: false, qmp: None, exit: None, group, lease };
+        // Queued in the listener's backlog at once, so QEMU takes it as it starts,
+        // before the guest writes anything.
+        let console = tokio::net::UnixStream::connect(spec.console_socket()).await.map_err(StartError::Spawn)?;
+        crate::console::spawn_reader(console, spec.console_log());
+        std::fs::write(spec.dir.join("qemu.pid"), vm.process.id().map(|p| p.to_string()).unwrap_or_default())
             .map_err(StartError::Spawn)?;
         vm.qmp = Some(vm.connect_qmp().await?);
         Ok(vm)
+    }
+
+    /// Takes over the QEMU of `spec` an earlier hutch left running as `pid`: checks
+    /// the process is that VM's, holds its cgroup and id again, and reconnects to its
+    /// QMP and console sockets. The guest runs on throughout.
+    pub async fn adopt(spec: &VmSpec, pid: u32, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, AdoptError> {
+        let pidfd = PidFd::open(pid).map_err(|_| AdoptError::Gone { pid })?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let ours = String::from_utf8_lossy(&cmdline).contains(&spec.dir.display().to_string());
+        // Read before asking whether it still runs: then the command line was its own.
+        if pidfd.has_exited() {
+            return Err(AdoptError::Gone { pid });
+        }
+        if !ours {
+            return Err(AdoptError::NotOurs { pid });
+        }
+        let lease = match jail.map(|j| &j.identity) {
+            Some(super::jail::Identity::Subordinate(ids)) => {
+                let uid = proc_uid(pid).ok_or(AdoptError::Gone { pid })?;
+                Some(ids.lease_uid(uid).map_err(AdoptError::Lease)?)
+            }
+            _ => None,
+        };
+        let group = super::cgroup::Group::of_process(pid);
+        let mut vm = QemuVm { spec: spec.clone(), process: Process::Adopted(pidfd), released: false, qmp: None, exit: None, group, lease };
+        if let Some(console) = connect_within(&spec.console_socket(), ADOPT_WAIT).await {
+            crate::console::spawn_reader(console, spec.console_log());
+        }
+        let started = Instant::now();
+        loop {
+            if vm.exit_status().is_some() {
+                return Err(AdoptError::Gone { pid });
+            }
+            let left = ADOPT_WAIT.saturating_sub(started.elapsed());
+            if left.is_zero() {
+                return Err(AdoptError::QmpTimeout { secs: ADOPT_WAIT.as_secs() });
+            }
+            if let Ok(Ok(qmp)) = tokio::time::timeout(left, Qmp::connect(&spec.qmp_socket())).await {
+                vm.qmp = Some(qmp);
+                return Ok(vm);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     async fn connect_qmp(&mut self) -> Result<Qmp, StartError> {
@@ -205,26 +312,37 @@ impl QemuVm {
     }
 
     async fn wait_exit(&mut self, limit: Duration) -> bool {
-        match tokio::time::timeout(limit, self.child.wait()).await {
-            Ok(Ok(status)) => {
-                self.ended(status.to_string());
+        match self.process.wait(limit).await {
+            Some(status) => {
+                self.ended(status);
                 true
             }
-            Ok(Err(_)) => true,
-            Err(_) => false,
+            None => false,
         }
     }
 }
 
+/// The host uid process `pid` runs as.
+fn proc_uid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("Uid:"))?.split_whitespace().next()?.parse().ok()
+}
+
 impl Drop for QemuVm {
-    /// kill_on_drop sends SIGKILL without waiting; the cgroup can only be removed once
-    /// the process is gone, so a short-lived thread waits for that (10 s at most).
+    /// Sends SIGKILL without waiting; the cgroup can only be removed once the process
+    /// is gone, so a short-lived thread waits for that (10 s at most).
     fn drop(&mut self) {
-        let Some(group) = self.group.take() else { return };
+        if self.released {
+            if let Some(group) = self.group.take() {
+                group.leave();
+            }
+            return;
+        }
         if self.exit_status().is_some() {
             return;
         }
-        let _ = self.child.start_kill();
+        let _ = self.process.start_kill();
+        let Some(group) = self.group.take() else { return };
         std::thread::spawn(move || {
             let deadline = Instant::now() + Duration::from_secs(10);
             while !group.try_remove() && Instant::now() < deadline {
@@ -237,7 +355,7 @@ impl Drop for QemuVm {
 #[async_trait::async_trait]
 impl VmHandle for QemuVm {
     fn pid(&self) -> Option<u32> {
-        self.child.id()
+        self.process.id()
     }
 
     fn agent_socket(&self) -> PathBuf {
@@ -251,8 +369,8 @@ impl VmHandle for QemuVm {
 
     fn exit_status(&mut self) -> Option<String> {
         if self.exit.is_none() {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.ended(status.to_string());
+            if let Some(status) = self.process.try_exited() {
+                self.ended(status);
             }
         }
         self.exit.clone()
@@ -275,18 +393,18 @@ impl VmHandle for QemuVm {
         if self.exit_status().is_some() {
             return Ok(());
         }
-        let pid = self.child.id().unwrap_or(0);
-        match self.child.kill().await {
-            Ok(()) => {
-                self.ended("killed".into());
-                Ok(())
+        let pid = self.process.id().unwrap_or(0);
+        if let Err(source) = self.process.start_kill() {
+            if self.exit_status().is_some() {
+                return Ok(());
             }
-            Err(source) if self.exit_status().is_some() => {
-                let _ = source;
-                Ok(())
-            }
-            Err(source) => Err(StopError::Kill { pid, source }),
+            return Err(StopError::Kill { pid, source });
         }
+        if !self.wait_exit(Duration::from_secs(10)).await {
+            return Err(StopError::Kill { pid, source: std::io::Error::other("it did not exit within 10 s of SIGKILL") });
+        }
+        self.exit = Some("killed".into());
+        Ok(())
     }
 
     async fn save(&mut self, state: &Path, ignore_shared: bool) -> Result<(), SnapshotError> {
@@ -337,6 +455,10 @@ impl VmHandle for QemuVm {
     async fn run_state(&mut self) -> Result<String, SnapshotError> {
         let status = self.run("query-status", None).await?;
         Ok(status.get("status").and_then(Value::as_str).unwrap_or("unknown").to_string())
+    }
+
+    fn release(mut self: Box<Self>) {
+        self.released = true;
     }
 }
 
