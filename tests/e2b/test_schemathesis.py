@@ -1,5 +1,5 @@
 """Schemathesis generates requests from /openapi.json against a real `hutch serve`
-(its own home, so whatever the generated requests create dies with it) and fails on
+(its own home and `--kill-on-exit`, so whatever the generated requests create dies with it) and fails on
 any 5xx: whatever a client sends, the server's answer is a 4xx or a success."""
 
 import os
@@ -14,7 +14,7 @@ from conftest import API_KEY, free_port, launch, new_home
 
 def test_no_request_from_the_schema_gets_a_5xx():
     home, port = new_home("hutch-schemathesis-"), free_port()
-    proc = launch(home, port)
+    proc = launch(home, port, "--kill-on-exit")
     try:
         st = Path(sys.executable).with_name("st")
         env = dict(os.environ, SCHEMATHESIS_HOOKS="schemathesis_hooks", PYTHONPATH=str(Path(__file__).resolve().parents[1]))

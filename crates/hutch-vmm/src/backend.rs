@@ -114,6 +114,8 @@ pub enum AdoptError {
     QmpTimeout { secs: u64 },
     #[error("the VM's id: {0}")]
     Lease(std::io::Error),
+    #[error("ending the save an earlier hutch left running in the VM: {0}")]
+    Migration(String),
     #[error("watching QEMU (pid {pid})")]
     Watch { pid: u32, #[source] source: std::io::Error },
     #[error("this backend cannot adopt VMs it did not start")]

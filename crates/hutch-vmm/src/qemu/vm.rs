@@ -232,6 +232,7 @@ impl QemuVm {
             }
             if let Ok(Ok(qmp)) = tokio::time::timeout(left, Qmp::connect(&spec.qmp_socket())).await {
                 vm.qmp = Some(qmp);
+                vm.cancel_migration().await.map_err(|e| AdoptError::Migration(e.to_string()))?;
                 return Ok(vm);
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -254,6 +255,28 @@ impl QemuVm {
             }
             if started.elapsed() > QMP_WAIT {
                 return Err(StartError::QmpTimeout { secs: QMP_WAIT.as_secs() });
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Cancels a save a dead hutch started (its file is discarded): QEMU would stop the
+    /// guest again when it completed, after the adopter had let it run.
+    async fn cancel_migration(&mut self) -> Result<(), SnapshotError> {
+        let started = Instant::now();
+        let mut cancelled = false;
+        loop {
+            let info = self.run("query-migrate", None).await?;
+            match info.get("status").and_then(Value::as_str).unwrap_or("none") {
+                "none" | "completed" | "failed" | "cancelled" => return Ok(()),
+                _ if !cancelled => {
+                    self.run("migrate_cancel", None).await?;
+                    cancelled = true;
+                }
+                _ => {}
+            }
+            if started.elapsed() > ADOPT_WAIT {
+                return Err(SnapshotError::Timeout { what: "cancelling a save", secs: ADOPT_WAIT.as_secs() });
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
