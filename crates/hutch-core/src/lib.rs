@@ -10,6 +10,7 @@ pub mod clock_sync;
 pub mod ids;
 pub mod manager;
 pub mod record;
+pub mod references;
 pub mod sandbox;
 pub mod snapshot;
 pub mod space;

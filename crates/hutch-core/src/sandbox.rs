@@ -270,6 +270,7 @@ impl Sandbox {
             memory: launch.memory,
             incoming: launch.incoming,
             die_with_parent: opts.die_with_parent,
+            agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
         };
         let record = VmRecord { spec, base_snapshot: launch.base_snapshot };
         let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
@@ -717,6 +718,7 @@ mod tests {
                 built_at: String::new(),
                 disk_size: 1 << 20,
                 build_id: "x".into(),
+                image: String::new(),
                 recipe: String::new(),
                 dir: root.join("t"),
             },

@@ -131,6 +131,7 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
         memory: Memory::SharedFile(dir.join("memory")),
         incoming: Some(Incoming { state: dir.join("state"), ignore_shared: false }),
         die_with_parent: true,
+        agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
     };
     let result = async {
         let mut vm = backend.start(&spec).await.map_err(|e| SaveError::Vm(SnapshotError::Migration { what: "load", detail: e.to_string() }))?;

@@ -45,16 +45,6 @@ pub fn root(home: &HutchHome) -> PathBuf {
     home.root().join("snapshots").join("templates")
 }
 
-/// The QEMU that saves and restores the snapshots (its version line, cached in the home).
-fn qemu_version(home: &HutchHome) -> String {
-    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    VERSION
-        .get_or_init(|| {
-            let binary = std::env::var("HUTCH_QEMU").unwrap_or_else(|_| hutch_vmm::qemu::DEFAULT_BINARY.into());
-            hutch_vmm::qemu::version::probe(&binary, Some(home.root())).map(|v| v.line).unwrap_or_default()
-        })
-        .clone()
-}
 
 /// The host's TSC rate in MHz: the snapshot's kernel was told the rate in kHz when it
 /// booted, and keeps its clock by it. MHz, so that a re-measurement after a reboot
@@ -65,7 +55,7 @@ fn tsc_mhz(home: &HutchHome) -> String {
 }
 
 /// The directory of the snapshot for this template, kernel, initramfs and VM shape.
-pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions) -> PathBuf {
+pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions, backend: &dyn VmBackend) -> PathBuf {
     let mut h = Sha256::new();
     let t = &artifacts.template;
     let initramfs = artifacts.initramfs.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
@@ -79,7 +69,8 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions) -
         &opts.cpus.to_string(),
         &opts.memory.get().to_string(),
         opts.accel.as_str(),
-        &qemu_version(home),
+        // The VMM that saves and restores it (QEMU's version line).
+        &backend.snapshot_key(),
         &tsc_mhz(home),
         // The flags the snapshot's kernel booted with (the rate aside, hashed above).
         &hutch_vmm::qemu::kernel_cmdline(hutch_vmm::clock::FALLBACK_TSC_KHZ),
@@ -97,41 +88,23 @@ fn shape_prefix(template: &str, opts: &SandboxOptions) -> String {
     format!("{template}-{}cpu-{}mib-{}", opts.cpus, opts.memory.get(), opts.accel.as_str())
 }
 
-/// The template snapshots something in this home still uses: one whose file is under a
-/// sandbox's disk, is the memory a sandbox maps, or is under a stored snapshot's disk
-/// (a fork's, an E2B snapshot's, whatever stacks on what). Disks are followed down
-/// their whole backing chain, as QEMU opens them. An unreadable chain counts as in use.
+/// The template snapshots something in this home still uses (`references.rs`): one
+/// whose file is under a sandbox's or stored snapshot's disk, is the memory a sandbox
+/// maps, or is a sandbox's base. An unreadable chain counts as using them all.
 fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
     let templates = root(home);
-    let mut used = std::collections::HashSet::new();
-    let mut files: Vec<PathBuf> = Vec::new();
-    let mut disks: Vec<PathBuf> = Vec::new();
-    for entry in std::fs::read_dir(home.sandboxes()).into_iter().flatten().flatten() {
-        // A sandbox still starting has its overlay before its record.
-        disks.push(entry.path().join("disk.qcow2"));
-        let path = entry.path().join(crate::sandbox::VM_RECORD);
-        let Ok(record) = crate::record::read::<crate::sandbox::VmRecord>(&path, crate::record::Kind::Vm) else { continue };
-        used.extend(record.base_snapshot.clone());
-        disks.push(record.spec.disk.clone());
-        if let Memory::SharedFile(f) | Memory::PrivateFile(f) = &record.spec.memory {
-            files.push(f.clone());
+    match crate::references::of_sandboxes_and_snapshots(home) {
+        Ok(used) => {
+            let under = used.files.iter().filter_map(|f| f.strip_prefix(&templates).ok()?.components().next()).map(|c| templates.join(c));
+            let mut dirs: std::collections::HashSet<PathBuf> = under.collect();
+            dirs.extend(used.snapshot_dirs);
+            dirs
+        }
+        Err(e) => {
+            tracing::warn!("keeping every template snapshot: {e}");
+            std::fs::read_dir(&templates).into_iter().flatten().flatten().map(|e| e.path()).collect()
         }
     }
-    let stored = home.root().join("snapshots").join("sandboxes");
-    for entry in std::fs::read_dir(&stored).into_iter().flatten().flatten() {
-        disks.push(entry.path().join("disk.qcow2"));
-    }
-    for disk in disks.into_iter().filter(|d| d.is_file()) {
-        match hutch_vmm::qemu::backing::chain(&disk) {
-            Ok(chain) => files.extend(chain),
-            Err(e) => {
-                tracing::warn!("keeping every template snapshot: {e}");
-                return std::fs::read_dir(&templates).into_iter().flatten().flatten().map(|e| e.path()).collect();
-            }
-        }
-    }
-    used.extend(files.iter().filter_map(|f| f.strip_prefix(&templates).ok()?.components().next()).map(|c| templates.join(c)));
-    used
 }
 
 /// Removes the snapshots `current` replaced (same template and shape, older build of
@@ -152,7 +125,7 @@ fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
 /// The template's snapshot, made now if it does not exist yet. Concurrent callers
 /// (several `hutch run`s, a server) wait on a lock file and make it once.
 pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<MemorySnapshot, TemplateSnapshotError> {
-    let dir = dir_for(home, artifacts, opts);
+    let dir = dir_for(home, artifacts, opts, backend);
     if let Some(s) = MemorySnapshot::open(&dir) {
         return Ok(s);
     }
@@ -186,6 +159,7 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     if result.is_ok() {
         tracing::info!(template = %artifacts.template.name, "saved the template's memory snapshot in {}", dir.display());
         prune_replaced(home, &dir, &shape_prefix(&artifacts.template.name, opts));
+        crate::references::prune_template_builds(home);
     }
     result
 }
@@ -209,6 +183,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         memory: Memory::SharedFile(dir.join("memory")),
         incoming: None,
         die_with_parent: true,
+        agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
     };
     let mut vm = backend.start(&spec).await.map_err(|e| TemplateSnapshotError::Boot(CreateError::Start(e)))?;
     let agent = wait_for_agent(vm.as_mut(), opts.boot_timeout, started).await.map_err(TemplateSnapshotError::Boot)?;

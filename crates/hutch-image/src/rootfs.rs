@@ -114,8 +114,13 @@ pub struct Template {
     pub packages: Vec<String>,
     pub built_at: String,
     pub disk_size: u64,
-    /// A content id of the image, so snapshots can tell when it changed.
+    /// The image's content id (a SHA-256 prefix): every build is a new one, so
+    /// snapshots and overlays can tell, and the image under them is never replaced.
     pub build_id: String,
+    /// The image, relative to the template's directory (`builds/<build_id>/rootfs.ext4`);
+    /// empty in manifests from before builds were kept apart (`rootfs.ext4`).
+    #[serde(default)]
+    pub image: String,
     /// The fingerprint of the recipe it was built from (empty: not built by a recipe).
     #[serde(default)]
     pub recipe: String,
@@ -125,7 +130,10 @@ pub struct Template {
 
 impl Template {
     pub fn image(&self) -> PathBuf {
-        self.dir.join("rootfs.ext4")
+        match self.image.as_str() {
+            "" => self.dir.join(IMAGE),
+            relative => self.dir.join(relative),
+        }
     }
 
     /// The port whose service must accept connections before a sandbox is ready.
@@ -156,6 +164,77 @@ pub enum TemplateError {
 
 
 const MANIFEST: &str = "template.json";
+const IMAGE: &str = "rootfs.ext4";
+/// Where a template's builds live, each in a directory named by its content id.
+const BUILDS: &str = "builds";
+
+/// The content id of a built image.
+fn content_id(image: &Path) -> Result<String, TemplateError> {
+    use sha2::Digest;
+    let mut file = std::fs::File::open(image).map_err(at("reading", image))?;
+    let mut hash = sha2::Sha256::new();
+    std::io::copy(&mut file, &mut hash).map_err(at("reading", image))?;
+    Ok(hex::encode(&hash.finalize()[..8]))
+}
+
+/// Makes the image at `built` the template's current build: it moves into a directory
+/// of its own, and the manifest naming it replaces the old one in one rename. Earlier
+/// builds stay where they are, for the overlays and snapshots stacked on them, until
+/// `prune_builds` finds nothing refers to them.
+fn install(home: &HutchHome, built: &Path, mut template: Template) -> Result<Template, TemplateError> {
+    let dir = home.template(&template.name);
+    template.build_id = content_id(built)?;
+    let relative = format!("{BUILDS}/{}/{IMAGE}", template.build_id);
+    let image = dir.join(&relative);
+    let build_dir = image.parent().unwrap_or(&dir).to_path_buf();
+    std::fs::create_dir_all(&build_dir).map_err(at("creating", &build_dir))?;
+    if image.is_file() {
+        // The same bytes were built before: that build stands.
+        let _ = std::fs::remove_file(built);
+    } else {
+        std::fs::rename(built, &image).map_err(at("moving the image to", &build_dir))?;
+    }
+    template.image = relative;
+    template.dir = dir.clone();
+    let manifest = dir.join(MANIFEST);
+    let json = serde_json::to_vec_pretty(&template).map_err(|source| TemplateError::Manifest { path: manifest.clone(), source })?;
+    let partial = dir.join(format!("{MANIFEST}.partial"));
+    std::fs::write(&partial, json).map_err(at("writing", &partial))?;
+    std::fs::rename(&partial, &manifest).map_err(at("writing", &manifest))?;
+    Ok(template)
+}
+
+/// Removes the builds of every template that are not its current one and hold no file
+/// in `referenced` (every file some overlay or snapshot stacks on); returns them.
+pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<PathBuf>) -> Vec<PathBuf> {
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let referenced: std::collections::HashSet<PathBuf> = referenced.iter().map(|p| canonical(p)).collect();
+    let mut removed = Vec::new();
+    for name in list(home) {
+        let dir = home.template(&name);
+        let Ok(text) = std::fs::read_to_string(dir.join(MANIFEST)) else { continue };
+        let Ok(mut current) = serde_json::from_str::<Template>(&text) else { continue };
+        current.dir = dir.clone();
+        let current = canonical(&current.image());
+        let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir.join(BUILDS)).into_iter().flatten().flatten().map(|e| e.path().join(IMAGE)).collect();
+        // A build from before builds were kept apart.
+        candidates.push(dir.join(IMAGE));
+        for image in candidates.into_iter().filter(|i| i.is_file()) {
+            let image = canonical(&image);
+            if image == current || referenced.contains(&image) {
+                continue;
+            }
+            let gone = match image.parent().filter(|p| p.parent().and_then(Path::file_name).is_some_and(|n| n == BUILDS)) {
+                Some(build_dir) => std::fs::remove_dir_all(build_dir),
+                None => std::fs::remove_file(&image),
+            };
+            if gone.is_ok() {
+                removed.push(image);
+            }
+        }
+    }
+    removed
+}
 
 pub fn cached(home: &HutchHome, name: &str) -> Result<Option<Template>, TemplateError> {
     let name = recipe(name).map(|r| r.name).unwrap_or(name);
@@ -352,25 +431,19 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, m
     let on_disk = std::os::unix::fs::MetadataExt::blocks(&std::fs::metadata(&image).map_err(at("reading", &image))?) * 512;
     progress.done(&format!("{} on disk", human_bytes(on_disk)), started.elapsed());
 
-    let dir = home.template(name);
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(at("creating", &dir))?;
-    std::fs::rename(&image, dir.join("rootfs.ext4")).map_err(at("moving the image to", &dir))?;
     let built_at = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let template = Template {
         name: name.into(),
         suite: SUITE.into(),
         packages: packages.iter().map(|s| s.to_string()).collect(),
-        build_id: format!("{:016x}", rand_id()),
+        build_id: String::new(),
+        image: String::new(),
         recipe: recipe.fingerprint(),
         built_at,
         disk_size: DISK_SIZE,
-        dir: dir.clone(),
+        dir: PathBuf::new(),
     };
-    let manifest = dir.join(MANIFEST);
-    let json = serde_json::to_vec_pretty(&template).map_err(|source| TemplateError::Manifest { path: manifest.clone(), source })?;
-    std::fs::write(&manifest, json).map_err(at("writing", &manifest))?;
-    Ok(template)
+    install(home, &image, template)
 }
 
 /// Downloads the recipe's wheels with the host's pip (cached under `$HUTCH_HOME/cache`)
@@ -403,16 +476,43 @@ fn download_wheels(home: &HutchHome, recipe: &Recipe, stage: &Path, progress: &d
     Ok(wanted)
 }
 
-fn rand_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
-    h.finish()
-}
-
 #[cfg(test)]
 mod build_tests {
     use super::*;
+
+    fn built(home: &HutchHome, bytes: &[u8]) -> PathBuf {
+        std::fs::create_dir_all(home.tmp()).expect("tmp");
+        let path = home.tmp().join("rootfs.ext4");
+        std::fs::write(&path, bytes).expect("image");
+        path
+    }
+
+    fn manifest(name: &str) -> Template {
+        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), dir: PathBuf::new() }
+    }
+
+    #[test]
+    fn a_rebuild_is_a_new_image_and_the_old_one_goes_only_when_nothing_stacks_on_it() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(root.path());
+        let first = install(&home, &built(&home, b"first build"), manifest("t")).expect("install");
+        let second = install(&home, &built(&home, b"second build"), manifest("t")).expect("install");
+        // Each build is its own content-addressed file; the first was not replaced.
+        assert_ne!(first.build_id, second.build_id);
+        assert_ne!(first.image(), second.image());
+        assert_eq!(std::fs::read(first.image()).expect("first"), b"first build");
+        assert_eq!(cached(&home, "t").expect("cached").expect("current").image(), second.image());
+        // The same bytes again: the same build, kept.
+        let again = install(&home, &built(&home, b"second build"), manifest("t")).expect("install");
+        assert_eq!(again.image(), second.image());
+        // A build from before builds were kept apart, at the template's top.
+        std::fs::write(home.template("t").join(IMAGE), b"legacy").expect("legacy");
+        let referenced: std::collections::HashSet<PathBuf> = [first.image()].into();
+        assert_eq!(prune_builds(&home, &referenced), vec![home.template("t").join(IMAGE)]);
+        assert!(first.image().is_file(), "a build an overlay stacks on was pruned");
+        assert!(prune_builds(&home, &Default::default()).contains(&first.image()));
+        assert!(!first.image().exists() && second.image().is_file(), "the current build must stay");
+    }
 
     #[test]
     fn subordinate_ids_are_found_by_name_or_uid_and_must_cover_65535() {

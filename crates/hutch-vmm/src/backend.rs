@@ -46,6 +46,15 @@ pub struct VmSpec {
     pub incoming: Option<Incoming>,
     /// Kill the VM when the process that started it dies (no daemon to adopt it).
     pub die_with_parent: bool,
+    /// The name of the virtio-serial port the guest's agent serves on (the agent's
+    /// protocol is the caller's business; the VMM only wires the port to `agent_socket`).
+    #[serde(default = "default_agent_channel")]
+    pub agent_channel: String,
+}
+
+/// The channel of records from before it was kept.
+fn default_agent_channel() -> String {
+    "hutch.agent".into()
 }
 
 impl VmSpec {
@@ -153,6 +162,9 @@ pub trait VmHandle: Send + Sync {
 pub trait VmBackend: Send + Sync {
     fn name(&self) -> &'static str;
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError>;
+    /// What a state this backend saves depends on besides the guest (for QEMU, its
+    /// version): part of every memory snapshot's key, so another VMM gets a new one.
+    fn snapshot_key(&self) -> String;
     /// Takes over the VM of `spec` that an earlier hutch started and left running as
     /// process `pid`: the VM keeps running, and the handle drives it from now on.
     async fn adopt(&self, spec: &VmSpec, pid: u32) -> Result<Box<dyn VmHandle>, AdoptError> {

@@ -6,7 +6,7 @@
 //! memory; readers get at most `CAP` bytes.
 //!
 //! hutch takes no signal from the console: any guest root can write to it. Readiness
-//! and idleness come over the agent channel (`hutch_proto::agent::IDLE_PROBE_PREFIX`).
+//! and idleness come over the agent channel (the agent protocol's idle probe, in hutch-proto).
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

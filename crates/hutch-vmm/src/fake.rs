@@ -24,6 +24,10 @@ impl VmBackend for FakeBackend {
         "fake"
     }
 
+    fn snapshot_key(&self) -> String {
+        "fake".into()
+    }
+
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError> {
         if let Some(msg) = self.fail_start.lock().unwrap_or_else(|e| e.into_inner()).clone() {
             return Err(StartError::Exited { status: "exit status: 1".into(), stderr: msg });

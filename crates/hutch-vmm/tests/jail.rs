@@ -23,6 +23,7 @@ fn spec(home: &Path) -> VmSpec {
         memory: Memory::PrivateFile(home.join("snapshots/t/memory")),
         incoming: None,
         die_with_parent: true,
+        agent_channel: "hutch.agent".into(),
     }
 }
 

@@ -143,6 +143,7 @@ async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Durat
         memory: hutch_vmm::Memory::Anonymous,
         incoming: None,
         die_with_parent: true,
+        agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
     };
     let started = Instant::now();
     let mut vm = hutch_vmm::VmBackend::start(backend, &spec).await?;

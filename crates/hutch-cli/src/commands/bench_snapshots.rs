@@ -125,6 +125,7 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
         memory,
         incoming: Some(incoming),
         die_with_parent: true,
+        agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
     };
     let started = Instant::now();
     let mut vm = hutch_vmm::VmBackend::start(backend, &spec).await?;

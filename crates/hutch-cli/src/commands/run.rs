@@ -30,7 +30,7 @@ pub struct RunArgs {
 
 /// The template's memory snapshot for this VM shape, made (and said so) on first use.
 pub async fn ensure_snapshot(local: &Local, opts: &SandboxOptions) -> anyhow::Result<hutch_core::snapshot::MemorySnapshot> {
-    let dir = hutch_core::template_snapshot::dir_for(&local.home, &local.artifacts, opts);
+    let dir = hutch_core::template_snapshot::dir_for(&local.home, &local.artifacts, opts, &local.backend());
     let fresh = !dir.join(hutch_core::snapshot::MANIFEST).is_file();
     let started = std::time::Instant::now();
     // Said on a terminal only: piped, stderr is the command's.

@@ -346,6 +346,7 @@ impl SandboxManager {
                 let _ = std::fs::remove_dir_all(&dir);
             }
         }
+        crate::references::prune_template_builds(&self.home);
     }
 }
 

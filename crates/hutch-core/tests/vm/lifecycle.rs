@@ -122,7 +122,7 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
 
     // The same guest when a template snapshot has to be made first: the snapshot
     // fails with the console, and neither it nor a sandbox is left half-made.
-    let snapshot_dir = hutch_core::template_snapshot::dir_for(&env.home, &panicking, &Env::options());
+    let snapshot_dir = hutch_core::template_snapshot::dir_for(&env.home, &panicking, &Env::options(), &env.backend);
     let result = Sandbox::create(&env.home, &panicking, &env.backend, &Env::options()).await;
     let _ = std::fs::remove_file(&panicking.initramfs);
     match result {

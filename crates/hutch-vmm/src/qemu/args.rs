@@ -62,7 +62,7 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     push(&["-device", "virtio-blk-device,drive=root"]);
     push(&["-device", "virtio-serial-device"]);
     push(&["-chardev", &format!("socket,id=agent,fd={AGENT_FD},server=on,wait=off")]);
-    push(&["-device", &format!("virtserialport,chardev=agent,name={}", hutch_proto::AGENT_PORT_NAME)]);
+    push(&["-device", &format!("virtserialport,chardev=agent,name={}", spec.agent_channel)]);
     push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off")]);
     push(&["-mon", "chardev=qmp,mode=control"]);
     a
@@ -98,6 +98,7 @@ mod tests {
             memory: Memory::PrivateFile("/snap/mem".into()),
             incoming: Some(crate::backend::Incoming { state: "/snap/state".into(), ignore_shared: true }),
             die_with_parent: true,
+            agent_channel: "hutch.agent".into(),
         };
         let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
         let joined = line.join(" ");

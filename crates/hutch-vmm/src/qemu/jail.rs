@@ -536,6 +536,7 @@ mod tests {
             memory,
             incoming: None,
             die_with_parent: true,
+            agent_channel: "hutch.agent".into(),
         }
     }
 

@@ -73,6 +73,10 @@ impl VmBackend for QemuBackend {
         Ok(Box::new(QemuVm::start(&self.binary, spec, self.jail.as_ref()).await?))
     }
 
+    fn snapshot_key(&self) -> String {
+        self.version().map(|v| v.line).unwrap_or_default()
+    }
+
     async fn adopt(&self, spec: &VmSpec, pid: u32) -> Result<Box<dyn VmHandle>, crate::backend::AdoptError> {
         Ok(Box::new(QemuVm::adopt(spec, pid, self.jail.as_ref()).await?))
     }
