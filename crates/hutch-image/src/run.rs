@@ -72,8 +72,12 @@ pub fn run_within(mut cmd: Command, cwd: Option<&Path>, progress: &dyn Progress,
     let watchdog = std::thread::spawn(move || {
         let expired = matches!(watch.recv_timeout(limit), Err(std::sync::mpsc::RecvTimeoutError::Timeout));
         // The child is reaped only after `finished` is sent, so the pid is still its.
+        // Its descendants go too, found before it dies (then they would be init's):
+        // a grandchild holding the pipes would keep the reads below from ending.
         if expired {
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            for p in descendants(pid).into_iter().chain([pid]) {
+                let _ = nix::sys::signal::kill(p, nix::sys::signal::Signal::SIGKILL);
+            }
         }
         expired
     });
@@ -109,9 +113,44 @@ pub fn run_within(mut cmd: Command, cwd: Option<&Path>, progress: &dyn Progress,
     Ok(out.join("\n"))
 }
 
+/// Every live descendant of `root`, from /proc's parent links.
+fn descendants(root: nix::unistd::Pid) -> Vec<nix::unistd::Pid> {
+    let parents: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // The command name in parentheses may hold spaces; the fields follow its ')'.
+            let ppid = stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()?;
+            Some((pid, ppid))
+        })
+        .collect();
+    let mut found = vec![root.as_raw()];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        found.extend(parents.iter().filter(|(_, pp)| *pp == parent).map(|(p, _)| *p));
+        i += 1;
+    }
+    found.into_iter().skip(1).map(nix::unistd::Pid::from_raw).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tool_whose_child_holds_its_output_is_stopped_with_that_child() {
+        let mut cmd = Command::new("sh");
+        // The background sleep keeps stdout open after sh itself is killed.
+        cmd.args(["-c", "sleep 30 & sleep 30; wait"]);
+        let started = std::time::Instant::now();
+        let e = run_within(cmd, None, &crate::progress::Quiet, std::time::Duration::from_millis(300)).expect_err("sleep outlives it");
+        assert!(matches!(e, ToolError::Timeout { .. }), "{e}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "the grandchild kept the tool's output open");
+    }
 
     #[test]
     fn a_tool_past_its_deadline_is_stopped_with_a_clear_error() {
