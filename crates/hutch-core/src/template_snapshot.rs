@@ -39,6 +39,37 @@ pub enum TemplateSnapshotError {
     Save(#[from] SaveError),
     #[error("stopping the template VM")]
     Stop(#[source] hutch_vmm::StopError),
+    #[error("another hutch has been making this template snapshot for {mins} min (it holds {}); wait for it or end it", lock.display())]
+    LockTimeout { lock: PathBuf, mins: u64 },
+}
+
+/// How long a hutch waits for another one making the same template snapshot (a boot
+/// and warm-up: a few minutes under TCG) before saying so.
+const LOCK_WAIT: Duration = Duration::from_secs(15 * 60);
+
+/// Takes the lock file at `path`, waiting for its holder up to `LOCK_WAIT`.
+async fn lock_within(path: &Path, limit: Duration) -> Result<nix::fcntl::Flock<std::fs::File>, TemplateSnapshotError> {
+    let started = Instant::now();
+    loop {
+        let file = std::fs::File::create(path).map_err(|e| TemplateSnapshotError::Dir(path.to_path_buf(), e))?;
+        match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+            Ok(lock) => {
+                // Its holder removes the file before letting go: a lock on a file that
+                // is no longer at `path` guards nothing, so take the one there now.
+                use std::os::unix::fs::MetadataExt;
+                let (held, there) = (lock.metadata().map(|m| m.ino()).ok(), std::fs::metadata(path).map(|m| m.ino()).ok());
+                if held.is_some() && held == there {
+                    return Ok(lock);
+                }
+                continue;
+            }
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) if started.elapsed() < limit => {}
+            Err((_, nix::errno::Errno::EWOULDBLOCK)) => return Err(TemplateSnapshotError::LockTimeout { lock: path.to_path_buf(), mins: limit.as_secs() / 60 }),
+            Err((_, e)) => return Err(TemplateSnapshotError::Dir(path.to_path_buf(), e.into())),
+        }
+        // The poll interval of a wait bounded by LOCK_WAIT.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 pub fn root(home: &HutchHome) -> PathBuf {
@@ -131,11 +162,7 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     }
     std::fs::create_dir_all(root(home)).map_err(|e| TemplateSnapshotError::Dir(root(home), e))?;
     let lock_path = dir.with_extension("lock");
-    let lock_file = std::fs::File::create(&lock_path).map_err(|e| TemplateSnapshotError::Dir(lock_path.clone(), e))?;
-    let lock = tokio::task::spawn_blocking(move || nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive))
-        .await
-        .map_err(|e| TemplateSnapshotError::Dir(lock_path.clone(), std::io::Error::other(e.to_string())))?
-        .map_err(|(_, e)| TemplateSnapshotError::Dir(lock_path.clone(), e.into()))?;
+    let lock = lock_within(&lock_path, LOCK_WAIT).await?;
     if let Some(s) = MemorySnapshot::open(&dir) {
         return Ok(s);
     }
@@ -154,8 +181,9 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
         Err(e) => Err(e),
     };
     let _ = std::fs::remove_dir_all(&tmp);
-    drop(lock);
+    // Removed while held; a waiter that then gets the old file's lock sees it is gone.
     let _ = std::fs::remove_file(&lock_path);
+    drop(lock);
     if result.is_ok() {
         tracing::info!(template = %artifacts.template.name, "saved the template's memory snapshot in {}", dir.display());
         prune_replaced(home, &dir, &shape_prefix(&artifacts.template.name, opts));
@@ -244,6 +272,23 @@ async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_held_snapshot_lock_is_waited_for_within_a_deadline_and_its_removal_frees_the_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("t.lock");
+        let held = lock_within(&path, Duration::from_secs(1)).await.expect("first lock");
+        let waited = lock_within(&path, Duration::from_millis(200)).await;
+        assert!(matches!(waited, Err(TemplateSnapshotError::LockTimeout { .. })), "{waited:?}");
+        // A waiter already holding the old file when its holder removes it and lets go.
+        let stale = std::fs::File::open(&path).expect("open");
+        std::fs::remove_file(&path).expect("remove");
+        drop(held);
+        let stale = nix::fcntl::Flock::lock(stale, nix::fcntl::FlockArg::LockExclusiveNonblock).expect("the removed file locks");
+        let fresh = lock_within(&path, Duration::from_secs(1)).await.expect("a new file at the path");
+        assert!(path.is_file());
+        drop((stale, fresh));
+    }
 
     fn qcow2(path: &Path, backing: Option<&Path>) {
         let mut cmd = std::process::Command::new("qemu-img");
