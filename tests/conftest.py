@@ -136,6 +136,12 @@ def launch(home: Path, port: int, *extra: str) -> subprocess.Popen:
     return proc
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """Stops a `hutch serve` started by `launch` the way an operator would (SIGTERM)."""
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=60)
+
+
 def new_home(prefix: str) -> Path:
     home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     link_shared_artifacts(home)

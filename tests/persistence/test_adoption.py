@@ -7,7 +7,7 @@ import signal
 import subprocess
 
 from hutch import Sandbox
-from conftest import API_KEY, HUTCH, free_port, launch, new_home, qemus_under, wait_until
+from conftest import API_KEY, HUTCH, free_port, launch, new_home, qemus_under, stop, wait_until
 
 # In the guest: a background process holding a secret in memory and on /tmp.
 HOLD = ("python3 -c 'import os,time; s=os.urandom(8).hex(); open(\"/tmp/secret\",\"w\").write(s); "
@@ -62,8 +62,7 @@ def test_three_running_sandboxes_keep_their_processes_across_a_graceful_and_a_ki
     finally:
         for sid in ids:
             Sandbox.kill(sid, api_url=url, api_key=API_KEY)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop(proc)
     assert not list((home / "sandboxes").glob("*")), "sandbox files left"
     shutil.rmtree(home)
 
@@ -85,14 +84,12 @@ def test_kill_on_exit_ends_running_sandboxes_and_a_local_sweep_spares_a_servers_
         proc = launch(home, port, "--kill-on-exit")
         assert [s.sandbox_id for s in Sandbox.list(api_url=url, api_key=API_KEY)] == [sbx.sandbox_id]
         assert Sandbox.connect(sbx.sandbox_id, api_url=url, api_key=API_KEY).commands.run("echo adopted").stdout == "adopted\n"
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop(proc)
         assert not qemus_under(home), "--kill-on-exit left QEMU running"
         proc = launch(home, port)
         assert Sandbox.list(api_url=url, api_key=API_KEY) == []
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+        stop(proc)
     assert not qemus_under(home)
     assert not list((home / "sandboxes").glob("*")), "sandbox files left"
     shutil.rmtree(home)

@@ -2,7 +2,6 @@
 archives round-trip between servers, and a tampered archive is refused."""
 
 import shutil
-import signal
 import subprocess
 import tarfile
 
@@ -10,15 +9,10 @@ import pytest
 
 import hutch
 from hutch import Sandbox
-from conftest import API_KEY, HUTCH, free_port, held_secret, launch, new_home, qemus_under
+from conftest import API_KEY, HUTCH, free_port, held_secret, launch, new_home, qemus_under, stop
 
 # In the guest: writes a secret, then stays alive (its sleep keeps the process whose survival is checked).
 HOLD = "python3 -c 'import os,time; open(\"/tmp/secret\",\"w\").write(os.urandom(8).hex()); time.sleep(10**6)' >/dev/null 2>&1 &"
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(timeout=60)
 
 
 def test_a_paused_sandbox_resumes_after_the_server_restarts(tmp_path):

@@ -290,10 +290,7 @@ impl Sandbox {
     /// and files. On failure the directory is left as it was, still paused.
     pub async fn resume(dir: &Path, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
-        let path = dir.join(VM_RECORD);
-        let mut record: VmRecord = crate::record::read(&path, crate::record::Kind::Vm).map_err(CreateError::Record)?;
-        let bad_id = || crate::record::RecordError::Corrupt { path: path.clone(), detail: format!("bad sandbox id '{}'", record.spec.id) };
-        let id = SandboxId::parse(&record.spec.id).ok_or_else(|| CreateError::Record(bad_id()))?;
+        let (mut record, id) = read_record(dir).map_err(CreateError::Record)?;
         record.spec.memory = Memory::Anonymous;
         record.spec.incoming = Some(Incoming { state: dir.join(PAUSED_STATE), ignore_shared: false });
         record.spec.die_with_parent = opts.die_with_parent;
@@ -313,10 +310,7 @@ impl Sandbox {
     /// the truth) such a VM is killed and `NeverRan` returned.
     pub async fn adopt(dir: &Path, backend: &dyn VmBackend, access_token: Option<&str>, resume_stopped: bool) -> Result<Sandbox, AdoptError> {
         let started = Instant::now();
-        let path = dir.join(VM_RECORD);
-        let mut record: VmRecord = crate::record::read(&path, crate::record::Kind::Vm).map_err(AdoptError::Record)?;
-        let bad_id = || crate::record::RecordError::Corrupt { path: path.clone(), detail: format!("bad sandbox id '{}'", record.spec.id) };
-        let id = SandboxId::parse(&record.spec.id).ok_or_else(|| AdoptError::Record(bad_id()))?;
+        let (mut record, id) = read_record(dir).map_err(AdoptError::Record)?;
         let pid = std::fs::read_to_string(dir.join("qemu.pid")).ok().and_then(|p| p.trim().parse().ok()).ok_or(AdoptError::NoPid)?;
         let mut vm = backend.adopt(&record.spec, pid).await?;
         let state = vm.run_state().await.map_err(AdoptError::State)?;
@@ -541,6 +535,16 @@ struct Launch<'a> {
     incoming: Option<Incoming>,
     base_snapshot: Option<PathBuf>,
     kind: StartKind,
+}
+
+/// The sandbox directory's `vm.json`, and the sandbox id it names.
+fn read_record(dir: &Path) -> Result<(VmRecord, SandboxId), crate::record::RecordError> {
+    let path = dir.join(VM_RECORD);
+    let record: VmRecord = crate::record::read(&path, crate::record::Kind::Vm)?;
+    match SandboxId::parse(&record.spec.id) {
+        Some(id) => Ok((record, id)),
+        None => Err(crate::record::RecordError::Corrupt { detail: format!("bad sandbox id '{}'", record.spec.id), path }),
+    }
 }
 
 fn write_record(dir: &Path, record: &VmRecord) -> Result<(), CreateError> {

@@ -19,22 +19,18 @@ fn recently_made(dir: &Path) -> bool {
     age.is_none_or(|a| a < std::time::Duration::from_secs(60))
 }
 
-/// Kills the sandbox's QEMU if it is still running (checked against its command line,
-/// so a recycled pid is left alone).
-fn kill_qemu(dir: &Path) {
-    let Some(pid) = read_pid(&dir.join("qemu.pid")) else { return };
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    let needle = dir.display().to_string();
-    if String::from_utf8_lossy(&cmdline).contains(&needle) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-    }
+/// The pid of the sandbox's QEMU if it is still running (checked against its command
+/// line, so a recycled pid is not taken for it).
+fn running_qemu(dir: &Path) -> Option<i32> {
+    let pid = read_pid(&dir.join("qemu.pid")).filter(|p| alive(*p))?;
+    hutch_vmm::qemu::is_vm_of(pid as u32, dir).then_some(pid)
 }
 
-/// Whether this sandbox's QEMU runs (checked against its command line).
-fn qemu_runs(dir: &Path) -> bool {
-    let Some(pid) = read_pid(&dir.join("qemu.pid")).filter(|p| alive(*p)) else { return false };
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    String::from_utf8_lossy(&cmdline).contains(&dir.display().to_string())
+/// Kills the sandbox's QEMU if it is still running.
+fn kill_qemu(dir: &Path) {
+    if let Some(pid) = running_qemu(dir) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+    }
 }
 
 /// Who sweeps.
@@ -55,7 +51,7 @@ pub fn sweep_orphans(home: &HutchHome, by: Sweeper) -> usize {
         let owner = read_pid(&dir.join("owner.pid"));
         // A paused sandbox has no process; the server's store owns it.
         let paused = dir.join(crate::sandbox::PAUSED_STATE).is_file() && dir.join(crate::sandbox::VM_RECORD).is_file();
-        let adoptable = by == Sweeper::Local && dir.join(crate::sandbox::SERVER_OWNED).is_file() && qemu_runs(&dir);
+        let adoptable = by == Sweeper::Local && dir.join(crate::sandbox::SERVER_OWNED).is_file() && running_qemu(&dir).is_some();
         if paused || adoptable || owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
             continue;
         }

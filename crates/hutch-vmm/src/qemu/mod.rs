@@ -18,6 +18,13 @@ use std::sync::{Arc, OnceLock};
 
 pub const DEFAULT_BINARY: &str = "qemu-system-x86_64";
 
+/// Whether process `pid` is the QEMU of the VM whose files are in `dir` (its command
+/// line names them), so a recycled pid is never taken for it.
+pub fn is_vm_of(pid: u32, dir: &std::path::Path) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&cmdline).contains(&dir.display().to_string())
+}
+
 #[derive(Debug, Clone)]
 pub struct QemuBackend {
     pub binary: String,

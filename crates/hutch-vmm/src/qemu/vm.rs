@@ -191,7 +191,7 @@ impl QemuVm {
         crate::console::spawn_reader(console, spec.console_log());
         std::fs::write(spec.dir.join("qemu.pid"), vm.process.id().map(|p| p.to_string()).unwrap_or_default())
             .map_err(StartError::Spawn)?;
-        vm.qmp = Some(vm.connect_qmp().await?);
+        vm.qmp = Some(vm.connect_qmp(QMP_WAIT).await?);
         Ok(vm)
     }
 
@@ -200,8 +200,7 @@ impl QemuVm {
     /// QMP and console sockets. The guest runs on throughout.
     pub async fn adopt(spec: &VmSpec, pid: u32, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, AdoptError> {
         let pidfd = PidFd::open(pid).map_err(|_| AdoptError::Gone { pid })?;
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let ours = String::from_utf8_lossy(&cmdline).contains(&spec.dir.display().to_string());
+        let ours = super::is_vm_of(pid, &spec.dir);
         // Read before asking whether it still runs: then the command line was its own.
         if pidfd.has_exited() {
             return Err(AdoptError::Gone { pid });
@@ -221,25 +220,17 @@ impl QemuVm {
         if let Some(console) = connect_within(&spec.console_socket(), ADOPT_WAIT).await {
             crate::console::spawn_reader(console, spec.console_log());
         }
-        let started = Instant::now();
-        loop {
-            if vm.exit_status().is_some() {
-                return Err(AdoptError::Gone { pid });
-            }
-            let left = ADOPT_WAIT.saturating_sub(started.elapsed());
-            if left.is_zero() {
-                return Err(AdoptError::QmpTimeout { secs: ADOPT_WAIT.as_secs() });
-            }
-            if let Ok(Ok(qmp)) = tokio::time::timeout(left, Qmp::connect(&spec.qmp_socket())).await {
-                vm.qmp = Some(qmp);
-                vm.cancel_migration().await.map_err(|e| AdoptError::Migration(e.to_string()))?;
-                return Ok(vm);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let qmp = vm.connect_qmp(ADOPT_WAIT).await.map_err(|e| match e {
+            StartError::Exited { .. } => AdoptError::Gone { pid },
+            _ => AdoptError::QmpTimeout { secs: ADOPT_WAIT.as_secs() },
+        })?;
+        vm.qmp = Some(qmp);
+        vm.cancel_migration().await.map_err(|e| AdoptError::Migration(e.to_string()))?;
+        Ok(vm)
     }
 
-    async fn connect_qmp(&mut self) -> Result<Qmp, StartError> {
+    /// Connects to QMP within `limit`, giving up early if QEMU exits.
+    async fn connect_qmp(&mut self, limit: Duration) -> Result<Qmp, StartError> {
         let started = Instant::now();
         loop {
             if let Some(status) = self.exit_status() {
@@ -247,14 +238,14 @@ impl QemuVm {
             }
             // The socket listens from the start; QEMU greets once it runs, and a QEMU
             // that exits first closes it, ending the wait.
-            let left = QMP_WAIT.saturating_sub(started.elapsed());
+            let left = limit.saturating_sub(started.elapsed());
             match tokio::time::timeout(left, Qmp::connect(&self.spec.qmp_socket())).await {
                 Ok(Ok(q)) => return Ok(q),
-                Ok(Err(e)) if started.elapsed() > QMP_WAIT => return Err(StartError::Qmp(e)),
+                Ok(Err(e)) if started.elapsed() > limit => return Err(StartError::Qmp(e)),
                 Ok(Err(_)) | Err(_) => {}
             }
-            if started.elapsed() > QMP_WAIT {
-                return Err(StartError::QmpTimeout { secs: QMP_WAIT.as_secs() });
+            if started.elapsed() > limit {
+                return Err(StartError::QmpTimeout { secs: limit.as_secs() });
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
