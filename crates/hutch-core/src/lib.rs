@@ -7,6 +7,8 @@
 pub mod archive;
 pub mod artifacts;
 pub mod clock_sync;
+#[cfg(test)]
+mod fake_guest;
 pub mod ids;
 pub mod manager;
 pub mod record;

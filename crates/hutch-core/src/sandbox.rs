@@ -707,35 +707,12 @@ pub(crate) async fn wait_for_port(agent: &AgentClient, port: u16, limit: Duratio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hutch_image::kernel::Kernel;
-    use hutch_image::rootfs::Template;
     use hutch_vmm::fake::FakeBackend;
-
-    fn fake_artifacts(root: &Path) -> Artifacts {
-        Artifacts {
-            kernel: Kernel { version: "6.1-test".into(), package: "p".into(), package_version: "1".into(), dir: root.join("k") },
-            initramfs: root.join("initrd"),
-            template: Template {
-                name: "base".into(),
-                suite: "bookworm".into(),
-                packages: vec![],
-                built_at: String::new(),
-                disk_size: 1 << 20,
-                build_id: "x".into(),
-                image: String::new(),
-                recipe: String::new(),
-                dir: root.join("t"),
-            },
-        }
-    }
 
     fn setup() -> (tempfile::TempDir, HutchHome, Artifacts) {
         let tmp = tempfile::tempdir().expect("tempdir");
         let home = HutchHome::at(tmp.path().join("home"));
-        let artifacts = fake_artifacts(tmp.path());
-        std::fs::create_dir_all(artifacts.template.dir.clone()).expect("dir");
-        // A raw image qemu-img can stack an overlay on.
-        std::fs::write(artifacts.template.image(), vec![0u8; 1 << 20]).expect("image");
+        let artifacts = crate::fake_guest::artifacts(tmp.path());
         (tmp, home, artifacts)
     }
 

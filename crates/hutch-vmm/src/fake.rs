@@ -1,21 +1,119 @@
-//! A backend that starts nothing, for unit tests of code above the VMM. It records what
-//! was asked of it and can be told to fail.
+//! A backend that starts no VM, for unit tests of code above the VMM. It records what
+//! was asked of it, can be told to fail, and can hold any step at a gate so a test can
+//! act while an operation waits there (drop its caller, say).
+//!
+//! With a `FakeGuest` it also runs a stand-in guest per VM (the caller's: the VMM does
+//! not know what a guest serves), which can save and load its memory like a real one:
+//! `save` writes the guest's memory to the state file, `load` starts a guest from it.
 
 use crate::backend::{SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+
+/// Stands in for the guest of a fake VM.
+pub trait FakeGuest: Send + Sync {
+    /// Starts the guest of `spec`: booted (`memory` None) or from a saved memory.
+    fn run(&self, spec: &VmSpec, memory: Option<Vec<u8>>) -> Box<dyn RunningGuest>;
+}
+
+/// A guest while its VM lives; dropping it ends the guest.
+pub trait RunningGuest: Send + Sync {
+    /// What a save writes.
+    fn memory(&self) -> Vec<u8>;
+}
+
+/// The VM operations a test can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    Start,
+    Load,
+    Save,
+    Resume,
+    Stop,
+}
+
+/// A held step: the next VM to reach it waits there until `release`.
+pub struct Hold {
+    reached: tokio::sync::Notify,
+    released: tokio::sync::Semaphore,
+}
+
+impl Hold {
+    /// Waits until a VM is waiting at the step.
+    pub async fn reached(&self) {
+        self.reached.notified().await;
+    }
+
+    /// Lets the waiting VM (and any later one) through.
+    pub fn release(&self) {
+        self.released.add_permits(1 << 20);
+    }
+}
+
+/// What a save writes before the guest's memory, so a load can tell a fake state file.
+const STATE_MAGIC: &[u8] = b"hutch-fake-vm-state\n";
 
 #[derive(Default, Clone)]
 pub struct FakeBackend {
     pub started: Arc<Mutex<Vec<VmSpec>>>,
     pub stopped: Arc<Mutex<Vec<String>>>,
     pub fail_start: Arc<Mutex<Option<String>>>,
+    /// The next save fails with this detail.
+    pub fail_save: Arc<Mutex<Option<String>>>,
+    pub guest: Option<Arc<dyn FakeGuest>>,
+    /// VMs (by spec id) that have ended on their own, as a guest panic would end them.
+    crashed: Arc<Mutex<std::collections::HashSet<String>>>,
+    holds: Arc<Mutex<HashMap<Step, Arc<Hold>>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl FakeBackend {
+    /// A backend whose VMs run `guest`.
+    pub fn with_guest(guest: Arc<dyn FakeGuest>) -> FakeBackend {
+        FakeBackend { guest: Some(guest), ..FakeBackend::default() }
+    }
+
+    /// Holds the next VM that reaches `step` until the returned hold is released.
+    pub fn hold(&self, step: Step) -> Arc<Hold> {
+        let hold = Arc::new(Hold { reached: tokio::sync::Notify::new(), released: tokio::sync::Semaphore::new(0) });
+        lock(&self.holds).insert(step, hold.clone());
+        hold
+    }
+
+    /// Ends the VM of sandbox `id` from outside, as a guest kernel panic would.
+    pub fn crash(&self, id: &str) {
+        lock(&self.crashed).insert(id.to_string());
+    }
+
+    /// VMs started and not yet ended.
+    pub fn live(&self) -> usize {
+        lock(&self.started).len() - lock(&self.stopped).len()
+    }
+}
+
+/// Where a fake VM's guest is.
+enum Run {
+    /// Started with `-incoming`: nothing runs until a load.
+    Incoming,
+    Running,
+    /// Stopped for a save, or loaded and not yet resumed.
+    Paused,
+    Ended,
 }
 
 struct FakeVm {
     spec: VmSpec,
     stopped: Arc<Mutex<Vec<String>>>,
-    ended: bool,
+    holds: Arc<Mutex<HashMap<Step, Arc<Hold>>>>,
+    fail_save: Arc<Mutex<Option<String>>>,
+    crashed: Arc<Mutex<std::collections::HashSet<String>>>,
+    factory: Option<Arc<dyn FakeGuest>>,
+    guest: Option<Box<dyn RunningGuest>>,
+    run: Run,
 }
 
 #[async_trait::async_trait]
@@ -29,20 +127,55 @@ impl VmBackend for FakeBackend {
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError> {
-        if let Some(msg) = self.fail_start.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        pass(&self.holds, Step::Start).await;
+        if let Some(msg) = lock(&self.fail_start).clone() {
             return Err(StartError::Exited { status: "exit status: 1".into(), stderr: msg });
         }
-        self.started.lock().unwrap_or_else(|e| e.into_inner()).push(spec.clone());
-        Ok(Box::new(FakeVm { spec: spec.clone(), stopped: self.stopped.clone(), ended: false }))
+        lock(&self.started).push(spec.clone());
+        let mut vm = FakeVm {
+            spec: spec.clone(),
+            stopped: self.stopped.clone(),
+            holds: self.holds.clone(),
+            fail_save: self.fail_save.clone(),
+            crashed: self.crashed.clone(),
+            factory: self.guest.clone(),
+            guest: None,
+            run: Run::Incoming,
+        };
+        if spec.incoming.is_none() {
+            vm.guest = vm.factory.as_ref().map(|f| f.run(spec, None));
+            vm.run = Run::Running;
+        }
+        Ok(Box::new(vm))
+    }
+}
+
+/// Waits at `step` if a test holds it (once: the hold is used up).
+async fn pass(holds: &Mutex<HashMap<Step, Arc<Hold>>>, step: Step) {
+    let hold = lock(holds).remove(&step);
+    if let Some(hold) = hold {
+        hold.reached.notify_one();
+        let _ = hold.released.acquire().await.map(|p| p.forget());
     }
 }
 
 impl FakeVm {
     fn end(&mut self) {
-        if !self.ended {
-            self.ended = true;
-            self.stopped.lock().unwrap_or_else(|e| e.into_inner()).push(self.spec.id.clone());
+        if !matches!(self.run, Run::Ended) {
+            self.run = Run::Ended;
+            self.guest = None;
+            lock(&self.stopped).push(self.spec.id.clone());
         }
+    }
+
+    fn notice_crash(&mut self) {
+        if lock(&self.crashed).contains(&self.spec.id) {
+            self.end();
+        }
+    }
+
+    fn failed(what: &'static str, detail: impl std::fmt::Display) -> SnapshotError {
+        SnapshotError::Migration { what, detail: detail.to_string() }
     }
 }
 
@@ -58,9 +191,11 @@ impl VmHandle for FakeVm {
         self.spec.console_log()
     }
     fn exit_status(&mut self) -> Option<String> {
-        self.ended.then(|| "stopped".to_string())
+        self.notice_crash();
+        matches!(self.run, Run::Ended).then(|| "stopped".to_string())
     }
     async fn stop(&mut self, _grace: std::time::Duration) -> Result<(), StopError> {
+        pass(&self.holds, Step::Stop).await;
         self.end();
         Ok(())
     }
@@ -68,19 +203,59 @@ impl VmHandle for FakeVm {
         self.end();
         Ok(())
     }
-    async fn save(&mut self, _state: &Path, _ignore_shared: bool) -> Result<(), SnapshotError> {
-        Err(SnapshotError::Unsupported)
+    async fn save(&mut self, state: &Path, _ignore_shared: bool) -> Result<(), SnapshotError> {
+        if self.factory.is_none() {
+            return Err(SnapshotError::Unsupported);
+        }
+        pass(&self.holds, Step::Save).await;
+        self.notice_crash();
+        if matches!(self.run, Run::Ended | Run::Incoming) {
+            return Err(SnapshotError::NoQmp);
+        }
+        // A save stops the guest first, whether or not it then succeeds.
+        self.run = Run::Paused;
+        if let Some(detail) = lock(&self.fail_save).take() {
+            return Err(Self::failed("save", detail));
+        }
+        let mut bytes = STATE_MAGIC.to_vec();
+        bytes.extend(self.guest.as_ref().map(|g| g.memory()).unwrap_or_default());
+        std::fs::write(state, bytes).map_err(|e| Self::failed("save", e))
     }
     async fn load(&mut self) -> Result<(), SnapshotError> {
-        Err(SnapshotError::Unsupported)
+        let Some(factory) = self.factory.clone() else { return Err(SnapshotError::Unsupported) };
+        pass(&self.holds, Step::Load).await;
+        let Some(incoming) = &self.spec.incoming else { return Err(Self::failed("load", "the VM was not started to load a state")) };
+        let bytes = std::fs::read(&incoming.state).map_err(|e| Self::failed("load", e))?;
+        let memory = bytes.strip_prefix(STATE_MAGIC).ok_or_else(|| Self::failed("load", "not a fake VM's state"))?;
+        self.guest = Some(factory.run(&self.spec, Some(memory.to_vec())));
+        self.run = Run::Paused;
+        Ok(())
     }
     async fn run_state(&mut self) -> Result<String, SnapshotError> {
-        Ok(if self.ended { "shutdown" } else { "running" }.to_string())
+        self.notice_crash();
+        Ok(match self.run {
+            Run::Incoming => "inmigrate",
+            Run::Running => "running",
+            Run::Paused => "paused",
+            Run::Ended => "shutdown",
+        }
+        .to_string())
     }
     /// A fake VM lives in this process: nothing outlives it.
     fn release(self: Box<Self>) {}
     async fn resume(&mut self) -> Result<(), SnapshotError> {
-        Err(SnapshotError::Unsupported)
+        if self.factory.is_none() {
+            return Err(SnapshotError::Unsupported);
+        }
+        pass(&self.holds, Step::Resume).await;
+        self.notice_crash();
+        match self.run {
+            Run::Paused | Run::Running => {
+                self.run = Run::Running;
+                Ok(())
+            }
+            _ => Err(SnapshotError::NoQmp),
+        }
     }
 }
 

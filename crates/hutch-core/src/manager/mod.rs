@@ -8,6 +8,8 @@ mod pool;
 mod quota;
 mod snapshots;
 pub mod state;
+#[cfg(test)]
+mod tests;
 
 pub use pause::Connected;
 pub use snapshots::MAX_FORKS;
@@ -162,6 +164,8 @@ pub struct SandboxManager {
     pinned: Mutex<std::collections::HashSet<std::path::PathBuf>>,
     pools: Mutex<pool::Pools>,
     shutting_down: std::sync::atomic::AtomicBool,
+    /// Operations running as tasks of their own (`detached`): shutdown lets them end.
+    in_flight: std::sync::atomic::AtomicUsize,
     /// This manager, for the background tasks it starts.
     me: std::sync::Weak<SandboxManager>,
 }
@@ -186,6 +190,19 @@ impl SandboxManager {
     /// Opens the manager. Sandboxes recorded by an earlier server whose VMs are gone (or
     /// that this server cannot take over) are cleaned up and logged, never left behind.
     pub async fn start(home: HutchHome, store: Store, backend: Arc<dyn VmBackend>, config: ManagerConfig) -> Result<Arc<SandboxManager>, ManagerError> {
+        Self::start_with(home, store, backend, config, HashMap::new()).await
+    }
+
+    /// `start`, with some templates' artifacts given instead of prepared on first use
+    /// (unit tests: a fake backend boots no real image).
+    pub(crate) async fn start_with(
+        home: HutchHome,
+        store: Store,
+        backend: Arc<dyn VmBackend>,
+        config: ManagerConfig,
+        prepared: HashMap<String, Artifacts>,
+    ) -> Result<Arc<SandboxManager>, ManagerError> {
+        let prepared = prepared.into_iter().map(|(t, a)| (t, Arc::new(tokio::sync::OnceCell::new_with(Some(a))))).collect();
         let mut config = config;
         config.pool = config.pool.into_iter().filter(|(_, n)| *n > 0).map(|(t, n)| (canonical(&t), n)).collect();
         let manager = Arc::new_cyclic(|me| SandboxManager {
@@ -195,10 +212,11 @@ impl SandboxManager {
             config,
             live: Mutex::new(HashMap::new()),
             starting: Mutex::new(0),
-            artifacts: Mutex::new(HashMap::new()),
+            artifacts: Mutex::new(prepared),
             pinned: Mutex::new(Default::default()),
             pools: Mutex::new(Default::default()),
             shutting_down: Default::default(),
+            in_flight: Default::default(),
             me: me.clone(),
         });
         manager.adopt_earlier().await?;
@@ -240,7 +258,13 @@ impl SandboxManager {
         T: Send + 'static,
         Fut: std::future::Future<Output = Result<T, ManagerError>> + Send + 'static,
     {
-        let task = tokio::spawn(operation(self.arc()?));
+        let m = self.arc()?;
+        let counted = InFlight::count(&m);
+        let run = operation(m);
+        let task = tokio::spawn(async move {
+            let _counted = counted;
+            run.await
+        });
         task.await.map_err(|e| ManagerError::Internal(format!("the operation's task failed: {e}")))?
     }
 
@@ -444,6 +468,8 @@ impl SandboxManager {
     }
 
     async fn remove(&self, id: &str, live: &Live) -> Result<(), ManagerError> {
+        // The reaper's removals count too: until the row is gone, it is in flight.
+        let _counted = InFlight::count(&self.arc()?);
         lock(&self.live).remove(id);
         lock(&live.agent).take();
         let (dir, sandbox_id) = (lock(&live.row).dir.clone(), id.to_string());
@@ -605,6 +631,11 @@ impl SandboxManager {
     /// are killed.
     pub async fn shutdown(&self, kill_running: bool) {
         self.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
+        // A create in flight ends registered (and is let go below), not cut off.
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
+        while self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         self.drain_pools().await;
         let all: Vec<(String, Arc<Live>)> = lock(&self.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (id, live) in all {
@@ -635,6 +666,26 @@ impl SandboxManager {
 fn canonical(template: &str) -> String {
     hutch_image::rootfs::recipe(template).map_or(template, |r| r.name).to_string()
 }
+
+/// One operation counted in `in_flight` while this lives.
+struct InFlight(Arc<SandboxManager>);
+
+impl InFlight {
+    fn count(m: &Arc<SandboxManager>) -> InFlight {
+        m.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlight(m.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// How long shutdown waits for operations in flight (a create under TCG takes tens
+/// of seconds) before letting go of the sandboxes.
+const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
 
 /// A reserved start slot (see `reserve_slot`).
 struct SlotGuard<'a>(&'a Mutex<usize>);

@@ -20,6 +20,18 @@ impl SandboxManager {
         lock(&self.pools).ready.values().map(Vec::len).sum()
     }
 
+    /// Whether a refill task runs now (tests wait for it).
+    #[cfg(test)]
+    pub(super) fn pools_filling(&self) -> bool {
+        !lock(&self.pools).filling.is_empty()
+    }
+
+    /// The ids of the sandboxes waiting in pools (tests check their directories).
+    #[cfg(test)]
+    pub(super) fn pooled_ids(&self) -> Vec<String> {
+        lock(&self.pools).ready.values().flatten().map(|s| s.id().to_string()).collect()
+    }
+
     /// How many sandboxes of `template` wait in the pool now.
     pub fn pool_size(&self, template: &str) -> usize {
         lock(&self.pools).ready.get(template).map_or(0, Vec::len)

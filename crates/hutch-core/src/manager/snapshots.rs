@@ -21,7 +21,7 @@ use std::time::Duration;
 pub const MAX_FORKS: u32 = 20;
 
 impl SandboxManager {
-    fn snapshots_root(&self) -> PathBuf {
+    pub(super) fn snapshots_root(&self) -> PathBuf {
         self.home.root().join("snapshots").join("sandboxes")
     }
 

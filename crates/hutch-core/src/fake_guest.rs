@@ -1,0 +1,185 @@
+//! A stand-in guest for unit tests with `hutch_vmm::fake::FakeBackend`: it serves the
+//! agent's channel as the real agent does (the hello echo, idle probes answered only
+//! between sessions, HTTP/2 after the hello) with the few endpoints the lifecycle
+//! uses, plus a key-value store (`POST /fake/put`, `GET /fake/values`) that is the
+//! guest's "memory": saved with the VM and back after a load, so tests can tell a
+//! resumed or forked guest from a fresh one.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hutch_proto::agent::{find_host_line, hello_line, idle_reply, ClockReply, HostLine, InitRequest, Metrics};
+use hutch_vmm::fake::{FakeGuest, RunningGuest};
+use hutch_vmm::VmSpec;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+/// What the guest holds, shared by its connections.
+#[derive(Default)]
+struct Guest {
+    /// The "memory": what `POST /fake/put` stored.
+    values: BTreeMap<String, String>,
+    /// The environment the last `/init` gave.
+    envs: BTreeMap<String, String>,
+    /// Open host sessions; idle probes are answered only at zero.
+    sessions: usize,
+}
+
+struct Shared {
+    guest: Mutex<Guest>,
+    idle: tokio::sync::Notify,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs a `FakeAgent` guest per fake VM.
+pub struct FakeAgent;
+
+impl FakeGuest for FakeAgent {
+    fn run(&self, spec: &VmSpec, memory: Option<Vec<u8>>) -> Box<dyn RunningGuest> {
+        let values = memory.and_then(|m| serde_json::from_slice(&m).ok()).unwrap_or_default();
+        let shared = Arc::new(Shared { guest: Mutex::new(Guest { values, ..Guest::default() }), idle: tokio::sync::Notify::new() });
+        let socket = spec.agent_socket();
+        let _ = std::fs::remove_file(&socket);
+        let listener = UnixListener::bind(&socket).expect("binding the fake agent's socket");
+        let serving = shared.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                connections.spawn(serve(stream, serving.clone()));
+            }
+        });
+        Box::new(Running { shared, task })
+    }
+}
+
+struct Running {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningGuest for Running {
+    fn memory(&self) -> Vec<u8> {
+        serde_json::to_vec(&lock(&self.shared.guest).values).unwrap_or_default()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Its connections are in the task's set: they end with it.
+        self.task.abort();
+    }
+}
+
+/// One host connection: lines until a hello, then an HTTP/2 session.
+async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
+    let mut line = Vec::new();
+    loop {
+        let Ok(byte) = stream.read_u8().await else { return };
+        line.push(byte);
+        if byte != b'\n' {
+            continue;
+        }
+        match find_host_line(&line) {
+            Some((_, HostLine::Hello(nonce))) => {
+                if stream.write_all(&hello_line(nonce)).await.is_err() {
+                    return;
+                }
+                break;
+            }
+            Some((_, HostLine::IdleProbe(nonce))) => {
+                loop {
+                    let idle = shared.idle.notified();
+                    if lock(&shared.guest).sessions == 0 {
+                        break;
+                    }
+                    idle.await;
+                }
+                if stream.write_all(&idle_reply(nonce)).await.is_err() {
+                    return;
+                }
+            }
+            None => {}
+        }
+        line.clear();
+    }
+    lock(&shared.guest).sessions += 1;
+    let handler = shared.clone();
+    let service = hyper::service::service_fn(move |req| {
+        let shared = handler.clone();
+        async move { Ok::<_, std::convert::Infallible>(answer(req, &shared).await) }
+    });
+    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
+    lock(&shared.guest).sessions -= 1;
+    shared.idle.notify_waiters();
+}
+
+fn json(value: &impl serde::Serialize) -> http::Response<Full<Bytes>> {
+    http::Response::new(Full::new(Bytes::from(serde_json::to_vec(value).unwrap_or_default())))
+}
+
+fn status(code: http::StatusCode) -> http::Response<Full<Bytes>> {
+    let mut reply = http::Response::new(Full::new(Bytes::new()));
+    *reply.status_mut() = code;
+    reply
+}
+
+async fn answer(req: http::Request<hyper::body::Incoming>, shared: &Shared) -> http::Response<Full<Bytes>> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let path = parts.uri.path().to_string();
+    match (parts.method.as_str(), path.as_str()) {
+        ("GET", "/health") | ("POST", "/sync") => status(http::StatusCode::NO_CONTENT),
+        ("POST", "/init") => match serde_json::from_slice::<InitRequest>(&body) {
+            Ok(init) => {
+                lock(&shared.guest).envs = init.env_vars;
+                status(http::StatusCode::NO_CONTENT)
+            }
+            Err(_) => status(http::StatusCode::BAD_REQUEST),
+        },
+        ("POST", "/clock") => {
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as i128).unwrap_or_default();
+            json(&ClockReply { unix_ns: now })
+        }
+        ("GET", "/metrics") => json(&Metrics::default()),
+        ("GET", "/fake/envs") => json(&lock(&shared.guest).envs),
+        ("GET", "/fake/values") => json(&lock(&shared.guest).values),
+        ("POST", "/fake/put") => match serde_json::from_slice::<BTreeMap<String, String>>(&body) {
+            Ok(more) => {
+                lock(&shared.guest).values.extend(more);
+                status(http::StatusCode::NO_CONTENT)
+            }
+            Err(_) => status(http::StatusCode::BAD_REQUEST),
+        },
+        _ => status(http::StatusCode::NOT_FOUND),
+    }
+}
+
+/// Artifacts of a template "base" under `root` for fake VMs: nothing boots them, but
+/// overlays are real qcow2 files on a raw image.
+pub fn artifacts(root: &std::path::Path) -> crate::Artifacts {
+    use hutch_image::kernel::Kernel;
+    use hutch_image::rootfs::Template;
+    let artifacts = crate::Artifacts {
+        kernel: Kernel { version: "6.1-test".into(), package: "p".into(), package_version: "1".into(), dir: root.join("k") },
+        initramfs: root.join("initrd"),
+        template: Template {
+            name: "base".into(),
+            suite: "bookworm".into(),
+            packages: vec![],
+            built_at: String::new(),
+            disk_size: 1 << 20,
+            build_id: "x".into(),
+            image: String::new(),
+            recipe: String::new(),
+            dir: root.join("t"),
+        },
+    };
+    std::fs::create_dir_all(&artifacts.template.dir).expect("template dir");
+    std::fs::write(artifacts.template.image(), vec![0u8; 1 << 20]).expect("template image");
+    artifacts
+}

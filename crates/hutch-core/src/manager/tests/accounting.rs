@@ -1,0 +1,92 @@
+//! The server's VM slots (running and pooled sandboxes count, paused ones do not) and
+//! each key's quotas: refused at the limit with the right error, and given back by
+//! every operation that ends, failed or not.
+
+use super::*;
+
+fn config(max_sandboxes: usize, pool: usize) -> ManagerConfig {
+    ManagerConfig {
+        max_sandboxes,
+        quota: KeyQuota { running: 2, paused: 1, snapshots: 1 },
+        pool: BTreeMap::from([("base".to_string(), pool)]),
+        ..ManagerConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slots_and_quotas_are_counted_and_given_back() {
+    let env = Env::new(config(3, 0)).await;
+    let [a, b] = env.keys.clone();
+    let m = &env.manager;
+    let a1 = m.create(&a, base()).await.expect("a1").id;
+    let a2 = m.create(&a, base()).await.expect("a2").id;
+    assert!(matches!(m.create(&a, base()).await, Err(ManagerError::Quota(_))), "a key's running quota");
+    m.create(&b, base()).await.expect("another key is not held back");
+    assert!(matches!(m.create(&b, base()).await, Err(ManagerError::AtCapacity { max: 3 })), "the server's limit");
+    env.settled().await;
+
+    // Paused sandboxes hold no VM: pausing frees a slot.
+    m.pause(&a, &a1).await.expect("pause");
+    let b2 = m.create(&b, base()).await.expect("the freed slot").id;
+    assert!(matches!(m.pause(&a, &a2).await, Err(ManagerError::Quota(_))), "a key's paused quota");
+    assert_eq!(env.state(&a2), SandboxState::Running, "a refused pause changes nothing");
+    // A resume needs a slot like a create; refused, it stays paused.
+    assert!(matches!(m.connect(&a, &a1, None).await, Err(ManagerError::AtCapacity { .. })));
+    assert_eq!(env.state(&a1), SandboxState::Paused);
+    assert!(matches!(m.fork(&a, &a2, 1, None).await, Err(ManagerError::AtCapacity { .. })), "a fork needs slots for its sandboxes");
+    env.settled().await;
+
+    m.kill(&b, &b2).await.expect("kill");
+    m.connect(&a, &a1, None).await.expect("resume into the freed slot");
+    assert!(matches!(m.fork(&a, &a1, 1, None).await, Err(ManagerError::Quota(_))), "a fork counts against the running quota");
+    m.create_snapshot(&a, &a1, None).await.expect("a snapshot");
+    assert!(matches!(m.create_snapshot(&a, &a1, None).await, Err(ManagerError::Quota(_))), "a key's snapshot quota");
+    assert_eq!(m.counts(), (3, 0));
+    env.settled().await;
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_starts_give_their_slot_back() {
+    let env = Env::new(config(1, 0)).await;
+    let key = env.key().to_string();
+    *lock(&env.backend.fail_start) = Some("no QEMU today".into());
+    for _ in 0..3 {
+        assert!(matches!(env.manager.create(&key, base()).await, Err(ManagerError::Create(_))));
+    }
+    *lock(&env.backend.fail_start) = None;
+    env.settled().await;
+    let id = env.create().await.id;
+    env.manager.pause(&key, &id).await.expect("pause");
+    *lock(&env.backend.fail_start) = Some("no QEMU today".into());
+    assert!(matches!(env.manager.connect(&key, &id, None).await, Err(ManagerError::Resume(_))));
+    *lock(&env.backend.fail_start) = None;
+    env.manager.connect(&key, &id, None).await.expect("the one slot is free again");
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_sandboxes_count_against_the_limit_and_never_take_its_last_slot() {
+    let env = Env::new(config(3, 2)).await;
+    let key = env.key().to_string();
+    // The pool fills up to its size but leaves the last slot for requests.
+    assert!(until(SETTLE, || env.manager.pool_size("base") == 2).await, "the pool did not fill");
+    env.settled().await;
+    let pooled_vms = env.backend.live();
+    assert_eq!(pooled_vms, 2);
+    let first = env.manager.create(&key, base()).await.expect("from the pool");
+    assert_eq!(env.backend.live(), pooled_vms, "the create took a pooled VM instead of starting one");
+    env.put(&first.id, "x", "1").await;
+    // One running and one pooled: the refill stops short of the last slot.
+    env.settled().await;
+    assert_eq!(env.manager.pool_size("base"), 1);
+    let second = env.manager.create(&key, base()).await.expect("the pooled one");
+    assert_eq!(env.manager.pool_size("base"), 0);
+    assert_eq!(env.values(&second.id).await.get("x"), None, "a pooled guest is nobody's until taken");
+    // The last slot goes to a request, started afresh.
+    env.manager.create(&env.keys[1], base()).await.expect("the last slot");
+    assert_eq!(env.backend.live(), 3);
+    assert!(matches!(env.manager.create(&env.keys[1], base()).await, Err(ManagerError::AtCapacity { max: 3 })));
+    env.settled().await;
+    env.kill_all().await;
+}

@@ -1,0 +1,164 @@
+//! Every lifecycle operation along the state machine's edges, what each refuses, and
+//! failures rolled back to the state the operation started from.
+
+use super::*;
+use SandboxState::{Paused, Running};
+
+fn spec(template: &str) -> CreateSpec {
+    CreateSpec { template: template.into(), ..CreateSpec::default() }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_goes_through_every_state_and_keeps_its_memory() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let key = env.key();
+    let id = env.create().await.id;
+    assert_eq!(env.state(&id), Running);
+    env.put(&id, "x", "1").await;
+
+    env.manager.pause(key, &id).await.expect("pause");
+    assert_eq!(env.state(&id), Paused);
+    env.settled().await;
+    assert!(matches!(env.manager.pause(key, &id).await, Err(ManagerError::AlreadyPaused(_))));
+    assert!(matches!(env.manager.agent(&id), Err(ManagerError::Paused(_))));
+    assert!(matches!(env.manager.metrics(key, &id).await, Err(ManagerError::Paused(_))));
+    assert!(matches!(env.manager.fork(key, &id, 1, None).await, Err(ManagerError::Paused(_))));
+    // Snapshotting a paused sandbox copies its saved state; it stays paused.
+    let of_paused = env.manager.create_snapshot(key, &id, Some("of-paused".into())).await.expect("snapshot of a paused sandbox");
+    assert_eq!(env.state(&id), Paused);
+
+    let (_, how) = env.manager.connect(key, &id, None).await.expect("connect");
+    assert_eq!(how, Connected::Resumed);
+    assert_eq!(env.values(&id).await["x"], "1", "the resumed guest has its memory");
+    assert_eq!(env.manager.connect(key, &id, None).await.expect("connect").1, Connected::AlreadyRunning);
+    env.put(&id, "x", "2").await;
+
+    // Snapshotting a running sandbox pauses it for the save; it runs on.
+    let of_running = env.manager.create_snapshot(key, &id, None).await.expect("snapshot of a running sandbox");
+    assert_eq!(env.state(&id), Running);
+    assert_eq!(env.values(&id).await["x"], "2");
+    env.settled().await;
+
+    // Sandboxes started from each snapshot continue from it.
+    let a = env.manager.create(key, spec("of-paused")).await.expect("create from a name").id;
+    assert_eq!(env.values(&a).await["x"], "1");
+    let b = env.manager.create(key, spec(&of_running.id)).await.expect("create from an id").id;
+    assert_eq!(env.values(&b).await["x"], "2");
+    // One started from a snapshot can itself be snapshotted and forked.
+    let again = env.manager.create_snapshot(key, &b, None).await.expect("snapshot of a sandbox started from a snapshot");
+    assert_eq!(again.template, "base", "it records the template the snapshot descends from");
+    let c = env.manager.create(key, spec(&again.id)).await.expect("create from that snapshot").id;
+    assert_eq!(env.values(&c).await["x"], "2");
+
+    let forks: Vec<String> = env.manager.fork(key, &b, 2, None).await.expect("fork").into_iter().map(|f| f.expect("a fork").id).collect();
+    assert_eq!(forks.len(), 2);
+    env.put(&forks[0], "y", "mine").await;
+    assert_eq!(env.values(&forks[0]).await.get("y").map(String::as_str), Some("mine"));
+    assert_eq!(env.values(&forks[1]).await.get("y"), None, "forks share no memory");
+    assert_eq!(env.values(&b).await.get("y"), None, "nor with their source");
+    assert_eq!(env.values(&forks[1]).await["x"], "2");
+    env.settled().await;
+
+    // Killed from running and from paused; a second kill finds nothing.
+    env.manager.pause(key, &a).await.expect("pause");
+    env.manager.kill(key, &a).await.expect("kill a paused sandbox");
+    env.manager.kill(key, &c).await.expect("kill a running sandbox");
+    assert!(matches!(env.manager.kill(key, &c).await, Err(ManagerError::NotFound(_))));
+    assert!(matches!(env.manager.pause(key, &c).await, Err(ManagerError::NotFound(_))));
+    env.settled().await;
+    let _ = of_paused;
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_keys_sandbox_is_not_found() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let id = env.create().await.id;
+    let other = &env.keys[1];
+    assert!(matches!(env.manager.get(other, &id), Err(ManagerError::NotFound(_))));
+    assert!(matches!(env.manager.pause(other, &id).await, Err(ManagerError::NotFound(_))));
+    assert!(matches!(env.manager.kill(other, &id).await, Err(ManagerError::NotFound(_))));
+    assert!(matches!(env.manager.create_snapshot(other, &id, None).await, Err(ManagerError::NotFound(_))));
+    assert!(env.manager.list(other, &ListFilter::default()).is_empty());
+    assert_eq!(env.state(&id), Running);
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_saves_and_starts_roll_back_to_where_they_began() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let key = env.key();
+    let id = env.create().await.id;
+    env.put(&id, "x", "1").await;
+
+    // A failed pause leaves it running, with its memory and a working agent.
+    *lock(&env.backend.fail_save) = Some("the disk is gone".into());
+    let failed = env.manager.pause(key, &id).await;
+    assert!(matches!(failed, Err(ManagerError::Pause(_))), "{failed:?}");
+    assert_eq!(env.state(&id), Running);
+    assert_eq!(env.values(&id).await["x"], "1");
+    env.settled().await;
+
+    // A failed snapshot leaves it running and no snapshot behind.
+    *lock(&env.backend.fail_save) = Some("the disk is gone".into());
+    assert!(env.manager.create_snapshot(key, &id, Some("broken".into())).await.is_err());
+    assert_eq!(env.state(&id), Running);
+    assert!(env.manager.list_snapshots(key).await.expect("list").is_empty());
+    env.settled().await;
+
+    // A failed fork starts nothing.
+    *lock(&env.backend.fail_save) = Some("the disk is gone".into());
+    assert!(env.manager.fork(key, &id, 2, None).await.is_err());
+    assert_eq!(env.manager.list(key, &ListFilter::default()).len(), 1);
+    env.settled().await;
+
+    // A failed resume leaves it paused with its saved state, and it resumes later.
+    env.manager.pause(key, &id).await.expect("pause");
+    *lock(&env.backend.fail_start) = Some("no QEMU today".into());
+    let failed = env.manager.connect(key, &id, None).await;
+    assert!(matches!(failed, Err(ManagerError::Resume(_))), "{failed:?}");
+    assert_eq!(env.state(&id), Paused);
+    env.settled().await;
+    // A failed create leaves nothing.
+    assert!(matches!(env.manager.create(key, base()).await, Err(ManagerError::Create(_))));
+    env.settled().await;
+    *lock(&env.backend.fail_start) = None;
+    env.manager.connect(key, &id, None).await.expect("connect");
+    assert_eq!(env.values(&id).await["x"], "1");
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_that_ends_on_its_own_fails_and_its_sandbox_is_removed() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let key = env.key().to_string();
+    let id = env.create().await.id;
+    let other = env.create().await.id;
+    env.backend.crash(&id);
+    let gone = until(SETTLE, || matches!(env.manager.get(&key, &id), Err(ManagerError::NotFound(_)))).await;
+    assert!(gone, "the reaper did not remove the sandbox whose VM ended");
+    env.settled().await;
+    assert_eq!(env.manager.list(&key, &ListFilter::default()).iter().map(|r| r.id.clone()).collect::<Vec<_>>(), vec![other.clone()]);
+    env.put(&other, "still", "here").await;
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_sandbox_survives_a_restart_and_resumes_with_its_memory() {
+    let mut env = Env::new(ManagerConfig::default()).await;
+    let key = env.key().to_string();
+    let paused = env.create().await.id;
+    let running = env.create().await.id;
+    env.put(&paused, "x", "kept").await;
+    env.manager.pause(&key, &paused).await.expect("pause");
+    env.restart().await;
+    // The fake backend cannot adopt a running VM (QEMU's can: the Python suite proves
+    // it), so that sandbox is cleaned up rather than left half-known.
+    let listed: Vec<(String, String)> = env.manager.list(&key, &ListFilter::default()).into_iter().map(|r| (r.id, r.state)).collect();
+    assert_eq!(listed, vec![(paused.clone(), "paused".to_string())]);
+    assert!(!env.sandbox_dirs().contains(&running));
+    env.settled().await;
+    env.manager.connect(&key, &paused, None).await.expect("connect after the restart");
+    assert_eq!(env.values(&paused).await["x"], "kept");
+    env.kill_all().await;
+}

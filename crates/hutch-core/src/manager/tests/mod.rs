@@ -1,0 +1,178 @@
+//! Unit tests of the manager over a fake backend whose VMs run a stand-in guest
+//! (`fake_guest.rs`) and save, load and resume its memory: every state transition,
+//! a caller leaving at each step where an operation waits, failures rolled back, and
+//! slot and quota accounting. Real-VM tests (`tests/vm`, the Python suites) prove the
+//! same paths against QEMU; these prove the manager's own logic, fast and exhaustively.
+
+mod accounting;
+mod cancellation;
+mod lifecycle;
+
+use super::state::SandboxState;
+use super::*;
+use crate::fake_guest::FakeAgent;
+use hutch_vmm::fake::FakeBackend;
+use std::path::{Path, PathBuf};
+
+/// A manager on a fresh home, its store, and the fake backend under it.
+pub(super) struct Env {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    pub backend: FakeBackend,
+    pub manager: Arc<SandboxManager>,
+    /// Two API keys' ids.
+    pub keys: [String; 2],
+    config: ManagerConfig,
+}
+
+/// How long a condition the manager reaches on its own (a reaper pass, a pool fill)
+/// may take.
+const SETTLE: Duration = Duration::from_secs(20);
+
+impl Env {
+    pub async fn new(config: ManagerConfig) -> Env {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path().to_path_buf();
+        let store = Store::open_file(&root.join("hutch.db")).await.expect("store");
+        let a = store.create_key("a").await.expect("key").0.id;
+        let b = store.create_key("b").await.expect("key").0.id;
+        let backend = FakeBackend::with_guest(Arc::new(FakeAgent));
+        let manager = Self::start(&root, store, &backend, &config).await;
+        Env { _tmp: tmp, root, backend, manager, keys: [a, b], config }
+    }
+
+    async fn start(root: &Path, store: Store, backend: &FakeBackend, config: &ManagerConfig) -> Arc<SandboxManager> {
+        let home = HutchHome::at(root.join("home"));
+        let artifacts = crate::fake_guest::artifacts(root);
+        SandboxManager::start_with(home, store, Arc::new(backend.clone()), config.clone(), HashMap::from([("base".to_string(), artifacts)]))
+            .await
+            .expect("manager")
+    }
+
+    /// Shuts the manager down and starts a new one on the same home and store.
+    pub async fn restart(&mut self) {
+        self.manager.shutdown(false).await;
+        let store = Store::open_file(&self.root.join("hutch.db")).await.expect("store");
+        self.manager = Self::start(&self.root, store, &self.backend, &self.config).await;
+    }
+
+    pub fn key(&self) -> &str {
+        &self.keys[0]
+    }
+
+    pub async fn create(&self) -> SandboxRow {
+        self.manager.create(self.key(), base()).await.expect("create")
+    }
+
+    pub fn state(&self, id: &str) -> SandboxState {
+        lock(&self.manager.live).get(id).expect("a live sandbox").owner.state()
+    }
+
+    /// Stores `value` under `key` in the running guest's memory.
+    pub async fn put(&self, id: &str, key: &str, value: &str) {
+        let agent = self.manager.agent(id).expect("a running sandbox");
+        agent.post_json("/fake/put", &BTreeMap::from([(key, value)])).await.expect("put");
+    }
+
+    /// The running guest's memory.
+    pub async fn values(&self, id: &str) -> BTreeMap<String, String> {
+        self.manager.agent(id).expect("a running sandbox").get_json("/fake/values").await.expect("values")
+    }
+
+    pub fn sandbox_dirs(&self) -> Vec<String> {
+        let mut dirs: Vec<String> = std::fs::read_dir(self.manager.home.sandboxes())
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        dirs.sort();
+        dirs
+    }
+
+    pub fn snapshot_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(self.manager.snapshots_root()).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
+        dirs.sort();
+        dirs
+    }
+
+    /// Waits until no operation runs and no start is counted, then checks that the
+    /// owners, the rows, the store, the VMs and the disk all tell the same story.
+    pub async fn settled(&self) {
+        let quiet = until(SETTLE, || {
+            let live = lock(&self.manager.live);
+            self.manager.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0
+                && *lock(&self.manager.starting) == 0
+                && live.values().all(|l| !l.owner.is_busy())
+                && !self.manager.pools_filling()
+        })
+        .await;
+        assert!(quiet, "operations still running after {SETTLE:?}");
+        let lives: Vec<(String, Arc<Live>)> = lock(&self.manager.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let stored: HashMap<String, SandboxRow> = self.manager.store.sandboxes().await.expect("rows").into_iter().map(|r| (r.id.clone(), r)).collect();
+        let mut running = 0;
+        for (id, live) in &lives {
+            let state = live.owner.state();
+            assert!(matches!(state, SandboxState::Running | SandboxState::Paused), "{id} settled in {state:?}");
+            let row = lock(&live.row).clone();
+            assert_eq!(row.state, state.api_name(), "{id}: the row says {} while the owner says {state:?}", row.state);
+            assert_eq!(stored.get(id).map(|r| r.state.as_str()), Some(state.api_name()), "{id}: the store disagrees");
+            assert_eq!(lock(&live.agent).is_some(), state == SandboxState::Running, "{id}: a data-plane agent only while running");
+            let dir = Path::new(&row.dir);
+            assert_eq!(dir.join(crate::sandbox::PAUSED_STATE).is_file(), state == SandboxState::Paused, "{id}: saved state only while paused");
+            running += usize::from(state == SandboxState::Running);
+        }
+        assert_eq!(stored.len(), lives.len(), "the store holds sandboxes the manager does not: {:?}", stored.keys());
+        let mut ids: Vec<String> = lives.iter().map(|(id, _)| id.clone()).chain(self.manager.pooled_ids()).collect();
+        ids.sort();
+        assert_eq!(self.sandbox_dirs(), ids, "sandbox directories and sandboxes (pooled too) differ");
+        assert_eq!(self.backend.live(), running + self.manager.pooled_count(), "VMs running besides the running and pooled sandboxes");
+        assert!(lock(&self.manager.pinned).is_empty(), "pins left: {:?}", lock(&self.manager.pinned));
+        // Every snapshot directory is a stored snapshot or under a sandbox.
+        self.manager.prune_snapshot_files().await;
+        let kept: std::collections::HashSet<PathBuf> = self.manager.store.snapshot_dirs().await.expect("dirs").into_iter().map(PathBuf::from).collect();
+        for dir in self.snapshot_dirs() {
+            let based: bool = crate::sandbox::base_snapshots_in_use(&self.manager.home).iter().any(|b| b == &dir)
+                || kept.iter().filter_map(|k| crate::snapshot::MemorySnapshot::open(k)?.manifest.base).any(|b| b == dir);
+            assert!(kept.contains(&dir) || based, "snapshot files nothing uses: {}", dir.display());
+        }
+    }
+
+    /// Kills every sandbox, deletes every snapshot, and checks that nothing but the
+    /// pools is left.
+    pub async fn kill_all(&self) {
+        let ids: Vec<String> = lock(&self.manager.live).keys().cloned().collect();
+        for id in ids {
+            let live = lock(&self.manager.live)[&id].clone();
+            let key = lock(&live.row).key_id.clone();
+            self.manager.kill(&key, &id).await.expect("kill");
+        }
+        for key in &self.keys {
+            for snap in self.manager.list_snapshots(key).await.expect("snapshots") {
+                self.manager.delete_snapshot(key, &snap.id).await.expect("delete snapshot");
+            }
+        }
+        self.settled().await;
+        let mut pooled = self.manager.pooled_ids();
+        pooled.sort();
+        assert_eq!(self.sandbox_dirs(), pooled, "only pooled sandboxes are left");
+        assert_eq!(self.snapshot_dirs(), Vec::<PathBuf>::new());
+        assert_eq!(self.backend.live(), self.manager.pooled_count());
+    }
+}
+
+/// A create of the base template.
+pub(super) fn base() -> CreateSpec {
+    CreateSpec { template: "base".into(), ..CreateSpec::default() }
+}
+
+/// Polls `done` every 20 ms until it holds or `limit` passes; whether it held.
+pub(super) async fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if done() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
