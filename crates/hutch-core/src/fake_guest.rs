@@ -12,6 +12,7 @@ use hutch_vmm::fake::{FakeGuest, RunningGuest};
 use hutch_vmm::VmSpec;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -30,19 +31,32 @@ struct Guest {
 struct Shared {
     guest: Mutex<Guest>,
     idle: tokio::sync::Notify,
+    wedged: Arc<AtomicBool>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Runs a `FakeAgent` guest per fake VM.
-pub struct FakeAgent;
+/// Runs a fake agent per fake VM.
+#[derive(Clone, Default)]
+pub struct FakeAgent {
+    wedged: Arc<AtomicBool>,
+}
+
+impl FakeAgent {
+    /// Makes every guest's agent answer each request with 503 (a wedged guest that
+    /// still holds its channel), or serve again.
+    pub fn wedge(&self, wedged: bool) {
+        self.wedged.store(wedged, Ordering::SeqCst);
+    }
+}
 
 impl FakeGuest for FakeAgent {
     fn run(&self, spec: &VmSpec, memory: Option<Vec<u8>>) -> Box<dyn RunningGuest> {
         let values = memory.and_then(|m| serde_json::from_slice(&m).ok()).unwrap_or_default();
-        let shared = Arc::new(Shared { guest: Mutex::new(Guest { values, ..Guest::default() }), idle: tokio::sync::Notify::new() });
+        let guest = Mutex::new(Guest { values, ..Guest::default() });
+        let shared = Arc::new(Shared { guest, idle: tokio::sync::Notify::new(), wedged: self.wedged.clone() });
         let socket = spec.agent_socket();
         let _ = std::fs::remove_file(&socket);
         let listener = UnixListener::bind(&socket).expect("binding the fake agent's socket");
@@ -132,6 +146,9 @@ async fn answer(req: http::Request<hyper::body::Incoming>, shared: &Shared) -> h
     let (parts, body) = req.into_parts();
     let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
     let path = parts.uri.path().to_string();
+    if shared.wedged.load(Ordering::SeqCst) {
+        return status(http::StatusCode::SERVICE_UNAVAILABLE);
+    }
     match (parts.method.as_str(), path.as_str()) {
         ("GET", "/health") | ("POST", "/sync") => status(http::StatusCode::NO_CONTENT),
         ("POST", "/init") => match serde_json::from_slice::<InitRequest>(&body) {

@@ -75,6 +75,9 @@ pub enum CreateError {
     TemplateSnapshot(#[source] Box<crate::template_snapshot::TemplateSnapshotError>),
     #[error("the sandbox's record")]
     Record(#[source] crate::record::RecordError),
+    /// A resumed guest ran and then failed: its saved state is gone with it.
+    #[error("the resumed guest ran, then failed, so its saved state no longer matches its disk")]
+    RanThenFailed(#[source] Box<CreateError>),
 }
 
 /// Why a sandbox an earlier server left running could not be taken over.
@@ -104,8 +107,6 @@ pub enum PauseError {
     NotRunning,
     #[error(transparent)]
     Save(#[from] SaveError),
-    #[error("the paused VM did not stop")]
-    Stop(#[source] hutch_vmm::StopError),
 }
 
 /// How a sandbox came to run.
@@ -295,11 +296,22 @@ impl Sandbox {
         record.spec.incoming = Some(Incoming { state: dir.join(PAUSED_STATE), ignore_shared: false });
         record.spec.die_with_parent = opts.die_with_parent;
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
-        let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
-        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true).await?;
-        record.spec.incoming = None;
-        write_record(dir, &record)?;
+        let mut vm = backend.start(&record.spec).await.map_err(CreateError::Start)?;
+        vm.load().await.map_err(CreateError::Restore)?;
+        vm.resume().await.map_err(CreateError::Restore)?;
+        // The guest runs from here: its disk moves on from the saved state, so a
+        // failure now cannot fall back to paused (loading that state again over the
+        // changed disk would corrupt its filesystem).
+        let ran = async {
+            let agent = connect_restored(vm.as_mut(), opts.boot_timeout, started).await?;
+            let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true).await?;
+            record.spec.incoming = None;
+            write_record(dir, &record)?;
+            Ok(agent)
+        }
+        .await;
         let _ = std::fs::remove_file(dir.join(PAUSED_STATE));
+        let agent = ran.map_err(|e| CreateError::RanThenFailed(Box::new(e)))?;
         Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Resumed, keep_dir: false })
     }
 
@@ -371,9 +383,39 @@ impl Sandbox {
             return Err(PauseError::Save(e));
         }
         self.keep_dir = true;
-        let result = vm.stop(Duration::from_secs(5)).await.map_err(PauseError::Stop);
+        // The state is saved whole: the sandbox is paused even if QEMU will not quit
+        // (dropping the handle kills it).
+        if let Err(e) = vm.stop(Duration::from_secs(5)).await {
+            tracing::warn!(sandbox = %self.id, "stopping the paused VM: {e}");
+        }
         self.vm = None;
-        result
+        Ok(())
+    }
+
+    /// Whether the VM runs and its agent answers; why not, if not. Asked after an
+    /// operation failed halfway, to tell a sandbox that runs on from a wedged one.
+    pub async fn health(&mut self) -> Result<(), String> {
+        let Some(vm) = self.vm.as_mut() else { return Err("it has no VM".into()) };
+        if let Some(status) = vm.exit_status() {
+            return Err(format!("its VM ended ({status})"));
+        }
+        // What the user is told names no host detail; the log has the cause.
+        match vm.run_state().await {
+            Ok(state) if state == "running" => {}
+            Ok(state) => return Err(format!("its VM is stuck in QEMU's state '{state}'")),
+            Err(e) => {
+                tracing::warn!(sandbox = %self.id, "asking QEMU for the VM's state: {e}");
+                return Err("its VM does not answer QEMU's monitor".into());
+            }
+        }
+        match tokio::time::timeout(HEALTH_WAIT, self.agent.health()).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                tracing::warn!(sandbox = %self.id, "the agent's health check: {e}");
+                Err("its guest agent does not answer".into())
+            }
+            Err(_) => Err(format!("its guest agent did not answer within {} s", HEALTH_WAIT.as_secs())),
+        }
     }
 
     /// Saves the running sandbox as a memory snapshot in `dir` (a fork's source, an
@@ -523,6 +565,9 @@ async fn flush_guest(agent: &AgentClient) {
 /// How long an adopted guest's agent may take to see the dead server's session end
 /// and take a new one.
 const ADOPT_AGENT_WAIT: Duration = Duration::from_secs(30);
+
+/// How long a guest agent may take to answer a health check after a failed save.
+const HEALTH_WAIT: Duration = Duration::from_secs(10);
 
 /// How long a guest agent may take to end the host's session before a save.
 const RELEASE_WAIT: Duration = Duration::from_secs(10);

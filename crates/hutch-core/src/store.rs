@@ -56,6 +56,9 @@ pub struct SandboxRow {
     pub dir: String,
     /// On timeout, pause instead of kill.
     pub auto_pause: bool,
+    /// Why the sandbox failed, if it has: its owner's word, never stored (a failed
+    /// sandbox does not outlive the server).
+    pub failure: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -287,6 +290,7 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         qemu_pid: r.get("qemu_pid"),
         dir: r.get("dir"),
         auto_pause: r.get("auto_pause"),
+        failure: None,
     })
 }
 

@@ -40,6 +40,9 @@ pub struct SandboxInfo {
     pub started_at: String,
     pub end_at: String,
     pub state: String,
+    /// Why the sandbox failed, if it has (hutch's own field; `state` stays E2B's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
     pub cpu_count: i64,

@@ -145,6 +145,11 @@ pub struct SandboxDetail {
     #[serde(rename = "diskSizeMB")]
     pub disk_size_mb: i64,
     pub state: String,
+    /// hutch's own: why the sandbox failed (its VM or agent stopped answering). E2B's
+    /// `state` has only running and paused, so a failed sandbox stays "running" there
+    /// (the SDKs parse it) and says it here; kill it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     pub metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envd_access_token: Option<String>,
@@ -167,6 +172,7 @@ impl From<&SandboxRow> for SandboxDetail {
             memory_mb: r.memory_mb,
             disk_size_mb: r.disk_mb,
             state: r.state.clone(),
+            failure: r.failure.clone(),
             metadata: r.metadata.clone(),
             envd_access_token: r.envd_token.clone(),
             traffic_access_token: r.traffic_token.clone(),

@@ -67,7 +67,9 @@ impl From<ManagerError> for ApiError {
             ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
             ManagerError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
-            ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Conflict(_) | ManagerError::Transition(_) => StatusCode::CONFLICT,
+            ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Failed { .. } | ManagerError::Conflict(_) | ManagerError::Transition(_) => {
+                StatusCode::CONFLICT
+            }
             // The guest held its session past the deadline, or the VM is not running: the
             // sandbox's state, not a server failure, and nothing was changed.
             ManagerError::Pause(PauseError::Save(SaveError::AgentBusy(_)) | PauseError::NotRunning) => StatusCode::CONFLICT,
@@ -118,7 +120,10 @@ mod tests {
         let e = ApiError::from(ManagerError::Pause(PauseError::Save(SaveError::AgentBusy(10))));
         assert_eq!(e.status, StatusCode::CONFLICT);
         assert!(e.message.contains("did not release its session within 10 s"), "{}", e.message);
-        let e = ApiError::from(ManagerError::Pause(PauseError::Stop(hutch_vmm::StopError::Kill { pid: 1, source: std::io::Error::other("x") })));
+        let e = ApiError::from(ManagerError::Pause(PauseError::Save(SaveError::Vm(hutch_vmm::SnapshotError::NoQmp))));
         assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        let e = ApiError::from(ManagerError::Failed { id: "i1".into(), why: "its guest agent does not answer".into() });
+        assert_eq!(e.status, StatusCode::CONFLICT);
+        assert!(e.message.contains("has failed (its guest agent does not answer); kill it"), "{}", e.message);
     }
 }

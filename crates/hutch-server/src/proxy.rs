@@ -58,6 +58,13 @@ fn paused(id: &str) -> Response {
     (StatusCode::BAD_GATEWAY, Json(body)).into_response()
 }
 
+/// A sandbox whose VM or agent stopped answering: the proxy cannot reach it, as for a
+/// paused one, and says what to do.
+fn failed(id: &str, message: String) -> Response {
+    let body = json!({ "sandboxId": id, "message": message, "code": 502 });
+    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
 fn port_closed(id: &str, port: u16) -> Response {
     let body = json!({ "sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": 502 });
     (StatusCode::BAD_GATEWAY, Json(body)).into_response()
@@ -88,6 +95,7 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
     let agent = match state.manager.agent(&target.sandbox) {
         Ok(agent) => agent,
         Err(hutch_core::manager::ManagerError::Paused(_)) => return paused(&target.sandbox),
+        Err(e @ hutch_core::manager::ManagerError::Failed { .. }) => return failed(&target.sandbox, e.to_string()),
         Err(_) => return not_found(&target.sandbox),
     };
     if target.port == ENVD_PORT && INTERNAL.contains(&req.uri().path().trim_end_matches('/')) {

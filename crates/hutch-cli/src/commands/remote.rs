@@ -129,7 +129,11 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
                 crate::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} METADATA", "SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS");
                 for s in list {
                     let meta: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                    crate::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} {}", s.sandbox_id, s.template_id, s.state, s.started_at, s.end_at, meta.join(","));
+                    let state = if s.failure.is_some() { "failed" } else { s.state.as_str() };
+                    crate::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} {}", s.sandbox_id, s.template_id, state, s.started_at, s.end_at, meta.join(","));
+                    if let Some(why) = &s.failure {
+                        crate::outln!("  {} failed: {why}; kill it with `hutch kill {}`", s.sandbox_id, s.sandbox_id);
+                    }
                 }
             }
         }

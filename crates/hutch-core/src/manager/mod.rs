@@ -94,6 +94,9 @@ pub enum ManagerError {
     Paused(String),
     #[error("sandbox '{0}' is already paused")]
     AlreadyPaused(String),
+    /// Its VM or agent stopped answering and an operation could not bring it back.
+    #[error("sandbox '{id}' has failed ({why}); kill it (DELETE /sandboxes/{id}) and start another")]
+    Failed { id: String, why: String },
     #[error("pausing the sandbox failed")]
     Pause(#[source] PauseError),
     #[error("resuming the sandbox failed")]
@@ -142,10 +145,24 @@ impl Live {
         Arc::new(Live { row: Mutex::new(row), agent: Mutex::new(None), owner: owner::Owner::spawn(state::SandboxState::Paused, None) })
     }
 
-    /// Whether it holds a VM (what the server's limit counts).
+    /// Whether it runs a VM the reaper looks after (ended VMs, expiry, full disks).
     fn is_running(&self) -> bool {
         use state::SandboxState::*;
         matches!(self.owner.state(), Creating | Running | Pausing | Snapshotting)
+    }
+
+    /// Whether it may hold a VM: what the server's limit and the running quota count.
+    /// A failed sandbox's VM may still run (a wedged guest) until it is killed.
+    fn holds_vm(&self) -> bool {
+        self.is_running() || self.owner.state() == state::SandboxState::Failed
+    }
+
+    /// Its record as clients see it: the state and failure are its owner's.
+    fn row(&self) -> SandboxRow {
+        let mut row = lock(&self.row).clone();
+        row.state = self.owner.state().api_name().to_string();
+        row.failure = self.owner.failure();
+        row
     }
 }
 
@@ -180,6 +197,18 @@ pub struct ListFilter {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An error and its causes on one line, for the server's log.
+fn causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }
 
 fn parse_time(s: &str) -> SystemTime {
@@ -314,13 +343,13 @@ impl SandboxManager {
     /// Running and pooled sandboxes (plus those being started): what the limit
     /// counts. Paused sandboxes hold no VM and do not count.
     fn running_count(&self) -> usize {
-        lock(&self.live).values().filter(|l| l.is_running()).count() + self.pooled_count()
+        lock(&self.live).values().filter(|l| l.holds_vm()).count() + self.pooled_count()
     }
 
     /// (running, paused) sandboxes of all keys, pools not included.
     pub fn counts(&self) -> (usize, usize) {
         let live = lock(&self.live);
-        let running = live.values().filter(|l| l.is_running()).count();
+        let running = live.values().filter(|l| l.holds_vm()).count();
         (running, live.len() - running)
     }
 
@@ -424,6 +453,7 @@ impl SandboxManager {
             qemu_pid: sandbox.pid().map(i64::from),
             dir: sandbox.dir().display().to_string(),
             auto_pause: spec.auto_pause,
+            failure: None,
         };
         if let Err(e) = self.store.insert_sandbox(&row).await {
             let _ = sandbox.destroy().await;
@@ -445,14 +475,14 @@ impl SandboxManager {
     }
 
     pub fn get(&self, key_id: &str, id: &str) -> Result<SandboxRow, ManagerError> {
-        Ok(lock(&self.find(key_id, id)?.row).clone())
+        Ok(self.find(key_id, id)?.row())
     }
 
     pub fn list(&self, key_id: &str, filter: &ListFilter) -> Vec<SandboxRow> {
         let live: Vec<_> = lock(&self.live).values().cloned().collect();
         let mut rows: Vec<SandboxRow> = live
             .iter()
-            .map(|l| lock(&l.row).clone())
+            .map(|l| l.row())
             .filter(|r| r.key_id == key_id)
             .filter(|r| filter.states.is_empty() || filter.states.contains(&r.state))
             .filter(|r| filter.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
@@ -538,6 +568,9 @@ impl SandboxManager {
     /// agent itself checks the access token of secure sandboxes).
     pub fn agent(&self, id: &str) -> Result<AgentClient, ManagerError> {
         let live = lock(&self.live).get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        if let Some(why) = live.owner.failure() {
+            return Err(ManagerError::Failed { id: id.to_string(), why });
+        }
         let agent = lock(&live.agent).clone();
         agent.ok_or_else(|| ManagerError::Paused(id.to_string()))
     }
@@ -599,11 +632,11 @@ impl SandboxManager {
         let now = SystemTime::now();
         let expired: Vec<(String, Arc<Live>)> = lock(&self.live)
             .iter()
-            .filter(|(_, l)| l.is_running() && parse_time(&lock(&l.row).end_at) <= now)
+            .filter(|(_, l)| l.holds_vm() && parse_time(&lock(&l.row).end_at) <= now)
             .map(|(id, l)| (id.clone(), l.clone()))
             .collect();
         for (id, live) in expired {
-            if lock(&live.row).auto_pause {
+            if lock(&live.row).auto_pause && live.is_running() {
                 tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
                 match self.pause_live(&id, &live, pause::PausedBy::AutoPause).await {
                     // A client's pause got there first: paused is what was asked.

@@ -8,18 +8,26 @@
 
 use super::state::{advance, SandboxState, TransitionError};
 use super::{lock, ManagerError};
+use crate::agent::AgentClient;
 use crate::sandbox::Sandbox;
 use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
+/// What readers see of the owner: its state, and why it failed if it did.
+#[derive(Debug, Clone)]
+struct Published {
+    state: SandboxState,
+    failure: Option<String>,
+}
+
 /// What the owner holds; operations get it exclusively while they run.
 pub(super) struct Owned {
     state: SandboxState,
     pub sandbox: Option<Sandbox>,
     /// The state published to readers, updated on every move.
-    published: Arc<Mutex<SandboxState>>,
+    published: Arc<Mutex<Published>>,
 }
 
 impl Owned {
@@ -30,8 +38,40 @@ impl Owned {
     /// Moves to `next` (readers see it at once), or says why the machine refuses.
     pub fn advance(&mut self, next: SandboxState) -> Result<SandboxState, TransitionError> {
         let previous = advance(&mut self.state, next)?;
-        *lock(&self.published) = next;
+        lock(&self.published).state = next;
         Ok(previous)
+    }
+
+    /// After a save that failed halfway (a pause or snapshot): back to running with the
+    /// data plane's agent restored if the VM runs and its agent answers, else failed
+    /// with the reason, for the user to see and kill.
+    pub async fn settle_after_failure(&mut self, agent: &Mutex<Option<AgentClient>>) -> Result<(), TransitionError> {
+        let health = match self.sandbox.as_mut() {
+            Some(sandbox) => sandbox.health().await,
+            None => Err("it has no VM".to_string()),
+        };
+        match health {
+            Ok(()) => {
+                if let Some(sandbox) = self.sandbox.as_ref() {
+                    *lock(agent) = Some(sandbox.agent().clone());
+                }
+                self.advance(SandboxState::Running).map(drop)
+            }
+            Err(why) => {
+                tracing::warn!("a sandbox failed: {why}");
+                self.fail(why).map(drop)
+            }
+        }
+    }
+
+    /// Moves to `Failed`, saying why: what the user sees until they kill it.
+    pub fn fail(&mut self, why: String) -> Result<SandboxState, TransitionError> {
+        if !self.state.can_become(SandboxState::Failed) {
+            return Err(TransitionError { from: self.state, to: SandboxState::Failed });
+        }
+        // The reason first: a reader that sees Failed finds why.
+        lock(&self.published).failure = Some(why);
+        self.advance(SandboxState::Failed)
     }
 }
 
@@ -41,14 +81,14 @@ type Operation = Box<dyn for<'a> FnOnce(&'a mut Owned) -> BoxFuture<'a, ()> + Se
 /// drops what it holds (a running VM is killed, a paused sandbox's files stay).
 pub(super) struct Owner {
     operations: mpsc::UnboundedSender<Operation>,
-    state: Arc<Mutex<SandboxState>>,
+    state: Arc<Mutex<Published>>,
     busy: Arc<AtomicBool>,
 }
 
 impl Owner {
     /// Starts the owner of `sandbox` (None: paused) in `state`.
     pub fn spawn(state: SandboxState, sandbox: Option<Sandbox>) -> Owner {
-        let published = Arc::new(Mutex::new(state));
+        let published = Arc::new(Mutex::new(Published { state, failure: None }));
         let busy = Arc::new(AtomicBool::new(false));
         let (operations, mut queue) = mpsc::unbounded_channel::<Operation>();
         let mut owned = Owned { state, sandbox, published: published.clone() };
@@ -65,7 +105,12 @@ impl Owner {
 
     /// The state as of the last move.
     pub fn state(&self) -> SandboxState {
-        *lock(&self.state)
+        lock(&self.state).state
+    }
+
+    /// Why it failed, once it has.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.state).failure.clone()
     }
 
     /// Whether an operation is running now (the reaper leaves such sandboxes alone).

@@ -120,9 +120,8 @@ impl SandboxManager {
         let Some(sandbox) = o.sandbox.as_mut() else { return Err(ManagerError::Internal("the paused sandbox has no VM".into())) };
         if let Err(e) = sandbox.pause().await {
             // Refused or failed before the VM stopped for good: it runs on, with its
-            // session back (a VM that died is found by the reaper).
-            *lock(&live.agent) = Some(sandbox.agent().clone());
-            o.advance(SandboxState::Running)?;
+            // session back, unless the VM or its agent no longer answers.
+            o.settle_after_failure(&live.agent).await?;
             return Err(ManagerError::Pause(e));
         }
         // Dropping a paused Sandbox keeps its directory.
@@ -130,7 +129,6 @@ impl SandboxManager {
         o.advance(SandboxState::Paused)?;
         let end_at = {
             let mut row = lock(&live.row);
-            row.state = "paused".into();
             row.qemu_pid = None;
             row.end_at.clone()
         };
@@ -152,7 +150,7 @@ impl SandboxManager {
             let owner = live.clone();
             owner.owner.run(move |o: &mut Owned| -> BoxFuture<'_, Result<Connected, ManagerError>> { Box::pin(async move { m.resume_owned(&id, &live, o, secs).await }) }).await??
         };
-        let row = lock(&live.row).clone();
+        let row = live.row();
         let Some(secs) = secs else { return Ok((row, how)) };
         let wanted = SystemTime::now() + Duration::from_secs(secs);
         if wanted > parse_time(&row.end_at) {
@@ -162,8 +160,10 @@ impl SandboxManager {
     }
 
     async fn resume_owned(&self, id: &str, live: &Live, o: &mut Owned, secs: Option<u64>) -> Result<Connected, ManagerError> {
-        if o.sandbox.is_some() {
-            return Ok(Connected::AlreadyRunning);
+        match o.state() {
+            SandboxState::Running => return Ok(Connected::AlreadyRunning),
+            SandboxState::Failed => return Err(ManagerError::Failed { id: id.to_string(), why: live.owner.failure().unwrap_or_default() }),
+            _ => {}
         }
         // Only a paused sandbox resumes: a failed or killed one says so (409).
         if !o.state().can_become(SandboxState::Resuming) {
@@ -176,6 +176,11 @@ impl SandboxManager {
         o.advance(SandboxState::Resuming)?;
         let sandbox = match Sandbox::resume(Path::new(&row.dir), self.backend.as_ref(), &opts).await {
             Ok(sandbox) => sandbox,
+            Err(e @ crate::sandbox::CreateError::RanThenFailed(_)) => {
+                tracing::warn!(sandbox = %id, "{}", super::causes(&e));
+                o.fail("its guest stopped answering right after it was resumed, so its saved state no longer matches its disk and it cannot be resumed again".into())?;
+                return Err(ManagerError::Resume(e));
+            }
             Err(e) => {
                 // Its saved state is still on disk (a resume removes it only once the VM
                 // runs): paused, as before.
@@ -194,7 +199,6 @@ impl SandboxManager {
         o.advance(SandboxState::Running)?;
         {
             let mut row = lock(&live.row);
-            row.state = "running".into();
             row.qemu_pid = pid;
             row.end_at = end_at.clone();
         }

@@ -103,6 +103,10 @@ impl SandboxManager {
         lock(&live.agent).take();
         let Some(sandbox) = o.sandbox.as_mut() else { return Err(ManagerError::Internal("the running sandbox has no VM".into())) };
         let made = sandbox.snapshot(dir, template).await.map_err(ManagerError::Pause);
+        if made.is_err() {
+            o.settle_after_failure(&live.agent).await?;
+            return made;
+        }
         *lock(&live.agent) = Some(sandbox.agent().clone());
         o.advance(SandboxState::Running)?;
         made
@@ -285,7 +289,7 @@ impl SandboxManager {
             return Err(ManagerError::InvalidArgument(format!("count must be between 1 and {MAX_FORKS}, got {count}")));
         }
         let live = self.find(key_id, id)?;
-        let source = lock(&live.row).clone();
+        let source = live.row();
         if source.state != "running" {
             return Err(ManagerError::Paused(id.to_string()));
         }

@@ -6,6 +6,7 @@
 
 mod accounting;
 mod cancellation;
+mod failed;
 mod lifecycle;
 
 use super::state::SandboxState;
@@ -19,6 +20,8 @@ pub(super) struct Env {
     _tmp: tempfile::TempDir,
     root: PathBuf,
     pub backend: FakeBackend,
+    /// The guests' agents (`wedge` them).
+    pub guest: FakeAgent,
     pub manager: Arc<SandboxManager>,
     /// Two API keys' ids.
     pub keys: [String; 2],
@@ -36,9 +39,10 @@ impl Env {
         let store = Store::open_file(&root.join("hutch.db")).await.expect("store");
         let a = store.create_key("a").await.expect("key").0.id;
         let b = store.create_key("b").await.expect("key").0.id;
-        let backend = FakeBackend::with_guest(Arc::new(FakeAgent));
+        let guest = FakeAgent::default();
+        let backend = FakeBackend::with_guest(Arc::new(guest.clone()));
         let manager = Self::start(&root, store, &backend, &config).await;
-        Env { _tmp: tmp, root, backend, manager, keys: [a, b], config }
+        Env { _tmp: tmp, root, backend, guest, manager, keys: [a, b], config }
     }
 
     async fn start(root: &Path, store: Store, backend: &FakeBackend, config: &ManagerConfig) -> Arc<SandboxManager> {
@@ -107,23 +111,29 @@ impl Env {
         assert!(quiet, "operations still running after {SETTLE:?}");
         let lives: Vec<(String, Arc<Live>)> = lock(&self.manager.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let stored: HashMap<String, SandboxRow> = self.manager.store.sandboxes().await.expect("rows").into_iter().map(|r| (r.id.clone(), r)).collect();
-        let mut running = 0;
+        let (mut running, mut failed) = (0, 0);
         for (id, live) in &lives {
             let state = live.owner.state();
-            assert!(matches!(state, SandboxState::Running | SandboxState::Paused), "{id} settled in {state:?}");
-            let row = lock(&live.row).clone();
-            assert_eq!(row.state, state.api_name(), "{id}: the row says {} while the owner says {state:?}", row.state);
-            assert_eq!(stored.get(id).map(|r| r.state.as_str()), Some(state.api_name()), "{id}: the store disagrees");
+            assert!(matches!(state, SandboxState::Running | SandboxState::Paused | SandboxState::Failed), "{id} settled in {state:?}");
+            let row = live.row();
+            assert_eq!(row.failure.is_some(), state == SandboxState::Failed, "{id}: a failure is shown exactly when it failed");
+            if state != SandboxState::Failed {
+                assert_eq!(stored.get(id).map(|r| r.state.as_str()), Some(state.api_name()), "{id}: the store disagrees");
+            }
             assert_eq!(lock(&live.agent).is_some(), state == SandboxState::Running, "{id}: a data-plane agent only while running");
             let dir = Path::new(&row.dir);
             assert_eq!(dir.join(crate::sandbox::PAUSED_STATE).is_file(), state == SandboxState::Paused, "{id}: saved state only while paused");
             running += usize::from(state == SandboxState::Running);
+            failed += usize::from(state == SandboxState::Failed);
         }
         assert_eq!(stored.len(), lives.len(), "the store holds sandboxes the manager does not: {:?}", stored.keys());
         let mut ids: Vec<String> = lives.iter().map(|(id, _)| id.clone()).chain(self.manager.pooled_ids()).collect();
         ids.sort();
         assert_eq!(self.sandbox_dirs(), ids, "sandbox directories and sandboxes (pooled too) differ");
-        assert_eq!(self.backend.live(), running + self.manager.pooled_count(), "VMs running besides the running and pooled sandboxes");
+        // A failed sandbox may still hold its (wedged) VM until it is killed.
+        let vms = self.backend.live();
+        let expected = running + self.manager.pooled_count();
+        assert!((expected..=expected + failed).contains(&vms), "{vms} VMs run for {expected} running and pooled sandboxes and {failed} failed ones");
         assert!(lock(&self.manager.pinned).is_empty(), "pins left: {:?}", lock(&self.manager.pinned));
         // Every snapshot directory is a stored snapshot or under a sandbox.
         self.manager.prune_snapshot_files().await;
