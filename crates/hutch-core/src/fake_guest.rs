@@ -163,6 +163,8 @@ async fn answer(req: http::Request<hyper::body::Incoming>, shared: &Shared) -> h
             json(&ClockReply { unix_ns: now })
         }
         ("GET", "/metrics") => json(&Metrics::default()),
+        // Never answers: a guest stuck on one request.
+        ("GET", "/fake/hang") => std::future::pending().await,
         ("GET", "/fake/envs") => json(&lock(&shared.guest).envs),
         ("GET", "/fake/values") => json(&lock(&shared.guest).values),
         ("POST", "/fake/put") => match serde_json::from_slice::<BTreeMap<String, String>>(&body) {
@@ -199,4 +201,64 @@ pub fn artifacts(root: &std::path::Path) -> crate::Artifacts {
     std::fs::create_dir_all(&artifacts.template.dir).expect("template dir");
     std::fs::write(artifacts.template.image(), vec![0u8; 1 << 20]).expect("template image");
     artifacts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hutch_vmm::fake::FakeGuest;
+    use std::time::{Duration, Instant};
+
+    fn spec(dir: &std::path::Path) -> VmSpec {
+        VmSpec {
+            id: "t".into(),
+            dir: dir.to_path_buf(),
+            kernel: dir.join("k"),
+            initrd: dir.join("i"),
+            disk: dir.join("d"),
+            base: None,
+            cpus: 1,
+            memory_mib: 256,
+            accel: hutch_vmm::Accel::Tcg,
+            memory: hutch_vmm::Memory::Anonymous,
+            incoming: None,
+            die_with_parent: true,
+            agent_channel: "t".into(),
+        }
+    }
+
+    /// The data proxy's deadline on an agent's answer starts once the request is sent:
+    /// a stuck guest's call ends, a slow upload does not.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_answer_deadline_starts_after_the_request_body() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let spec = spec(tmp.path());
+        let _guest = FakeAgent::default().run(&spec, None);
+        let agent = crate::agent::connect(&spec.agent_socket()).await.expect("connect");
+        let limit = Duration::from_millis(300);
+
+        let hang = http::Request::get("http://agent/fake/hang").body(crate::agent::full(Bytes::new())).expect("request");
+        let started = Instant::now();
+        let stuck = tokio::time::timeout(Duration::from_secs(10), agent.send_answered_within(hang, limit)).await.expect("the deadline ends the call");
+        assert!(matches!(stuck, Err(crate::agent::AgentError::Timeout { .. })), "{stuck:?}");
+        assert!(started.elapsed() >= limit);
+
+        // A body that takes three times the limit to arrive.
+        let (chunks, receiver) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, crate::agent::BoxError>>(1);
+        let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver)).boxed_unsync();
+        let upload = http::Request::post("http://agent/fake/put").body(body).expect("request");
+        let sending = tokio::spawn(async move {
+            for part in [&b"{\"slow\""[..], b":\"up", b"load\"}"] {
+                tokio::time::sleep(limit / 3 * 3 / 2).await;
+                let _ = chunks.send(Ok(hyper::body::Frame::data(Bytes::from_static(part)))).await;
+            }
+        });
+        let started = Instant::now();
+        let answered = agent.send_answered_within(upload, limit).await.expect("a slow upload is answered");
+        assert!(started.elapsed() > limit, "the body took longer than the limit");
+        assert!(answered.status().is_success(), "{}", answered.status());
+        sending.await.expect("sender");
+        let values: BTreeMap<String, String> = agent.get_json("/fake/values").await.expect("values");
+        assert_eq!(values["slow"], "upload");
+    }
 }

@@ -3,6 +3,7 @@
 //! hutch itself uses), or HTTP through `hutch serve`'s data proxy (what remote clients
 //! use), which routes by the `E2b-Sandbox-Id` header.
 
+mod answer_deadline;
 mod files;
 mod process;
 mod tunnel;

@@ -124,7 +124,7 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"code": 400, "message": e.to_string()}))).into_response(),
     };
-    match agent.send(upstream).await {
+    match agent.send_answered_within(upstream, ANSWER_WAIT).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             for name in HOP_BY_HOP {
@@ -132,12 +132,22 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
             }
             Response::from_parts(parts, Body::new(body))
         }
+        Err(e @ hutch_core::AgentError::Timeout { .. }) => {
+            tracing::warn!(sandbox = %target.sandbox, "proxying to the agent: {e}");
+            let message = format!("the sandbox's agent did not answer within {} s of the request; the guest may be overloaded or stuck", ANSWER_WAIT.as_secs());
+            (StatusCode::GATEWAY_TIMEOUT, Json(json!({ "sandboxId": target.sandbox, "code": 504, "message": message }))).into_response()
+        }
         Err(e) => {
             tracing::warn!(sandbox = %target.sandbox, "proxying to the agent: {e}");
             not_found(&target.sandbox)
         }
     }
 }
+
+/// How long the agent may take to start answering a data-plane request once its body
+/// is sent (streams then run as long as they do): a guest stuck for this long gets
+/// its caller a 504 instead of a request that never ends.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// HTTP/1.1 over a tunnel to the guest port; upgrades (WebSocket) are spliced through.
 async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request) -> Response {
