@@ -177,6 +177,8 @@ pub struct SandboxManager {
     /// Each template's artifacts, prepared once: a build holds only its own cell, so
     /// creates of other templates never wait behind it.
     artifacts: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Artifacts>>>>,
+    /// Makes a template's artifacts (blocking: downloads, image builds).
+    builder: Builder,
     /// Snapshot directories being made or used right now, which pruning must skip.
     pinned: Mutex<std::collections::HashSet<std::path::PathBuf>>,
     pools: Mutex<pool::Pools>,
@@ -186,6 +188,9 @@ pub struct SandboxManager {
     /// This manager, for the background tasks it starts.
     me: std::sync::Weak<SandboxManager>,
 }
+
+/// What makes a template's artifacts (`Artifacts::prepare` but in unit tests).
+pub(crate) type Builder = Arc<dyn Fn(&HutchHome, &str) -> Result<Artifacts, ArtifactsError> + Send + Sync>;
 
 /// Filter of `list`.
 #[derive(Debug, Clone, Default)]
@@ -219,19 +224,13 @@ impl SandboxManager {
     /// Opens the manager. Sandboxes recorded by an earlier server whose VMs are gone (or
     /// that this server cannot take over) are cleaned up and logged, never left behind.
     pub async fn start(home: HutchHome, store: Store, backend: Arc<dyn VmBackend>, config: ManagerConfig) -> Result<Arc<SandboxManager>, ManagerError> {
-        Self::start_with(home, store, backend, config, HashMap::new()).await
+        let builder: Builder = Arc::new(|home: &HutchHome, template: &str| Artifacts::prepare(home, template, &hutch_image::progress::Quiet));
+        Self::start_with(home, store, backend, config, builder).await
     }
 
-    /// `start`, with some templates' artifacts given instead of prepared on first use
-    /// (unit tests: a fake backend boots no real image).
-    pub(crate) async fn start_with(
-        home: HutchHome,
-        store: Store,
-        backend: Arc<dyn VmBackend>,
-        config: ManagerConfig,
-        prepared: HashMap<String, Artifacts>,
-    ) -> Result<Arc<SandboxManager>, ManagerError> {
-        let prepared = prepared.into_iter().map(|(t, a)| (t, Arc::new(tokio::sync::OnceCell::new_with(Some(a))))).collect();
+    /// `start`, with templates' artifacts made by `builder` (unit tests: a fake backend
+    /// boots no real image).
+    pub(crate) async fn start_with(home: HutchHome, store: Store, backend: Arc<dyn VmBackend>, config: ManagerConfig, builder: Builder) -> Result<Arc<SandboxManager>, ManagerError> {
         let mut config = config;
         config.pool = config.pool.into_iter().filter(|(_, n)| *n > 0).map(|(t, n)| (canonical(&t), n)).collect();
         let manager = Arc::new_cyclic(|me| SandboxManager {
@@ -241,7 +240,8 @@ impl SandboxManager {
             config,
             live: Mutex::new(HashMap::new()),
             starting: Mutex::new(0),
-            artifacts: Mutex::new(prepared),
+            artifacts: Mutex::new(HashMap::new()),
+            builder,
             pinned: Mutex::new(Default::default()),
             pools: Mutex::new(Default::default()),
             shutting_down: Default::default(),
@@ -321,8 +321,8 @@ impl SandboxManager {
     }
 
     async fn build(&self, template: &str) -> Result<Artifacts, ManagerError> {
-        let (home, name) = (self.home.clone(), template.to_string());
-        tokio::task::spawn_blocking(move || Artifacts::prepare(&home, &name, &hutch_image::progress::Quiet))
+        let (home, name, builder) = (self.home.clone(), template.to_string(), self.builder.clone());
+        tokio::task::spawn_blocking(move || builder(&home, &name))
             .await
             .map_err(|e| ManagerError::Internal(e.to_string()))?
             .map_err(|e| match e {

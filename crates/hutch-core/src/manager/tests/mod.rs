@@ -5,6 +5,7 @@
 //! same paths against QEMU; these prove the manager's own logic, fast and exhaustively.
 
 mod accounting;
+mod builds;
 mod cancellation;
 mod failed;
 mod lifecycle;
@@ -26,6 +27,7 @@ pub(super) struct Env {
     /// Two API keys' ids.
     pub keys: [String; 2],
     config: ManagerConfig,
+    builder: Builder,
 }
 
 /// How long a condition the manager reaches on its own (a reaper pass, a pool fill)
@@ -34,6 +36,11 @@ const SETTLE: Duration = Duration::from_secs(20);
 
 impl Env {
     pub async fn new(config: ManagerConfig) -> Env {
+        Self::building(config, Arc::new(|_: &str| {})).await
+    }
+
+    /// A manager whose template builds call `building` first (see `base_builder`).
+    pub async fn building(config: ManagerConfig, building: Arc<dyn Fn(&str) + Send + Sync>) -> Env {
         let tmp = tempfile::tempdir().expect("tempdir");
         let root = tmp.path().to_path_buf();
         let store = Store::open_file(&root.join("hutch.db")).await.expect("store");
@@ -41,23 +48,21 @@ impl Env {
         let b = store.create_key("b").await.expect("key").0.id;
         let guest = FakeAgent::default();
         let backend = FakeBackend::with_guest(Arc::new(guest.clone()));
-        let manager = Self::start(&root, store, &backend, &config).await;
-        Env { _tmp: tmp, root, backend, guest, manager, keys: [a, b], config }
+        let builder = base_builder(&root, building);
+        let manager = Self::start(&root, store, &backend, &config, builder.clone()).await;
+        Env { _tmp: tmp, root, backend, guest, manager, keys: [a, b], config, builder }
     }
 
-    async fn start(root: &Path, store: Store, backend: &FakeBackend, config: &ManagerConfig) -> Arc<SandboxManager> {
+    async fn start(root: &Path, store: Store, backend: &FakeBackend, config: &ManagerConfig, builder: Builder) -> Arc<SandboxManager> {
         let home = HutchHome::at(root.join("home"));
-        let artifacts = crate::fake_guest::artifacts(root);
-        SandboxManager::start_with(home, store, Arc::new(backend.clone()), config.clone(), HashMap::from([("base".to_string(), artifacts)]))
-            .await
-            .expect("manager")
+        SandboxManager::start_with(home, store, Arc::new(backend.clone()), config.clone(), builder).await.expect("manager")
     }
 
     /// Shuts the manager down and starts a new one on the same home and store.
     pub async fn restart(&mut self) {
         self.manager.shutdown(false).await;
         let store = Store::open_file(&self.root.join("hutch.db")).await.expect("store");
-        self.manager = Self::start(&self.root, store, &self.backend, &self.config).await;
+        self.manager = Self::start(&self.root, store, &self.backend, &self.config, self.builder.clone()).await;
     }
 
     pub fn key(&self) -> &str {
@@ -166,6 +171,18 @@ impl Env {
         assert_eq!(self.snapshot_dirs(), Vec::<PathBuf>::new());
         assert_eq!(self.backend.live(), self.manager.pooled_count());
     }
+}
+
+/// A builder whose every template is the fake "base" (named as asked), calling
+/// `building` first with the template's name (a test can block there).
+pub(super) fn base_builder(root: &Path, building: Arc<dyn Fn(&str) + Send + Sync>) -> Builder {
+    let base = crate::fake_guest::artifacts(root);
+    Arc::new(move |_: &HutchHome, template: &str| {
+        building(template);
+        let mut artifacts = base.clone();
+        artifacts.template.name = template.to_string();
+        Ok(artifacts)
+    })
 }
 
 /// A create of the base template.
