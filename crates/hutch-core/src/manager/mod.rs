@@ -297,6 +297,17 @@ impl SandboxManager {
         task.await.map_err(|e| ManagerError::Internal(format!("the operation's task failed: {e}")))?
     }
 
+    /// Runs `operation` in `live`'s owner, after what it was asked before, handing it
+    /// this manager and the sandbox; returns its result.
+    async fn in_owner<T, Op>(&self, live: &Arc<Live>, operation: Op) -> Result<T, ManagerError>
+    where
+        T: Send + 'static,
+        Op: for<'a> FnOnce(Arc<SandboxManager>, Arc<Live>, &'a mut owner::Owned) -> futures::future::BoxFuture<'a, Result<T, ManagerError>> + Send + 'static,
+    {
+        let (m, held) = (self.arc()?, live.clone());
+        live.owner.run(move |o: &mut owner::Owned| operation(m, held, o)).await?
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }

@@ -5,7 +5,6 @@
 use super::owner::Owned;
 use super::state::SandboxState;
 use super::{lock, parse_time, Live, ManagerError, SandboxManager};
-use futures::future::BoxFuture;
 use crate::sandbox::{Sandbox, PAUSED_STATE, VM_RECORD};
 use crate::store::{rfc3339, SandboxRow};
 use std::path::Path;
@@ -97,9 +96,8 @@ impl SandboxManager {
 
     /// Pauses in the sandbox's owner: to its end, whoever waits for it.
     pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>, by: PausedBy) -> Result<(), ManagerError> {
-        let (m, id, live) = (self.arc()?, id.to_string(), live.clone());
-        let owner = live.clone();
-        owner.owner.run(move |o: &mut Owned| -> BoxFuture<'_, Result<(), ManagerError>> { Box::pin(async move { m.pause_owned(&id, &live, o, by).await }) }).await?
+        let id = id.to_string();
+        self.in_owner(live, move |m, live, o| Box::pin(async move { m.pause_owned(&id, &live, o, by).await })).await
     }
 
     async fn pause_owned(&self, id: &str, live: &Live, o: &mut Owned, by: PausedBy) -> Result<(), ManagerError> {
@@ -146,9 +144,8 @@ impl SandboxManager {
     async fn connect_now(&self, key_id: &str, id: &str, secs: Option<u64>) -> Result<(SandboxRow, Connected), ManagerError> {
         let live = self.find(key_id, id)?;
         let how = {
-            let (m, id, live) = (self.arc()?, id.to_string(), live.clone());
-            let owner = live.clone();
-            owner.owner.run(move |o: &mut Owned| -> BoxFuture<'_, Result<Connected, ManagerError>> { Box::pin(async move { m.resume_owned(&id, &live, o, secs).await }) }).await??
+            let id = id.to_string();
+            self.in_owner(&live, move |m, live, o| Box::pin(async move { m.resume_owned(&id, &live, o, secs).await })).await?
         };
         let row = live.row();
         let Some(secs) = secs else { return Ok((row, how)) };

@@ -6,7 +6,6 @@
 use super::owner::Owned;
 use super::state::SandboxState;
 use super::{hex_token, lock, CreateSpec, Live, ManagerError, SandboxManager};
-use futures::future::BoxFuture;
 use crate::archive::{self, ArchiveError, ArchiveManifest};
 use crate::artifacts::Artifacts;
 use crate::sandbox::{Sandbox, SandboxOptions, VmRecord, PAUSED_STATE, VM_RECORD};
@@ -38,15 +37,8 @@ impl SandboxManager {
         };
         let template = self.base_template(&key_id, &asked).await?;
         let made = {
-            let (m, id, live, to, template) = (self.arc()?, id.to_string(), live.clone(), dir.clone(), template.clone());
-            let owner = live.clone();
-            owner
-                .owner
-                .run(move |o: &mut Owned| -> BoxFuture<'_, Result<MemorySnapshot, ManagerError>> {
-                    Box::pin(async move { m.snapshot_owned(&id, &live, o, &to, &template).await })
-                })
-                .await
-                .and_then(|made| made)
+            let (id, to, template) = (id.to_string(), dir.clone(), template.clone());
+            self.in_owner(live, move |m, live, o| Box::pin(async move { m.snapshot_owned(&id, &live, o, &to, &template).await })).await
         };
         // Restored copies share the snapshot's RAM pages (see `share_memory`); if that
         // fails the full-state snapshot still works, each copy loading its own RAM.
