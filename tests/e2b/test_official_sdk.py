@@ -182,3 +182,82 @@ def test_upgraded_connections_are_spliced_through(server, sbx):
         got += conn.recv(1024)
     assert got == b"HELLO THROUGH THE TUNNEL"
     conn.close()
+
+
+def test_a_command_whose_sandbox_is_killed_ends_as_e2b_says(server):
+    """The SDK asks envd's /health after a stream breaks, and names a sandbox that is
+    gone "killed or reached its end of life" (issue 12, item 11)."""
+    sbx = Sandbox.create("base")
+    handle = sbx.commands.run("sleep 600", background=True)  # the guest's sleep: a command that outlives its sandbox
+    assert Sandbox.kill(sbx.sandbox_id) is True
+    with pytest.raises(Exception) as ended:
+        handle.wait()
+    assert "sandbox was killed or reached its end of life" in str(ended.value), repr(ended.value)
+
+
+def test_signed_file_urls_work_through_one_sandbox_url(server):
+    """With E2B_SANDBOX_URL set (as here) the SDK's signed URLs name no sandbox: hutch
+    finds it by the signature, and a bad one is a 401 (issue 12, item 14)."""
+    import httpx
+    sbx = Sandbox.create("base")
+    other = Sandbox.create("base")
+    try:
+        sbx.files.write("/home/user/signed.txt", "signed content")
+        url = sbx.download_url("/home/user/signed.txt", use_signature_expiration=120)
+        assert sbx.sandbox_id not in url and url.startswith(server.url + "/files?")
+        got = httpx.get(url)
+        assert (got.status_code, got.text) == (200, "signed content")
+        up = httpx.post(other.upload_url("/home/user/up.txt"), files={"file": ("up.txt", b"uploaded")})
+        assert up.status_code == 200, up.text
+        assert other.files.read("/home/user/up.txt") == "uploaded"
+        assert not sbx.files.exists("/home/user/up.txt"), "the upload went to the sandbox whose token signed it"
+        for bad in (url.replace("signature=v1_", "signature=v1_x"), url.split("&signature")[0], url.replace("signed.txt", "other.txt")):
+            refused = httpx.get(bad)
+            assert refused.status_code == 401, (bad, refused.status_code, refused.text)
+            assert refused.json()["code"] == 401
+        expired = httpx.get(sbx.download_url("/home/user/signed.txt", use_signature_expiration=-10))
+        assert expired.status_code == 401 and "expired" in expired.text, expired.text
+    finally:
+        sbx.kill()
+        other.kill()
+
+
+def test_gzip_uploads_and_downloads(server, sbx):
+    """files.write(gzip=True) sends Content-Encoding: gzip, files.read(gzip=True)
+    asks for it; raw requests see envd's headers (issue 12, item 6)."""
+    import gzip
+    import httpx
+    text = "compress me " * 5000
+    sbx.files.write("/home/user/packed.txt", text, gzip=True)
+    assert sbx.files.read("/home/user/packed.txt") == text
+    assert sbx.files.read("/home/user/packed.txt", gzip=True) == text
+    headers = {"E2b-Sandbox-Id": sbx.sandbox_id, "X-Access-Token": sbx._envd_access_token}
+    raw = httpx.get(server.url + "/files", params={"path": "/home/user/packed.txt"},
+                    headers={**headers, "Accept-Encoding": "gzip"})
+    assert raw.headers["content-encoding"] == "gzip" and raw.headers["vary"] == "Accept-Encoding"
+    assert raw.text == text, "httpx inflates it"
+    plain = httpx.get(server.url + "/files", params={"path": "/home/user/packed.txt"},
+                      headers={**headers, "Accept-Encoding": "identity"})
+    assert "content-encoding" not in plain.headers and plain.headers["content-length"] == str(len(text))
+    # A gzipped multipart body, and refusals in envd's words.
+    body = gzip.compress(b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"m.txt\"\r\n\r\nmultipart\r\n--b--\r\n")
+    up = httpx.post(server.url + "/files", params={"path": "/home/user/m.txt"}, content=body,
+                    headers={**headers, "Content-Type": "multipart/form-data; boundary=b", "Content-Encoding": "gzip"})
+    assert up.status_code == 200, up.text
+    assert sbx.files.read("/home/user/m.txt") == "multipart"
+    for encoding, data in (("br", b"x"), ("gzip", b"not gzip")):
+        bad = httpx.post(server.url + "/files", params={"path": "/home/user/bad.txt"}, content=data,
+                         headers={**headers, "Content-Type": "application/octet-stream", "Content-Encoding": encoding})
+        assert bad.status_code == 400, (encoding, bad.status_code, bad.text)
+
+
+def test_the_base_template_has_what_e2bs_has(sbx):
+    """`python`, node/npm, jq and a C toolchain, as in E2B's base image (issue 12,
+    item 15): a user's `python app.py` must not fail with 127."""
+    sbx.files.write("/home/user/app.py", "print('from app.py')")
+    assert sbx.commands.run("python app.py", cwd="/home/user").stdout == "from app.py\n"
+    assert sbx.commands.run("node -e 'console.log(6 * 7)'").stdout == "42\n"
+    assert sbx.commands.run("npm --version").exit_code == 0
+    assert sbx.commands.run("echo '{\"a\": [1, 2]}' | jq -c .a").stdout == "[1,2]\n"
+    sbx.files.write("/home/user/hello.c", '#include <stdio.h>\nint main(void) { puts("compiled"); return 0; }\n')
+    assert sbx.commands.run("gcc -o hello hello.c && ./hello && make --version >/dev/null", cwd="/home/user").stdout == "compiled\n"

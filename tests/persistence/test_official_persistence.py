@@ -103,6 +103,38 @@ def test_timeout_pauses_when_asked(server):
         Sandbox.kill(sbx.sandbox_id)
 
 
+def test_traffic_resumes_a_sandbox_that_asked_for_it(server):
+    """E2B's auto_resume: a command, a file call or a port request to the paused
+    sandbox resumes it, when it carries the sandbox's token (issue 12, item 13)."""
+    import httpx
+    sbx = Sandbox.create(timeout=600, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    plain = Sandbox.create(timeout=600, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.commands.run(HOLD, background=True)
+        secret = held_secret(sbx)
+        sbx.pause()
+        assert state_of(sbx.sandbox_id) == "paused"
+        # Without its access token the traffic resumes nothing.
+        refused = httpx.get(server.url + "/health", headers={"E2b-Sandbox-Id": sbx.sandbox_id})
+        assert refused.status_code == 403, refused.text
+        assert state_of(sbx.sandbox_id) == "paused"
+        # The SDK's own call, with the token, resumes it: memory and processes as they were.
+        assert sbx.commands.run("cat /tmp/secret").stdout == secret
+        assert state_of(sbx.sandbox_id) == "running"
+        sbx.pause()
+        assert sbx.files.read("/tmp/secret") == secret
+        assert state_of(sbx.sandbox_id) == "running"
+
+        # A sandbox that did not ask stays paused and says so.
+        plain.pause()
+        answer = httpx.get(server.url + "/health", headers={"E2b-Sandbox-Id": plain.sandbox_id})
+        assert answer.status_code == 502 and "paused" in answer.json()["message"], answer.text
+        assert state_of(plain.sandbox_id) == "paused"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+        Sandbox.kill(plain.sandbox_id)
+
+
 def test_fifty_snapshot_create_kill_cycles_leave_nothing(server):
     import sqlite3
 

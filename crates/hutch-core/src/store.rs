@@ -56,6 +56,8 @@ pub struct SandboxRow {
     pub dir: String,
     /// On timeout, pause instead of kill.
     pub auto_pause: bool,
+    /// Data-plane traffic to it while paused resumes it (E2B's `autoResume`).
+    pub auto_resume: bool,
     /// Why the sandbox failed, if it has: its owner's word, never stored (a failed
     /// sandbox does not outlive the server).
     pub failure: Option<String>,
@@ -162,8 +164,8 @@ impl Store {
 
     pub async fn insert_sandbox(&self, s: &SandboxRow) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir, auto_pause, traffic_token) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir, auto_pause, traffic_token, auto_resume) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
         )
         .bind(&s.id)
         .bind(&s.key_id)
@@ -181,6 +183,7 @@ impl Store {
         .bind(&s.dir)
         .bind(s.auto_pause)
         .bind(&s.traffic_token)
+        .bind(s.auto_resume)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -290,6 +293,7 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         qemu_pid: r.get("qemu_pid"),
         dir: r.get("dir"),
         auto_pause: r.get("auto_pause"),
+        auto_resume: r.get("auto_resume"),
         failure: None,
     })
 }

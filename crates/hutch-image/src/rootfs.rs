@@ -22,6 +22,9 @@ pub const DISK_SIZE: u64 = 4 << 30;
 pub const BASE_PACKAGES: &[&str] = &[
     "bash", "coreutils", "python3", "python3-pip", "python3-venv", "git", "curl", "ca-certificates",
     "procps", "sudo", "less", "iproute2", "file",
+    // What E2B's base image has and users' first commands expect: `python` (not only
+    // `python3`), node and npm, jq, and a C toolchain for pip wheels built from source.
+    "python-is-python3", "nodejs", "npm", "jq", "build-essential",
 ];
 
 /// Extra packages of the `code-interpreter` template (Jupyter kernels and the usual

@@ -228,7 +228,9 @@ impl Api {
 
     /// Every sandbox of this key whose metadata has all of `metadata`.
     pub async fn list(&self, metadata: &BTreeMap<String, String>) -> Result<Vec<SandboxInfo>, ApiError> {
-        let filter: Vec<String> = metadata.iter().map(|(k, v)| format!("{}={}", enc(k), enc(v))).collect();
+        // The server decodes the value whole, then each key and value (E2B's way): each
+        // is encoded twice before the whole value is encoded for the query.
+        let filter: Vec<String> = metadata.iter().map(|(k, v)| format!("{}={}", enc(&enc(k)), enc(&enc(v)))).collect();
         let mut out = Vec::new();
         let mut token: Option<String> = None;
         loop {

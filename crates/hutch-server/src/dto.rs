@@ -25,11 +25,20 @@ pub struct NewSandbox {
     pub allow_internet_access: Option<bool>,
     #[serde(default)]
     pub auto_pause: Option<bool>,
+    #[serde(default)]
+    pub auto_resume: Option<AutoResume>,
     /// hutch's own: boot the kernel instead of restoring the template's snapshot.
     #[serde(default)]
     pub cold: Option<bool>,
     #[serde(default)]
     pub network: Option<NetworkConfig>,
+}
+
+/// E2B's `SandboxAutoResumeConfig`: traffic to the paused sandbox resumes it.
+#[derive(Debug, Default, Deserialize)]
+pub struct AutoResume {
+    #[serde(default)]
+    pub enabled: bool,
 }
 
 /// E2B's `SandboxNetworkConfig`; only `allowPublicTraffic` is acted on so far.

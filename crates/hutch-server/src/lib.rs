@@ -44,8 +44,12 @@ pub fn router(state: AppState) -> Router {
 }
 
 async fn data_plane_first(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    match proxy::target(&req, state.domain.as_deref()) {
-        Some(target) => proxy::forward(&state, target, req).await,
+    if let Some(target) = proxy::target(&req, state.domain.as_deref()) {
+        return proxy::forward(&state, target, req).await;
+    }
+    match proxy::signed_target(&req, &state.manager) {
+        Some(Ok(target)) => proxy::forward(&state, target, req).await,
+        Some(Err(refused)) => refused,
         None => next.run(req).await,
     }
 }

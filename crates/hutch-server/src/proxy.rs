@@ -47,6 +47,46 @@ pub fn target(req: &Request, domain: Option<&str>) -> Option<Target> {
     (!id.is_empty() && id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())).then(|| Target { sandbox: id.to_string(), port })
 }
 
+/// The sandbox a signed file URL is for when it names none (a client configured with
+/// one sandbox URL for all, `E2B_SANDBOX_URL`, builds such URLs): the one whose access
+/// token signs it. None when the request is not a signed `/files` request; a 401 when
+/// it is one that no sandbox signed.
+pub fn signed_target(req: &Request, manager: &hutch_core::manager::SandboxManager) -> Option<Result<Target, Response>> {
+    use hutch_proto::access::{secrets_equal, sign, Operation};
+    if req.uri().path() != "/files" {
+        return None;
+    }
+    let op = match *req.method() {
+        http::Method::GET | http::Method::HEAD => Operation::Read,
+        http::Method::POST | http::Method::PUT => Operation::Write,
+        _ => return None,
+    };
+    let params: std::collections::BTreeMap<String, String> = crate::query::pairs(req.uri().query()).into_iter().collect();
+    let refused = |message: &str| Some(Err((StatusCode::UNAUTHORIZED, Json(json!({ "code": 401, "message": message }))).into_response()));
+    let Some(signature) = params.get("signature") else {
+        return refused("this request names no sandbox (no E2b-Sandbox-Id header, no <port>-<id> host) and carries no signature; use a signed URL (download_url/upload_url) or send the header");
+    };
+    let expiration = match params.get("signature_expiration").filter(|e| !e.is_empty()) {
+        Some(e) => match e.parse::<u64>() {
+            Ok(e) => Some(e),
+            Err(_) => return refused("signature_expiration must be a Unix time in seconds"),
+        },
+        None => None,
+    };
+    let (path, user) = (params.get("path").map_or("", String::as_str), params.get("username").map_or("", String::as_str));
+    // Every token is tried (no early exit: how long this takes says nothing of which).
+    let signed: Vec<String> = manager
+        .access_tokens()
+        .into_iter()
+        .filter(|(_, token)| secrets_equal(signature, &sign(path, op, user, token, expiration)))
+        .map(|(id, _)| id)
+        .collect();
+    match &signed[..] {
+        [id] => Some(Ok(Target { sandbox: id.clone(), port: ENVD_PORT })),
+        _ => refused("invalid signature: no sandbox's access token signs this URL's path, operation, user and expiration"),
+    }
+}
+
 fn not_found(id: &str) -> Response {
     let body = json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 });
     (StatusCode::BAD_GATEWAY, Json(body)).into_response()
@@ -56,6 +96,29 @@ fn not_found(id: &str) -> Response {
 fn paused(id: &str) -> Response {
     let body = json!({ "sandboxId": id, "message": "The sandbox is paused; resume it with Sandbox.connect()", "code": 502 });
     (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+}
+
+/// Resumes a paused sandbox that asked for it (E2B's autoResume) for this request,
+/// once the request carries what the sandbox would want of it: the access token of a
+/// secure sandbox on the envd port, the traffic token of private ports on others. A
+/// request that cannot resume it gets the paused answer.
+async fn resume_for(state: &AppState, target: &Target, headers: &http::HeaderMap) -> Result<hutch_core::AgentClient, Response> {
+    let Some((envd_token, traffic_token)) = state.manager.auto_resumes(&target.sandbox) else { return Err(paused(&target.sandbox)) };
+    let (header, expected) = if target.port == ENVD_PORT { ("x-access-token", envd_token) } else { ("e2b-traffic-access-token", traffic_token) };
+    if let Some(expected) = expected {
+        let given = headers.get(header).and_then(|v| v.to_str().ok());
+        if !given.is_some_and(|g| hutch_proto::access::secrets_equal(g, &expected)) {
+            let body = json!({ "sandboxId": target.sandbox, "code": 403,
+                "message": format!("this sandbox can't be resumed with the credentials provided: send its token in {header} and try again") });
+            return Err((StatusCode::FORBIDDEN, Json(body)).into_response());
+        }
+    }
+    if let Err(e) = state.manager.resume_for_traffic(&target.sandbox).await {
+        tracing::warn!(sandbox = %target.sandbox, "resuming the sandbox for its traffic: {e}");
+        let body = json!({ "sandboxId": target.sandbox, "code": 502, "message": format!("the paused sandbox could not be resumed for this request: {}", crate::error::ApiError::from(e).message) });
+        return Err((StatusCode::BAD_GATEWAY, Json(body)).into_response());
+    }
+    state.manager.agent(&target.sandbox).map_err(|_| not_found(&target.sandbox))
 }
 
 /// A sandbox whose VM or agent stopped answering: the proxy cannot reach it, as for a
@@ -94,7 +157,10 @@ fn withheld_from_agent(name: &HeaderName, value: &http::HeaderValue) -> bool {
 pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {
     let agent = match state.manager.agent(&target.sandbox) {
         Ok(agent) => agent,
-        Err(hutch_core::manager::ManagerError::Paused(_)) => return paused(&target.sandbox),
+        Err(hutch_core::manager::ManagerError::Paused(_)) => match resume_for(state, &target, req.headers()).await {
+            Ok(agent) => agent,
+            Err(refused) => return refused,
+        },
         Err(e @ hutch_core::manager::ManagerError::Failed { .. }) => return failed(&target.sandbox, e.to_string()),
         Err(_) => return not_found(&target.sandbox),
     };

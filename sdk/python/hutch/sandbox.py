@@ -156,7 +156,8 @@ class Sandbox:
         api = _Api(Config.resolve(api_url, api_key, None))
         params: Dict[str, str] = {"limit": "100"}
         if metadata:
-            params["metadata"] = "&".join(f"{quote(k)}={quote(v)}" for k, v in metadata.items())
+            # E2B's server decodes the value whole, then each key and value: encode twice.
+            params["metadata"] = "&".join(f"{quote(quote(k, safe=''), safe='')}={quote(quote(v, safe=''), safe='')}" for k, v in metadata.items())
         if state:
             params["state"] = ",".join(state)
         out: List[SandboxInfo] = []

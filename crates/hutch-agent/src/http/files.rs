@@ -49,7 +49,7 @@ fn io_response(path: &Path, e: std::io::Error) -> Response {
     }
 }
 
-pub async fn download(State(st): State<AgentState>, Query(q): Query<FileQuery>) -> Response {
+pub async fn download(State(st): State<AgentState>, Query(q): Query<FileQuery>, headers: HeaderMap) -> Response {
     let user = match user_for(&st, &q) {
         Ok(u) => u,
         Err(r) => return r,
@@ -75,13 +75,18 @@ pub async fn download(State(st): State<AgentState>, Query(q): Query<FileQuery>) 
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     let stream = tokio_util_like::reader_stream(file);
-    Response::builder()
+    let reply = Response::builder()
         .header(header::CONTENT_TYPE, "application/octet-stream")
-        .header(header::CONTENT_LENGTH, meta.len())
         .header(header::CONTENT_DISPOSITION, format!("inline; filename=\"{}\"", name.replace('"', "")))
-        .header(header::VARY, "Accept-Encoding")
-        .body(Body::from_stream(stream))
-        .unwrap_or_else(|e| http_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+        .header(header::VARY, "Accept-Encoding");
+    let gzipped = super::gzip::accepts_gzip(headers.get(header::ACCEPT_ENCODING).and_then(|v| v.to_str().ok())) && !headers.contains_key(header::RANGE);
+    let reply = if gzipped {
+        // Its length is known only once sent: chunked.
+        reply.header(header::CONTENT_ENCODING, "gzip").body(Body::from_stream(super::gzip::deflate(Box::pin(stream))))
+    } else {
+        reply.header(header::CONTENT_LENGTH, meta.len()).body(Body::from_stream(stream))
+    };
+    reply.unwrap_or_else(|e| http_error(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
 mod tokio_util_like {
@@ -136,18 +141,24 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
         Ok(u) => u,
         Err(r) => return r,
     };
-    if headers.get(header::CONTENT_ENCODING).is_some_and(|v| v.as_bytes() != b"identity") {
-        return http_error(StatusCode::BAD_REQUEST, "compressed uploads are not supported; send the file uncompressed");
-    }
+    let encoding = match super::gzip::upload_encoding(headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok())) {
+        Ok(e) => e,
+        Err(message) => return http_error(StatusCode::BAD_REQUEST, message),
+    };
+    // Inflated before the content type is looked at: a gzipped multipart body works too.
+    let data: Upload = match encoding {
+        super::gzip::Encoding::Identity => Box::pin(body.into_data_stream().map(|r| r.map_err(std::io::Error::other))),
+        super::gzip::Encoding::Gzip => Box::pin(super::gzip::inflate(body.into_data_stream())),
+    };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let result = if content_type.starts_with("multipart/form-data") {
-        upload_multipart(&user, q.path.as_deref(), content_type, body).await
+        upload_multipart(&user, q.path.as_deref(), content_type, data).await
     } else {
         let Some(raw) = q.path.as_deref().filter(|p| !p.is_empty()) else {
             return http_error(StatusCode::BAD_REQUEST, "the 'path' query parameter is required for a raw upload");
         };
         let path = resolve(raw, &user);
-        write_file(&path, &user, body.into_data_stream()).await.map(|w| vec![w])
+        write_file(&path, &user, data).await.map(|w| vec![w])
     };
     match result {
         Ok(written) => Json(written).into_response(),
@@ -155,15 +166,18 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
     }
 }
 
+/// An upload's body, inflated if it came gzipped.
+type Upload = std::pin::Pin<Box<dyn Stream<Item = std::io::Result<bytes::Bytes>> + Send>>;
+
 async fn upload_multipart(
     user: &GuestUser,
     query_path: Option<&str>,
     content_type: &str,
-    body: Body,
+    body: Upload,
 ) -> Result<Vec<WrittenFile>, Response> {
     let boundary = multer::parse_boundary(content_type)
         .map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}")))?;
-    let mut parts = multer::Multipart::new(body.into_data_stream(), boundary);
+    let mut parts = multer::Multipart::new(body, boundary);
     let mut written = Vec::new();
     loop {
         let field = match parts.next_field().await {

@@ -2,6 +2,7 @@
 
 pub mod connect;
 pub mod files;
+mod gzip;
 pub mod misc;
 pub mod tunnel;
 

@@ -69,6 +69,8 @@ pub struct CreateSpec {
     pub secure: bool,
     /// Pause instead of kill when the timeout is reached.
     pub auto_pause: bool,
+    /// Resume when data-plane traffic arrives while paused.
+    pub auto_resume: bool,
     /// Boot the kernel instead of restoring the template's memory snapshot.
     pub cold: bool,
     /// Ports take traffic only with the sandbox's traffic token (E2B's
@@ -192,12 +194,42 @@ pub struct SandboxManager {
 /// What makes a template's artifacts (`Artifacts::prepare` but in unit tests).
 pub(crate) type Builder = Arc<dyn Fn(&HutchHome, &str) -> Result<Artifacts, ArtifactsError> + Send + Sync>;
 
-/// Filter of `list`.
+/// Filter and order of `list`, as E2B's `GET /v2/sandboxes` takes them.
 #[derive(Debug, Clone, Default)]
 pub struct ListFilter {
     pub metadata: BTreeMap<String, String>,
     /// Empty means every state.
     pub states: Vec<String>,
+    /// Only sandboxes started at or after this instant.
+    pub started_after: Option<SystemTime>,
+    /// Only sandboxes of this template (its id or an alias of it).
+    pub template: Option<String>,
+    pub order: ListOrder,
+}
+
+/// E2B's list order by start time: newest first (the default), ties by id ascending;
+/// `Asc` is the exact reverse, so a cursor walks either the same way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ListOrder {
+    #[default]
+    Desc,
+    Asc,
+}
+
+impl ListOrder {
+    /// How `a` and `b` (start time, id) compare in this order.
+    pub fn compare(self, a: (SystemTime, &str), b: (SystemTime, &str)) -> std::cmp::Ordering {
+        let newest_first = b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1));
+        match self {
+            ListOrder::Desc => newest_first,
+            ListOrder::Asc => newest_first.reverse(),
+        }
+    }
+}
+
+/// A sandbox row's start time (a row's own format: RFC 3339 UTC).
+pub fn started(row: &SandboxRow) -> SystemTime {
+    parse_time(&row.started_at)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -464,6 +496,7 @@ impl SandboxManager {
             qemu_pid: sandbox.pid().map(i64::from),
             dir: sandbox.dir().display().to_string(),
             auto_pause: spec.auto_pause,
+            auto_resume: spec.auto_resume,
             failure: None,
         };
         if let Err(e) = self.store.insert_sandbox(&row).await {
@@ -497,8 +530,10 @@ impl SandboxManager {
             .filter(|r| r.key_id == key_id)
             .filter(|r| filter.states.is_empty() || filter.states.contains(&r.state))
             .filter(|r| filter.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
+            .filter(|r| filter.started_after.is_none_or(|t| started(r) >= t))
+            .filter(|r| filter.template.as_ref().is_none_or(|t| *t == r.template || canonical(t) == canonical(&r.template)))
             .collect();
-        rows.sort_by(|a, b| (&a.started_at, &a.id).cmp(&(&b.started_at, &b.id)));
+        rows.sort_by(|a, b| filter.order.compare((started(a), &a.id), (started(b), &b.id)));
         rows
     }
 
@@ -511,7 +546,7 @@ impl SandboxManager {
     async fn remove(&self, id: &str, live: &Live) -> Result<(), ManagerError> {
         // The reaper's removals count too: until the row is gone, it is in flight.
         let _counted = InFlight::count(&self.arc()?);
-        lock(&self.live).remove(id);
+        // Listed (as being killed) until its VM and files are gone: a 404 means gone.
         lock(&live.agent).take();
         let (dir, sandbox_id) = (lock(&live.row).dir.clone(), id.to_string());
         live.owner
@@ -536,6 +571,7 @@ impl SandboxManager {
                 })
             })
             .await?;
+        lock(&self.live).remove(id);
         self.store.delete_sandbox(id).await?;
         self.prune_snapshot_files().await;
         self.fill_pools();
@@ -575,10 +611,47 @@ impl SandboxManager {
         lock(&self.live).get(id).and_then(|l| lock(&l.row).traffic_token.clone())
     }
 
+    /// Every sandbox (running or paused) with an envd access token, and the token: the
+    /// data proxy finds the sandbox a signed file URL without a sandbox id is for by
+    /// its signature.
+    pub fn access_tokens(&self) -> Vec<(String, String)> {
+        let live: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
+        live.iter().filter_map(|l| {
+            let row = lock(&l.row);
+            row.envd_token.clone().map(|t| (row.id.clone(), t))
+        }).collect()
+    }
+
+    /// Whether traffic to sandbox `id` resumes it while it is paused, and the tokens
+    /// the traffic must then carry: (envd access token, traffic token).
+    pub fn auto_resumes(&self, id: &str) -> Option<(Option<String>, Option<String>)> {
+        let live = lock(&self.live).get(id).cloned()?;
+        let row = lock(&live.row);
+        row.auto_resume.then(|| (row.envd_token.clone(), row.traffic_token.clone()))
+    }
+
+    /// Resumes paused sandbox `id` for data-plane traffic (E2B's autoResume), with
+    /// E2B's 5 minutes to live from now; a running one is left as it is.
+    pub async fn resume_for_traffic(&self, id: &str) -> Result<(), ManagerError> {
+        let live = lock(&self.live).get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        let (key_id, auto) = {
+            let row = lock(&live.row);
+            (row.key_id.clone(), row.auto_resume)
+        };
+        if !auto {
+            return Err(ManagerError::Paused(id.to_string()));
+        }
+        tracing::info!(sandbox = %id, "traffic for the paused sandbox: resuming it (autoResume)");
+        self.connect(&key_id, id, Some(AUTO_RESUME_TIMEOUT.as_secs())).await.map(drop)
+    }
+
     /// The agent of a running sandbox, for the data proxy (which has no API key: the
     /// agent itself checks the access token of secure sandboxes).
     pub fn agent(&self, id: &str) -> Result<AgentClient, ManagerError> {
         let live = lock(&self.live).get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        if matches!(live.owner.state(), state::SandboxState::Stopping | state::SandboxState::Stopped) {
+            return Err(ManagerError::NotFound(id.to_string()));
+        }
         if let Some(why) = live.owner.failure() {
             return Err(ManagerError::Failed { id: id.to_string(), why });
         }
@@ -726,6 +799,9 @@ impl Drop for InFlight {
         self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
+
+/// How long a sandbox resumed by traffic lives at least (E2B's 5 minutes).
+const AUTO_RESUME_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long shutdown waits for operations in flight (a create under TCG takes tens
 /// of seconds) before letting go of the sandboxes.

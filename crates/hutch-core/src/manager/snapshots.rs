@@ -312,6 +312,7 @@ impl SandboxManager {
             env_vars: source.env_vars.clone(),
             secure: token.is_some(),
             auto_pause: source.auto_pause,
+            auto_resume: source.auto_resume,
             cold: false,
             private_ports: source.traffic_token.is_some(),
         };

@@ -48,11 +48,12 @@ impl SandboxState {
         )
     }
 
-    /// How a client sees it, in E2B's two states: between, a sandbox is what it was.
+    /// How a client sees it, in E2B's two states: a sandbox being paused is already
+    /// "paused" there (E2B lists it so), one being resumed still is.
     pub fn api_name(self) -> &'static str {
         use SandboxState::*;
         match self {
-            Paused | Resuming => "paused",
+            Pausing | Paused | Resuming => "paused",
             _ => "running",
         }
     }
@@ -156,7 +157,7 @@ mod tests {
 
     #[test]
     fn clients_see_e2bs_two_states() {
-        assert_eq!(Pausing.api_name(), "running");
+        assert_eq!(Pausing.api_name(), "paused");
         assert_eq!(Resuming.api_name(), "paused");
         assert_eq!(Snapshotting.api_name(), "running");
     }

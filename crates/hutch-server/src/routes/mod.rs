@@ -2,6 +2,7 @@
 
 mod archives;
 mod body;
+mod listing;
 mod sandboxes;
 
 use crate::error::ApiError;
@@ -15,8 +16,8 @@ pub fn rest() -> Router<AppState> {
         .route("/health", get(|| async { "ok" }))
         .route("/status", get(status))
         .route("/openapi.json", get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::OPENAPI) }))
-        .route("/sandboxes", post(sandboxes::create_v1).get(sandboxes::list_all))
-        .route("/v2/sandboxes", post(sandboxes::create_v2).get(sandboxes::list_v2))
+        .route("/sandboxes", post(sandboxes::create_v1).get(listing::list_all))
+        .route("/v2/sandboxes", post(sandboxes::create_v2).get(listing::list_v2))
         .route("/sandboxes/{id}", get(sandboxes::get_one).delete(sandboxes::kill))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/sandboxes/{id}/connect", post(sandboxes::connect))

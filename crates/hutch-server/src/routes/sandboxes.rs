@@ -7,10 +7,10 @@ use crate::error::ApiError;
 use crate::query::pairs;
 use crate::AppState;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hutch_core::manager::{Connected, CreateSpec, ListFilter};
+use hutch_core::manager::{Connected, CreateSpec};
 use std::collections::BTreeMap;
 
 /// Longest timeout a request may ask for (E2B's int32 seconds).
@@ -31,6 +31,9 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
     if body.allow_internet_access == Some(true) {
         tracing::info!("allow_internet_access requested: sandboxes have no network in this version");
     }
+    if body.auto_resume.as_ref().is_some_and(|a| a.enabled) && body.auto_pause != Some(true) {
+        return Err(ApiError::bad_request("autoResume needs autoPause: a sandbox that is killed at its timeout has nothing to resume"));
+    }
     let spec = CreateSpec {
         template: body.template_id,
         timeout: Some(body.timeout.map(timeout_secs).transpose()?.unwrap_or(default_timeout)),
@@ -40,6 +43,7 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         // explicit `false` makes the envd API tokenless.
         secure: body.secure.unwrap_or(true),
         auto_pause: body.auto_pause.unwrap_or(false),
+        auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
         cold: body.cold.unwrap_or(false),
         private_ports: body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false),
     };
@@ -213,65 +217,4 @@ pub async fn list_snapshots(State(state): State<AppState>, key: KeyId, uri: Uri)
 pub async fn delete_snapshot(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     state.manager.delete_snapshot(&key.0, &id).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// Filter and paging parameters of the list routes.
-struct ListQuery {
-    filter: ListFilter,
-    limit: usize,
-    next_token: Option<String>,
-}
-
-fn list_query(uri: &Uri) -> Result<ListQuery, ApiError> {
-    let mut q = ListQuery { filter: ListFilter::default(), limit: 100, next_token: None };
-    for (k, v) in pairs(uri.query()) {
-        match k.as_str() {
-            "metadata" => {
-                let inner: BTreeMap<String, String> = pairs(Some(&v)).into_iter().collect();
-                q.filter.metadata.extend(inner);
-            }
-            "state" => {
-                for s in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                    if s != "running" && s != "paused" {
-                        return Err(ApiError::bad_request(format!("state must be running or paused, got '{s}'")));
-                    }
-                    q.filter.states.push(s.to_string());
-                }
-            }
-            "limit" => {
-                q.limit = v
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|l| (1..=100).contains(l))
-                    .ok_or_else(|| ApiError::bad_request(format!("limit must be between 1 and 100, got '{v}'")))?;
-            }
-            "nextToken" if !v.is_empty() => q.next_token = Some(v),
-            _ => {}
-        }
-    }
-    Ok(q)
-}
-
-pub async fn list_v2(State(state): State<AppState>, key: KeyId, uri: Uri) -> Result<Response, ApiError> {
-    let q = list_query(&uri)?;
-    let rows = state.manager.list(&key.0, &q.filter);
-    let start = match &q.next_token {
-        Some(token) => rows.iter().position(|r| &r.id == token).map(|i| i + 1).ok_or_else(|| ApiError::bad_request("nextToken is not valid (the listing changed or the token is wrong)"))?,
-        None => 0,
-    };
-    let page: Vec<SandboxDetail> = rows.iter().skip(start).take(q.limit).map(SandboxDetail::from).collect();
-    let mut headers = HeaderMap::new();
-    if start + page.len() < rows.len() {
-        if let Some(last) = page.last() {
-            if let Ok(v) = HeaderValue::from_str(&last.sandbox_id) {
-                headers.insert("x-next-token", v);
-            }
-        }
-    }
-    Ok((headers, Json(page)).into_response())
-}
-
-pub async fn list_all(State(state): State<AppState>, key: KeyId, uri: Uri) -> Result<Json<Vec<SandboxDetail>>, ApiError> {
-    let q = list_query(&uri)?;
-    Ok(Json(state.manager.list(&key.0, &q.filter).iter().map(SandboxDetail::from).collect()))
 }
