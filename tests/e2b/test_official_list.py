@@ -4,7 +4,7 @@ state, metadata, start time and template (issue 12, item 10)."""
 
 from datetime import timedelta
 
-from e2b import Sandbox, SandboxListOrder, SandboxQuery, SandboxState
+from e2b import Sandbox, SandboxQuery, SandboxState
 
 
 def every_page(query, limit, order=None):
@@ -27,7 +27,7 @@ def test_listing_orders_pages_and_filters_like_e2b(server):
         # Newest first, one per page, the paused one in its place by start time.
         assert every_page(mine, 1) == [[newest.sandbox_id], [middle.sandbox_id], [oldest.sandbox_id]]
         assert every_page(mine, 2) == [[newest.sandbox_id, middle.sandbox_id], [oldest.sandbox_id]]
-        assert every_page(mine, 1, SandboxListOrder.ASC) == [[oldest.sandbox_id], [middle.sandbox_id], [newest.sandbox_id]]
+        assert every_page(mine, 1, "asc") == [[oldest.sandbox_id], [middle.sandbox_id], [newest.sandbox_id]]
         # A full last page sends no token: the paginator stops without an empty page.
         assert every_page(mine, 3) == [[newest.sandbox_id, middle.sandbox_id, oldest.sandbox_id]]
 
