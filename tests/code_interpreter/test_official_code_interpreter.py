@@ -151,3 +151,22 @@ def test_bash_kernel_by_language(sbx):
     assert e.logs.stdout == ["/tmp yes\n"], e
     e = sbx.run_code("no-such-command-here", language="bash")
     assert "command not found" in "".join(e.logs.stderr + e.logs.stdout) or e.error is not None, e
+
+
+def test_first_cell_is_one_and_sandbox_envs_reach_every_kernel(server):
+    """The template's warm-up cells are not counted, and the sandbox's envs (which did
+    not exist when the snapshot's kernels started) are in every kernel; run_code's own
+    envs hold for that run only, in Python and bash alike (issue 12, items 2 and 3)."""
+    sbx = Sandbox.create(envs={"FOO": "bar"}, timeout=300)
+    try:
+        first = sbx.run_code("1 + 1")
+        assert (first.text, first.execution_count) == ("2", 1)
+        assert sbx.run_code("import os; os.getenv('FOO')").text == "bar"
+        assert sbx.run_code("echo $FOO", language="bash").logs.stdout == ["bar\n"]
+        assert sbx.run_code("import os; os.getenv('FOO')", envs={"FOO": "per-run"}).text == "per-run"
+        assert sbx.run_code("import os; os.getenv('FOO')").text == "bar", "back to the sandbox's value"
+        assert sbx.run_code("echo $BAZ", language="bash", envs={"BAZ": "qux"}).logs.stdout == ["qux\n"]
+        assert sbx.run_code("echo ${BAZ:-unset}", language="bash").logs.stdout == ["unset\n"]
+        assert sbx.run_code("import os; os.getenv('E2B_SANDBOX_ID')").text == sbx.sandbox_id
+    finally:
+        sbx.kill()

@@ -150,13 +150,18 @@ pub fn reseed_rng(seed: &[u8]) {
     }
 }
 
-/// Where processes can read which sandbox they are in (a restored clone learns it here).
+/// Where processes can read which sandbox they are in (a restored clone learns it
+/// here), its metadata and its environment: processes that outlive a restore (the code
+/// interpreter's kernels, started in the template's snapshot) take the sandbox's
+/// environment from it. Every process of the sandbox gets that environment anyway.
 pub const IDENTITY_FILE: &str = "/run/hutch/sandbox.json";
 
-pub fn write_identity(id: &str, metadata: &std::collections::BTreeMap<String, String>) {
-    let json = serde_json::json!({ "sandboxId": id, "metadata": metadata });
+pub fn write_identity(id: &str, metadata: &std::collections::BTreeMap<String, String>, env_vars: &std::collections::BTreeMap<String, String>) {
+    let json = serde_json::json!({ "sandboxId": id, "metadata": metadata, "envVars": env_vars });
     let _ = std::fs::create_dir_all("/run/hutch");
-    if let Err(e) = std::fs::write(IDENTITY_FILE, json.to_string()) {
+    // Replaced whole (a reader never sees half of it).
+    let partial = format!("{IDENTITY_FILE}.partial");
+    if let Err(e) = std::fs::write(&partial, json.to_string()).and_then(|()| std::fs::rename(&partial, IDENTITY_FILE)) {
         tracing::warn!("writing {IDENTITY_FILE}: {e}");
     }
 }

@@ -8,6 +8,8 @@ import datetime
 import json
 import os
 import queue
+import re
+import shlex
 import threading
 import time
 import uuid
@@ -24,6 +26,34 @@ MIME = {
     "application/json": "json", "application/javascript": "javascript", "e2b/data": "data", "e2b/chart": "chart",
 }
 ALIASES = {"js": "javascript", "ts": "typescript"}
+# Written by hutch's agent at each sandbox's init: its id, metadata and environment.
+IDENTITY = "/run/hutch/sandbox.json"
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def sandbox_envs():
+    """The sandbox's environment: the kernels outlive the template snapshot they were
+    started in, so they take it from the agent's identity file, not from their birth."""
+    try:
+        with open(IDENTITY) as f:
+            return json.load(f).get("envVars") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def env_code(language, values, unset=()):
+    """Code that sets `values` (and removes `unset`) in a kernel's environment, or None
+    for a language whose kernel hutch cannot drive so."""
+    if language == "python":
+        lines = ["import os as _hutch_os"]
+        lines += [f"_hutch_os.environ[{k!r}] = {v!r}" for k, v in values.items()]
+        lines += [f"_hutch_os.environ.pop({k!r}, None)" for k in unset]
+        return "\n".join(lines) + "\n"
+    if language == "bash":
+        lines = [f"export {k}={shlex.quote(v)}" for k, v in values.items() if ENV_NAME.match(k)]
+        lines += [f"unset {k}" for k in unset if ENV_NAME.match(k)]
+        return "\n".join(lines) + "\n" if lines else None
+    return None
 
 
 def now():
@@ -46,6 +76,8 @@ class Context:
         self.id = str(uuid.uuid4())
         self.language, self.cwd = language, cwd
         self.lock = threading.Lock()
+        # The sandbox environment this kernel was last given.
+        self.applied = {}
         self.start()
 
     def start(self):
@@ -57,6 +89,7 @@ class Context:
 
     def restart(self):
         self.kc.stop_channels()
+        self.applied = {}
         self.km.restart_kernel(now=True)
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -69,16 +102,25 @@ class Context:
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
-    def execute(self, code, env_vars, emit):
-        """Runs `code`, calling emit(obj) per NDJSON line; emit raises when the client left."""
+    def run_silently(self, code):
+        if code:
+            self.kc.execute(code, silent=True, store_history=False)
+
+    def execute(self, code, env_vars, emit, store_history=True):
+        """Runs `code`, calling emit(obj) per NDJSON line; emit raises when the client left.
+        Without `store_history` (the template's warm-up) the cell is not counted, so a
+        user's first cell is number 1."""
         with self.lock:
             if not self.km.is_alive():
                 self.restart()
                 emit({"type": "error", "name": "KernelRestarted", "value": "the kernel had died and was restarted; its state is gone", "traceback": ""})
-            if env_vars and self.language == "python":
-                setup = "import os as _hutch_os\n" + "".join(f"_hutch_os.environ[{k!r}] = {v!r}\n" for k, v in env_vars.items())
-                self.kc.execute(setup, silent=True, store_history=False)
-            msg_id = self.kc.execute(code, store_history=True)
+            base = sandbox_envs()
+            if base != self.applied:
+                # A new sandbox (restored from the snapshot, or a pooled one taken).
+                self.run_silently(env_code(self.language, base, [k for k in self.applied if k not in base]))
+                self.applied = base
+            self.run_silently(env_code(self.language, env_vars) if env_vars else None)
+            msg_id = self.kc.execute(code, store_history=store_history)
             last = time.monotonic()
             try:
                 while True:
@@ -112,9 +154,10 @@ class Context:
                 self.drain(msg_id)
                 raise
             finally:
-                if env_vars and self.language == "python":
-                    cleanup = "".join(f"_hutch_os.environ.pop({k!r}, None)\n" for k in env_vars)
-                    self.kc.execute(cleanup, silent=True, store_history=False)
+                if env_vars:
+                    # Back to the sandbox's own values, not merely unset.
+                    restored = {k: base[k] for k in env_vars if k in base}
+                    self.run_silently(env_code(self.language, restored, [k for k in env_vars if k not in base]))
 
     def drain(self, msg_id, limit=30):
         deadline = time.monotonic() + limit
@@ -261,7 +304,7 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         try:
-            ctx.execute(code, req.get("env_vars") or {}, emit)
+            ctx.execute(code, req.get("env_vars") or {}, emit, store_history=not req.get("warm_up"))
             emit({"type": "end_of_execution"})
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):

@@ -88,9 +88,10 @@ pub const RECIPES: &[Recipe] = &[
         wheels: &["bash_kernel==0.10.0"],
         setup: &["python3 -m bash_kernel.install --prefix /usr/local"],
         ready_port: Some(49999),
+        // Not counted (`warm_up`): the user's first cell is execution 1.
         warm_up: &[
-            ("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot"}"#),
-            ("/execute", r#"{"code": "true", "language": "bash"}"#),
+            ("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot", "warm_up": true}"#),
+            ("/execute", r#"{"code": "true", "language": "bash", "warm_up": true}"#),
         ],
     },
 ];

@@ -36,7 +36,7 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
     if let Some(id) = &req.sandbox_id {
         env_vars.entry("E2B_SANDBOX_ID".into()).or_insert_with(|| id.clone());
         env_vars.entry("HUTCH_SANDBOX_ID".into()).or_insert_with(|| id.clone());
-        crate::guest::write_identity(id, &req.metadata);
+        crate::guest::write_identity(id, &req.metadata, &env_vars);
     }
     let mut cfg = st.config.write().unwrap_or_else(|e| e.into_inner());
     cfg.env_vars = env_vars;
