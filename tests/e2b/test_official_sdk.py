@@ -261,3 +261,20 @@ def test_the_base_template_has_what_e2bs_has(sbx):
     assert sbx.commands.run("echo '{\"a\": [1, 2]}' | jq -c .a").stdout == "[1,2]\n"
     sbx.files.write("/home/user/hello.c", '#include <stdio.h>\nint main(void) { puts("compiled"); return 0; }\n')
     assert sbx.commands.run("gcc -o hello hello.c && ./hello && make --version >/dev/null", cwd="/home/user").stdout == "compiled\n"
+
+
+def test_symlink_info_and_writes_into_new_directories(sbx):
+    """get_info on a symlink reports what it resolves to and its absolute target, and
+    write_files into a directory that does not exist yet creates it (issue 12, item 8)."""
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+    from e2b import FileType
+    sbx.files.write("/home/user/test_file.txt", "target")
+    sbx.commands.run("ln -sf test_file.txt /home/user/link.txt", cwd="/home/user")
+    info = sbx.files.get_info("/home/user/link.txt")
+    assert info.type == FileType.FILE
+    assert info.symlink_target == "/home/user/test_file.txt"
+    written = sbx.files.write_files([WriteEntry(path="/0/a.txt", data="in a new directory"), WriteEntry(path="/0/b/c.txt", data="deeper")])
+    assert [w.path for w in written] == ["/0/a.txt", "/0/b/c.txt"]
+    assert sbx.files.read("/0/b/c.txt") == "deeper"
+    owner = sbx.commands.run("stat -c %U /0 /0/b /0/a.txt").stdout.split()
+    assert owner == ["user", "user", "user"], owner

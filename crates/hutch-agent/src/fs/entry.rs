@@ -6,15 +6,18 @@ use std::path::Path;
 
 pub fn entry_info(path: &Path) -> std::io::Result<EntryInfo> {
     let meta = std::fs::symlink_metadata(path)?;
-    let (file_type, symlink_target) = if meta.file_type().is_symlink() {
-        let target = std::fs::read_link(path).ok().map(|t| t.display().to_string());
-        (FileType::Symlink, target)
-    } else if meta.is_dir() {
-        (FileType::Directory, None)
-    } else if meta.is_file() {
-        (FileType::File, None)
+    let is_link = meta.file_type().is_symlink();
+    // A symlink is described as envd does: the type and mode of what it resolves to,
+    // and that absolute path as its target (itself when it resolves to nothing).
+    let (file_type, symlink_target, mode) = if is_link {
+        let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let (kind, mode) = match std::fs::metadata(&target) {
+            Ok(t) => (kind_of(&t), t.permissions().mode() & 0o7777),
+            Err(_) => (FileType::Unspecified, 0),
+        };
+        (kind, Some(target.display().to_string()), mode)
     } else {
-        (FileType::Unspecified, None)
+        (kind_of(&meta), None, meta.permissions().mode() & 0o7777)
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "/".into());
     let modified = meta.modified().ok().map(|t| humantime::format_rfc3339_nanos(t).to_string());
@@ -23,8 +26,8 @@ pub fn entry_info(path: &Path) -> std::io::Result<EntryInfo> {
         file_type,
         path: path.display().to_string(),
         size: meta.len() as i64,
-        mode: meta.permissions().mode() & 0o7777,
-        permissions: permissions_string(meta.permissions().mode(), file_type),
+        mode,
+        permissions: permissions_string(meta.permissions().mode(), if is_link { None } else { Some(file_type) }),
         owner: user_name(meta.uid()),
         group: group_name(meta.gid()),
         modified_time: modified,
@@ -33,10 +36,21 @@ pub fn entry_info(path: &Path) -> std::io::Result<EntryInfo> {
     })
 }
 
-fn permissions_string(mode: u32, file_type: FileType) -> String {
+fn kind_of(meta: &std::fs::Metadata) -> FileType {
+    if meta.is_dir() {
+        FileType::Directory
+    } else if meta.is_file() {
+        FileType::File
+    } else {
+        FileType::Unspecified
+    }
+}
+
+/// Go's `FileMode.String()`, as envd reports it: `L` for a symlink (`None`).
+fn permissions_string(mode: u32, file_type: Option<FileType>) -> String {
     let kind = match file_type {
-        FileType::Directory => 'd',
-        FileType::Symlink => 'l',
+        Some(FileType::Directory) => 'd',
+        None => 'L',
         _ => '-',
     };
     let mut s = String::with_capacity(10);
@@ -78,7 +92,24 @@ mod tests {
 
     #[test]
     fn permission_strings() {
-        assert_eq!(permissions_string(0o755, FileType::Directory), "drwxr-xr-x");
-        assert_eq!(permissions_string(0o640, FileType::File), "-rw-r-----");
+        assert_eq!(permissions_string(0o755, Some(FileType::Directory)), "drwxr-xr-x");
+        assert_eq!(permissions_string(0o640, Some(FileType::File)), "-rw-r-----");
+        assert_eq!(permissions_string(0o777, None), "Lrwxrwxrwx");
+    }
+
+    #[test]
+    fn a_symlink_is_described_by_what_it_resolves_to() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(tmp.path()).expect("canonical");
+        std::fs::write(root.join("file.txt"), "x").expect("file");
+        std::os::unix::fs::symlink("file.txt", root.join("link")).expect("link");
+        std::os::unix::fs::symlink("missing", root.join("dangling")).expect("dangling");
+        let link = entry_info(&root.join("link")).expect("entry");
+        assert_eq!(link.file_type, FileType::File);
+        assert_eq!(link.symlink_target.as_deref(), Some(root.join("file.txt").to_str().expect("utf8")));
+        assert!(link.permissions.starts_with('L'), "{}", link.permissions);
+        let dangling = entry_info(&root.join("dangling")).expect("entry");
+        assert_eq!(dangling.file_type, FileType::Unspecified);
+        assert_eq!(dangling.symlink_target.as_deref(), Some(root.join("dangling").to_str().expect("utf8")));
     }
 }

@@ -31,6 +31,32 @@ fn normalize(path: &Path) -> PathBuf {
     out
 }
 
+/// Creates the missing parent directories of `path` as envd does for uploads: as the
+/// agent (root), each new one owned by `user`, so a write into `/0/a.txt` works for a
+/// user who could not create `/0` (E2B's envd, root too, does the same). Only
+/// directories are made so; the file itself is then created as the user.
+pub fn ensure_parents_owned(path: &Path, user: &GuestUser) -> std::io::Result<()> {
+    let Some(parent) = path.parent() else { return Ok(()) };
+    let mut at = PathBuf::from("/");
+    for part in parent.components().filter(|c| matches!(c, Component::Normal(_))) {
+        at.push(part);
+        match std::fs::metadata(&at) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => return Err(std::io::Error::from_raw_os_error(libc::ENOTDIR)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        match std::fs::create_dir(&at) {
+            Ok(()) => {}
+            // Another request made it meanwhile: own it all the same (chown is idempotent).
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        std::os::unix::fs::lchown(&at, Some(user.uid), Some(user.gid))?;
+    }
+    Ok(())
+}
+
 /// Creates missing parent directories of `path` (run it as the user: see `creds`).
 pub fn create_parents(path: &Path) -> std::io::Result<()> {
     match path.parent() {

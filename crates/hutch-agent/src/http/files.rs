@@ -1,7 +1,7 @@
 //! envd's plain-HTTP `/files`: streaming upload (multipart or octet-stream) and download.
 
 use crate::fs::creds::as_user;
-use crate::fs::path::{create_parents, resolve};
+use crate::fs::path::{ensure_parents_owned, resolve};
 use crate::process::user::GuestUser;
 use crate::state::AgentState;
 use axum::body::Body;
@@ -116,12 +116,12 @@ where
     S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
+    ensure_parents_owned(path, user).map_err(|e| io_response(path, e))?;
     let target = path.to_path_buf();
     let created = as_user(user, move || {
         if target.is_dir() {
             return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
         }
-        create_parents(&target)?;
         std::fs::File::create(&target)
     })
     .await
