@@ -286,3 +286,27 @@ def test_symlink_info_and_writes_into_new_directories(sbx):
     assert sbx.files.read("/0/b/c.txt") == "deeper"
     owner = sbx.commands.run("stat -c %U /0 /0/b /0/a.txt").stdout.split()
     assert owner == ["user", "user", "user"], owner
+
+
+def test_file_metadata_lives_in_the_files_xattrs(sbx):
+    """files.write(metadata=...) and write_files keep it as envd does (user.e2b.*
+    xattrs): get_info, list and a rename show it, setting it inside the sandbox shows
+    up, and an overwrite without it clears it (issue 12, item 7)."""
+    import inspect
+    if "metadata" not in inspect.signature(sbx.files.write).parameters:
+        pytest.skip(f"e2b {version('e2b')} has no file metadata (it came with envd 0.6.2 support)")
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+    tags = {"author": "mish", "stage": "draft"}
+    sbx.files.write("/home/user/meta.txt", "x", metadata={"Author": "mish", "stage": "draft"})
+    assert sbx.files.get_info("/home/user/meta.txt").metadata == tags
+    assert {e.name: e.metadata for e in sbx.files.list("/home/user")}["meta.txt"] == tags
+    sbx.files.rename("/home/user/meta.txt", "/home/user/moved.txt")
+    assert sbx.files.get_info("/home/user/moved.txt").metadata == tags
+    sbx.commands.run("python3 -c \"import os; os.setxattr('/home/user/moved.txt', 'user.e2b.origin', b'shell')\"")
+    assert sbx.files.get_info("/home/user/moved.txt").metadata == {**tags, "origin": "shell"}
+    sbx.files.write("/home/user/moved.txt", "y")
+    assert not sbx.files.get_info("/home/user/moved.txt").metadata
+    sbx.files.write_files([WriteEntry(path="/home/user/m1.txt", data="1"), WriteEntry(path="/home/user/m2.txt", data="2")], metadata={"batch": "7"})
+    assert [sbx.files.get_info(f"/home/user/m{i}.txt").metadata for i in (1, 2)] == [{"batch": "7"}, {"batch": "7"}]
+    with pytest.raises(Exception):
+        sbx.files.write("/home/user/bad.txt", "z", metadata={"k": "\u00e9"})

@@ -32,7 +32,7 @@ pub fn entry_info(path: &Path) -> std::io::Result<EntryInfo> {
         group: group_name(meta.gid()),
         modified_time: modified,
         symlink_target,
-        metadata: Default::default(),
+        metadata: super::metadata::read(path),
     })
 }
 

@@ -2,6 +2,7 @@
 
 pub mod creds;
 pub mod entry;
+pub mod metadata;
 pub mod path;
 pub mod rpc;
 pub mod watch;

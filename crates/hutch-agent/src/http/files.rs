@@ -13,6 +13,7 @@ use futures::{Stream, StreamExt};
 use hutch_proto::agent::HttpError;
 use hutch_proto::filesystem::WrittenFile;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tokio::io::AsyncWriteExt;
 
@@ -110,8 +111,9 @@ mod tokio_util_like {
     }
 }
 
-/// Writes a body stream to `path` as `user`, creating parent directories.
-async fn write_file<S, E>(path: &Path, user: &GuestUser, mut data: S) -> Result<WrittenFile, Response>
+/// Writes a body stream to `path` as `user`, creating parent directories, and gives
+/// the file exactly `metadata`.
+async fn write_file<S, E>(path: &Path, user: &GuestUser, mut data: S, metadata: &BTreeMap<String, String>) -> Result<WrittenFile, Response>
 where
     S: Stream<Item = Result<bytes::Bytes, E>> + Unpin,
     E: std::fmt::Display,
@@ -132,6 +134,14 @@ where
         file.write_all(&chunk).await.map_err(|e| io_response(path, e))?;
     }
     file.flush().await.map_err(|e| io_response(path, e))?;
+    // Always rewritten (emptied too): an overwrite keeps the old file's attributes.
+    let file = file.into_std().await;
+    match crate::fs::metadata::replace(&file, metadata) {
+        Ok(()) => {}
+        // A filesystem without xattrs (/proc, /sys): the body is written, the metadata not.
+        Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => tracing::warn!("'{}' keeps no metadata: {e}", path.display()),
+        Err(e) => return Err(io_response(path, e)),
+    }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     Ok(WrittenFile { path: path.display().to_string(), name, kind: "file".into() })
 }
@@ -140,6 +150,10 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
     let user = match user_for(&st, &q) {
         Ok(u) => u,
         Err(r) => return r,
+    };
+    let metadata = match crate::fs::metadata::from_headers(&headers) {
+        Ok(m) => m,
+        Err(message) => return http_error(StatusCode::BAD_REQUEST, message),
     };
     let encoding = match super::gzip::upload_encoding(headers.get(header::CONTENT_ENCODING).and_then(|v| v.to_str().ok())) {
         Ok(e) => e,
@@ -152,13 +166,13 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let result = if content_type.starts_with("multipart/form-data") {
-        upload_multipart(&user, q.path.as_deref(), content_type, data).await
+        upload_multipart(&user, q.path.as_deref(), content_type, data, &metadata).await
     } else {
         let Some(raw) = q.path.as_deref().filter(|p| !p.is_empty()) else {
             return http_error(StatusCode::BAD_REQUEST, "the 'path' query parameter is required for a raw upload");
         };
         let path = resolve(raw, &user);
-        write_file(&path, &user, data).await.map(|w| vec![w])
+        write_file(&path, &user, data, &metadata).await.map(|w| vec![w])
     };
     match result {
         Ok(written) => Json(written).into_response(),
@@ -174,6 +188,7 @@ async fn upload_multipart(
     query_path: Option<&str>,
     content_type: &str,
     body: Upload,
+    metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<WrittenFile>, Response> {
     let boundary = multer::parse_boundary(content_type)
         .map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}")))?;
@@ -198,7 +213,7 @@ async fn upload_multipart(
                 ))
             }
         };
-        written.push(write_file(&target, user, field).await?);
+        written.push(write_file(&target, user, field, metadata).await?);
     }
     Ok(written)
 }
