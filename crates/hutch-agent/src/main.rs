@@ -20,7 +20,7 @@ fn main() {
     let pid1 = nix::unistd::getpid().as_raw() == 1;
     if pid1 {
         if let Err(e) = guest::boot() {
-            eprintln!("hutch-agent: boot failed: {}", error_chain(&e));
+            eprintln!("hutch-agent: boot failed: {}", hutch_proto::error_chain(&e));
             // Let the console carry the message out before the VM ends.
             std::thread::sleep(Duration::from_millis(200));
             guest::power_off();
@@ -121,13 +121,3 @@ async fn serve_tcp(addr: &str, app: axum::Router) -> i32 {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut cur = e.source();
-    while let Some(s) = cur {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        cur = s.source();
-    }
-    out
-}

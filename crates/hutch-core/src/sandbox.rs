@@ -298,7 +298,16 @@ impl Sandbox {
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
         let mut vm = backend.start(&record.spec).await.map_err(CreateError::Start)?;
         vm.load().await.map_err(CreateError::Restore)?;
-        vm.resume().await.map_err(CreateError::Restore)?;
+        if let Err(e) = vm.resume().await {
+            // `cont` failed, or only its answer was lost: a guest QEMU still holds
+            // stopped never ran, and its saved state is still the truth.
+            let stopped = matches!(vm.run_state().await.as_deref(), Ok("paused" | "inmigrate" | "prelaunch" | "postmigrate" | "finish-migrate") | Err(_));
+            if stopped {
+                return Err(CreateError::Restore(e));
+            }
+            let _ = std::fs::remove_file(dir.join(PAUSED_STATE));
+            return Err(CreateError::RanThenFailed(Box::new(CreateError::Restore(e))));
+        }
         // The guest runs from here: its disk moves on from the saved state, so a
         // failure now cannot fall back to paused (loading that state again over the
         // changed disk would corrupt its filesystem).

@@ -19,3 +19,16 @@ pub const ENVD_VERSION: &str = "0.6.4";
 
 /// Name of the virtio-serial port that carries the agent channel.
 pub const AGENT_PORT_NAME: &str = "hutch.agent";
+
+/// An error and its causes on one line (`what: why: deeper why`), for logs and for
+/// messages that must carry the whole story.
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
+}

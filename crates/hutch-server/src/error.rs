@@ -35,16 +35,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
-}
 
 /// What a client is told of a server-side failure: its kind, never its text (which
 /// may name host paths or carry QEMU's and qemu-img's output).
@@ -81,18 +71,18 @@ impl From<ManagerError> for ApiError {
             | ManagerError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         if e.is_tampered_disk() {
-            tracing::warn!("{}", chain(&e));
+            tracing::warn!("{}", hutch_proto::error_chain(&e));
             let message = "the sandbox's disk was changed from inside its VM (its image header names a file hutch did not make it on), so hutch will not start it again; kill it";
             return ApiError::new(StatusCode::CONFLICT, message);
         }
         // A full disk is the client's to hear about: the message names no path.
         if !status.is_server_error() || matches!(e, ManagerError::NoSpace(_)) {
-            return ApiError::new(status, chain(&e));
+            return ApiError::new(status, hutch_proto::error_chain(&e));
         }
         // The causes of a server-side failure name host paths and carry QEMU's stderr:
         // they go to the server's log, and the client gets the failure and a reference.
         let incident = format!("{:08x}", rand::random::<u32>());
-        tracing::error!(incident, "{}", chain(&e));
+        tracing::error!(incident, "{}", hutch_proto::error_chain(&e));
         ApiError { status, message: format!("{} (the server's log has the details under incident {incident})", summary(&e)), logged: true }
     }
 }

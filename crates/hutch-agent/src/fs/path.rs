@@ -47,12 +47,11 @@ pub fn ensure_parents_owned(path: &Path, user: &GuestUser) -> std::io::Result<()
             Err(e) => return Err(e),
         }
         match std::fs::create_dir(&at) {
-            Ok(()) => {}
-            // Another request made it meanwhile: own it all the same (chown is idempotent).
+            Ok(()) => std::os::unix::fs::lchown(&at, Some(user.uid), Some(user.gid))?,
+            // Another request made it meanwhile: it is that one's to own.
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(e),
         }
-        std::os::unix::fs::lchown(&at, Some(user.uid), Some(user.gid))?;
     }
     Ok(())
 }

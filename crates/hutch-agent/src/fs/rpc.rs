@@ -114,7 +114,9 @@ fn walk(dir: &Path, depth: u32, out: &mut Vec<EntryInfo>) -> Result<(), ConnectE
     names.sort();
     for p in names {
         let Ok(info) = entry_info(&p) else { continue };
-        let is_dir = info.file_type == FileType::Directory;
+        // A symlink is listed as what it points at but never walked into (a link to
+        // `.` would make the walk explode), as envd's walk does not follow links.
+        let is_dir = info.file_type == FileType::Directory && info.symlink_target.is_none();
         out.push(info);
         if is_dir && depth > 1 {
             // An unreadable subdirectory is listed but not descended into.

@@ -3,7 +3,7 @@
 //! flate2's push-style coders work a chunk at a time, so neither side is buffered.
 
 use bytes::Bytes;
-use flate2::write::{GzDecoder, GzEncoder};
+use flate2::write::{GzEncoder, MultiGzDecoder};
 use futures::{Stream, StreamExt};
 use std::io::Write;
 
@@ -36,13 +36,18 @@ pub fn accepts_gzip(header: Option<&str>) -> bool {
     })
 }
 
-/// `data` inflated: a corrupt or truncated gzip stream ends it with an error.
+/// `data` inflated (several gzip members one after another too, as Go's reader in
+/// envd takes them): a corrupt or truncated gzip stream ends it with an error.
 pub fn inflate<S, E>(data: S) -> impl Stream<Item = std::io::Result<Bytes>> + Unpin + Send
 where
     S: Stream<Item = Result<Bytes, E>> + Unpin + Send + 'static,
     E: std::fmt::Display,
 {
-    code(data, GzDecoder::new(Vec::new()), |d| d.get_mut(), |d| d.try_finish().map(|()| std::mem::take(d.get_mut())))
+    code(data, MultiGzDecoder::new(Vec::new()), |d| d.get_mut(), |d| {
+        // Ends the last member; one cut short is an error.
+        d.try_finish()?;
+        Ok(std::mem::take(d.get_mut()))
+    })
 }
 
 /// `data` deflated at gzip's fastest level: the guest may be emulated, and the link is
@@ -117,6 +122,13 @@ mod tests {
         assert_eq!(plain, original, "standard gunzip reads it");
         let back = collect(inflate(chunks(&packed, 7))).await.expect("inflate");
         assert_eq!(back, original);
+    }
+
+    #[tokio::test]
+    async fn concatenated_members_inflate_to_their_concatenation() {
+        let mut both = collect(deflate(chunks(b"first ", 3))).await.expect("deflate");
+        both.extend(collect(deflate(chunks(b"second", 3))).await.expect("deflate"));
+        assert_eq!(collect(inflate(chunks(&both, 5))).await.expect("inflate"), b"first second");
     }
 
     #[tokio::test]

@@ -154,9 +154,15 @@ impl Live {
     }
 
     /// Whether it may hold a VM: what the server's limit and the running quota count.
-    /// A failed sandbox's VM may still run (a wedged guest) until it is killed.
+    /// A failed sandbox's VM may still run (a wedged guest) until it is killed, and one
+    /// being killed holds its VM until it is gone.
     fn holds_vm(&self) -> bool {
-        self.is_running() || self.owner.state() == state::SandboxState::Failed
+        self.is_running() || matches!(self.owner.state(), state::SandboxState::Failed | state::SandboxState::Stopping)
+    }
+
+    /// Whether it is paused (its files hold it; no VM): what the paused quota counts.
+    fn is_paused(&self) -> bool {
+        matches!(self.owner.state(), state::SandboxState::Paused | state::SandboxState::Resuming)
     }
 
     /// Its record as clients see it: the state and failure are its owner's.
@@ -236,17 +242,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// An error and its causes on one line, for the server's log.
-fn causes(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    text
-}
 
 fn parse_time(s: &str) -> SystemTime {
     humantime::parse_rfc3339(s).unwrap_or(SystemTime::UNIX_EPOCH)
@@ -291,6 +286,10 @@ impl SandboxManager {
             loop {
                 tokio::time::sleep(Duration::from_millis(500)).await;
                 let Some(m) = reaper.upgrade() else { return };
+                // Shutdown lets sandboxes go for the next server: nothing may end them now.
+                if m.shutting_down() {
+                    return;
+                }
                 m.kill_expired().await;
                 m.remove_ended().await;
                 // Every 2 s: a QMP round trip per sandbox.
@@ -392,8 +391,7 @@ impl SandboxManager {
     /// (running, paused) sandboxes of all keys, pools not included.
     pub fn counts(&self) -> (usize, usize) {
         let live = lock(&self.live);
-        let running = live.values().filter(|l| l.holds_vm()).count();
-        (running, live.len() - running)
+        (live.values().filter(|l| l.holds_vm()).count(), live.values().filter(|l| l.is_paused()).count())
     }
 
     /// Refuses a save of `memory_mib` of guest RAM (plus its disk's copy, bounded by the
@@ -544,38 +542,53 @@ impl SandboxManager {
     }
 
     async fn remove(&self, id: &str, live: &Live) -> Result<(), ManagerError> {
+        self.remove_if(id, live, false).await.map(drop)
+    }
+
+    /// `remove`, or with `only_running` nothing unless the sandbox still runs when its
+    /// owner gets to it (shutdown with --kill-on-exit: a pause that ended first stays).
+    /// Whether it was removed.
+    async fn remove_if(&self, id: &str, live: &Live, only_running: bool) -> Result<bool, ManagerError> {
         // The reaper's removals count too: until the row is gone, it is in flight.
         let _counted = InFlight::count(&self.arc()?);
         // Listed (as being killed) until its VM and files are gone: a 404 means gone.
         lock(&live.agent).take();
         let (dir, sandbox_id) = (lock(&live.row).dir.clone(), id.to_string());
-        live.owner
-            .run(move |o: &mut owner::Owned| -> futures::future::BoxFuture<'_, ()> {
+        let removed = live
+            .owner
+            .run(move |o: &mut owner::Owned| -> futures::future::BoxFuture<'_, bool> {
                 Box::pin(async move {
-                    // From any settled state; a second kill finds it stopped already.
-                    if o.advance(state::SandboxState::Stopping).is_err() {
-                        return;
+                    if only_running && o.sandbox.is_none() {
+                        return false;
                     }
+                    // From any settled state; a second kill finds it stopped already.
+                    let Ok(was) = o.advance(state::SandboxState::Stopping) else { return true };
                     match o.sandbox.take() {
                         Some(sandbox) => {
                             if let Err(e) = sandbox.destroy().await {
                                 tracing::warn!(sandbox = %sandbox_id, "stopping the VM: {e}");
                             }
                         }
-                        // Paused: only files.
-                        None => {
+                        // Paused, or failed without a VM: only files.
+                        None if matches!(was, state::SandboxState::Paused | state::SandboxState::Failed) => {
                             let _ = std::fs::remove_dir_all(&dir);
                         }
+                        // Let go for the next server (shutdown): its VM and files are that one's.
+                        None => return false,
                     }
                     let _ = o.advance(state::SandboxState::Stopped);
+                    true
                 })
             })
             .await?;
+        if !removed {
+            return Ok(false);
+        }
         lock(&self.live).remove(id);
         self.store.delete_sandbox(id).await?;
         self.prune_snapshot_files().await;
         self.fill_pools();
-        Ok(())
+        Ok(true)
     }
 
     /// Sets the sandbox to end `secs` from now (within the maximum lifetime).
@@ -641,8 +654,12 @@ impl SandboxManager {
         if !auto {
             return Err(ManagerError::Paused(id.to_string()));
         }
-        tracing::info!(sandbox = %id, "traffic for the paused sandbox: resuming it (autoResume)");
-        self.connect(&key_id, id, Some(AUTO_RESUME_TIMEOUT.as_secs())).await.map(drop)
+        // A sandbox that runs (its agent only held for a snapshot) keeps its timeout.
+        if self.connect(&key_id, id, None).await?.1 == Connected::Resumed {
+            tracing::info!(sandbox = %id, "traffic for the paused sandbox resumed it (autoResume)");
+            self.set_timeout(&key_id, id, AUTO_RESUME_TIMEOUT.as_secs()).await?;
+        }
+        Ok(())
     }
 
     /// The agent of a running sandbox, for the data proxy (which has no API key: the
@@ -679,7 +696,7 @@ impl SandboxManager {
                 Box::pin(async move {
                     let sandbox = o.sandbox.as_mut()?;
                     let ended = sandbox.vm_ended().map(|status| (status, sandbox.console_tail(5)))?;
-                    let _ = o.advance(state::SandboxState::Failed);
+                    let _ = o.fail(format!("its VM ended ({})", ended.0));
                     Some(ended)
                 })
             });
@@ -760,7 +777,7 @@ impl SandboxManager {
                 continue;
             }
             if kill_running {
-                let _ = self.remove(&id, &live).await;
+                let _ = self.remove_if(&id, &live, true).await;
                 continue;
             }
             lock(&live.agent).take();

@@ -174,8 +174,15 @@ impl SandboxManager {
         let sandbox = match Sandbox::resume(Path::new(&row.dir), self.backend.as_ref(), &opts).await {
             Ok(sandbox) => sandbox,
             Err(e @ crate::sandbox::CreateError::RanThenFailed(_)) => {
-                tracing::warn!(sandbox = %id, "{}", super::causes(&e));
+                tracing::warn!(sandbox = %id, "{}", hutch_proto::error_chain(&e));
                 o.fail("its guest stopped answering right after it was resumed, so its saved state no longer matches its disk and it cannot be resumed again".into())?;
+                // Seen, and killable, for a while: a paused sandbox's end is often past,
+                // and the reaper would otherwise remove it before anyone saw why.
+                let end_at = rfc3339(SystemTime::now() + self.config.default_timeout);
+                lock(&live.row).end_at = end_at.clone();
+                if let Err(store) = self.store.set_end_at(id, &end_at).await {
+                    tracing::warn!(sandbox = %id, "recording the failed sandbox's new end: {store}");
+                }
                 return Err(ManagerError::Resume(e));
             }
             Err(e) => {

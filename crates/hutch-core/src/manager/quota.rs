@@ -30,8 +30,7 @@ impl SandboxManager {
     fn held_by(&self, key_id: &str) -> (usize, usize) {
         let live = lock(&self.live);
         let mine: Vec<_> = live.values().filter(|l| lock(&l.row).key_id == key_id).collect();
-        let running = mine.iter().filter(|l| l.holds_vm()).count();
-        (running, mine.len() - running)
+        (mine.iter().filter(|l| l.holds_vm()).count(), mine.iter().filter(|l| l.is_paused()).count())
     }
 
     /// Room for `more` running sandboxes of `key_id`.

@@ -25,8 +25,12 @@ async fn fresh_identity(env: Arc<Env>) -> anyhow::Result<()> {
     let b = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
     for sb in [&a, &b] {
         check!(sb.started_from() == StartKind::Snapshot, "{} was not restored from the template snapshot", sb.id());
-        let who = run(sb.agent(), "cat /run/hutch/sandbox.json; echo; echo $E2B_SANDBOX_ID").await?.stdout_str();
-        check!(who.matches(sb.id().as_str()).count() == 2, "{} sees itself as {who:?}", sb.id());
+        let file = run(sb.agent(), "cat /run/hutch/sandbox.json").await?.stdout_str();
+        let identity: serde_json::Value = serde_json::from_str(&file)?;
+        let id = sb.id().as_str();
+        check!(identity["sandboxId"] == id && identity["envVars"]["E2B_SANDBOX_ID"] == id, "{id} sees itself as {file:?}");
+        let env = run(sb.agent(), "echo $E2B_SANDBOX_ID").await?.stdout_str();
+        check!(env.trim() == id, "{id}'s processes see E2B_SANDBOX_ID={env:?}");
         crate::clock::check_skew(sb.agent(), "after the restore").await?;
     }
     let random = |sb: &Sandbox| {

@@ -63,8 +63,9 @@ async fn a_guest_whose_agent_stops_answering_after_a_failed_snapshot_fails() {
 async fn a_resumed_guest_that_ran_and_then_failed_cannot_fall_back_to_paused() {
     let env = Env::new(ManagerConfig::default()).await;
     let key = env.key().to_string();
-    let id = env.create().await.id;
-    env.manager.pause(&key, &id).await.expect("pause");
+    // Paused at its timeout, as autoPause does: its end is in the past from then on.
+    let id = env.manager.create(&key, CreateSpec { template: "base".into(), timeout: Some(1), auto_pause: true, ..CreateSpec::default() }).await.expect("create").id;
+    assert!(until(SETTLE, || env.state(&id) == SandboxState::Paused).await, "autoPause did not pause it");
     env.guest.wedge(true);
     let resumed = env.manager.connect(&key, &id, None).await;
     assert!(matches!(resumed, Err(ManagerError::Resume(crate::sandbox::CreateError::RanThenFailed(_)))), "{resumed:?}");
@@ -73,5 +74,8 @@ async fn a_resumed_guest_that_ran_and_then_failed_cannot_fall_back_to_paused() {
     // would corrupt the filesystem.
     let dir = PathBuf::from(env.manager.get(&key, &id).expect("row").dir);
     assert!(!dir.join(crate::sandbox::PAUSED_STATE).exists());
+    // The reaper leaves it for the user to see (its end was moved on), not gone at once.
+    env.manager.kill_expired().await;
+    assert_eq!(env.state(&id), SandboxState::Failed);
     refused_until_killed(&env, &id, "cannot be resumed again").await;
 }
