@@ -98,6 +98,11 @@ fn paused(id: &str) -> Response {
     (StatusCode::BAD_GATEWAY, Json(body)).into_response()
 }
 
+/// Whether `headers` carry `expected` in `header` (compared in constant time).
+fn carries(headers: &http::HeaderMap, header: &str, expected: &str) -> bool {
+    headers.get(header).and_then(|v| v.to_str().ok()).is_some_and(|given| hutch_proto::access::secrets_equal(given, expected))
+}
+
 /// Resumes a paused sandbox that asked for it (E2B's autoResume) for this request,
 /// once the request carries what the sandbox would want of it: the access token of a
 /// secure sandbox on the envd port, the traffic token of private ports on others. A
@@ -106,8 +111,7 @@ async fn resume_for(state: &AppState, target: &Target, headers: &http::HeaderMap
     let Some((envd_token, traffic_token)) = state.manager.auto_resumes(&target.sandbox) else { return Err(paused(&target.sandbox)) };
     let (header, expected) = if target.port == ENVD_PORT { ("x-access-token", envd_token) } else { ("e2b-traffic-access-token", traffic_token) };
     if let Some(expected) = expected {
-        let given = headers.get(header).and_then(|v| v.to_str().ok());
-        if !given.is_some_and(|g| hutch_proto::access::secrets_equal(g, &expected)) {
+        if !carries(headers, header, &expected) {
             let body = json!({ "sandboxId": target.sandbox, "code": 403,
                 "message": format!("this sandbox can't be resumed with the credentials provided: send its token in {header} and try again") });
             return Err((StatusCode::FORBIDDEN, Json(body)).into_response());
@@ -170,8 +174,7 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
     }
     if target.port != ENVD_PORT {
         if let Some(expected) = state.manager.traffic_token(&target.sandbox) {
-            let given = req.headers().get("e2b-traffic-access-token").and_then(|v| v.to_str().ok());
-            if !given.is_some_and(|g| hutch_proto::access::secrets_equal(g, &expected)) {
+            if !carries(req.headers(), "e2b-traffic-access-token", &expected) {
                 let body = json!({ "sandboxId": target.sandbox, "code": 403,
                     "message": "this sandbox's ports are private (allowPublicTraffic: false): send its trafficAccessToken in the e2b-traffic-access-token header" });
                 return (StatusCode::FORBIDDEN, Json(body)).into_response();

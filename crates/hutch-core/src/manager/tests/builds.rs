@@ -21,10 +21,10 @@ async fn a_template_build_holds_back_no_other_template_and_runs_once() {
     };
     let env = Env::building(ManagerConfig::default(), building).await;
     let key = env.key().to_string();
-    let slow = |m: Arc<SandboxManager>, key: String| tokio::spawn(async move { m.create(&key, CreateSpec { template: "slow".into(), ..CreateSpec::default() }).await });
-    let first = slow(env.manager.clone(), key.clone());
+    let slow = || env.spawn(|m, key| async move { m.create(&key, CreateSpec { template: "slow".into(), ..CreateSpec::default() }).await });
+    let first = slow();
     assert!(until(SETTLE, || builds.load(Ordering::SeqCst) == 1).await, "the build did not start");
-    let second = slow(env.manager.clone(), key.clone());
+    let second = slow();
 
     let other = tokio::time::timeout(SETTLE, env.manager.create(&key, base())).await;
     assert!(matches!(other, Ok(Ok(_))), "a create of another template waited for the build: {other:?}");

@@ -106,17 +106,17 @@ async fn a_kill_asked_during_a_pause_runs_after_it() {
     let key = env.key().to_string();
     let id = env.create().await.id;
     let hold = env.backend.hold(Step::Save);
-    let pause = {
-        let (m, key, id) = (env.manager.clone(), key.clone(), id.clone());
-        tokio::spawn(async move { m.pause(&key, &id).await })
-    };
+    let pause = env.spawn(|m, key| {
+        let id = id.clone();
+        async move { m.pause(&key, &id).await }
+    });
     hold.reached().await;
     assert_eq!(env.state(&id), SandboxState::Pausing);
     assert!(matches!(env.manager.agent(&id), Err(ManagerError::Paused(_))), "no new data-plane calls while it saves");
-    let kill = {
-        let (m, key, id) = (env.manager.clone(), key.clone(), id.clone());
-        tokio::spawn(async move { m.kill(&key, &id).await })
-    };
+    let kill = env.spawn(|m, key| {
+        let id = id.clone();
+        async move { m.kill(&key, &id).await }
+    });
     hold.release();
     pause.await.expect("task").expect("the pause ends first");
     kill.await.expect("task").expect("then the kill");

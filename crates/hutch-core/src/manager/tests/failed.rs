@@ -30,10 +30,10 @@ async fn a_vm_that_dies_during_a_pause_leaves_a_failed_sandbox() {
     let env = Env::new(ManagerConfig::default()).await;
     let id = env.create().await.id;
     let hold = env.backend.hold(Step::Save);
-    let pause = {
-        let (m, key, id) = (env.manager.clone(), env.key().to_string(), id.clone());
-        tokio::spawn(async move { m.pause(&key, &id).await })
-    };
+    let pause = env.spawn(|m, key| {
+        let id = id.clone();
+        async move { m.pause(&key, &id).await }
+    });
     hold.reached().await;
     env.backend.crash(&id);
     hold.release();
@@ -46,10 +46,10 @@ async fn a_guest_whose_agent_stops_answering_after_a_failed_snapshot_fails() {
     let env = Env::new(ManagerConfig::default()).await;
     let id = env.create().await.id;
     let hold = env.backend.hold(Step::Save);
-    let snapshot = {
-        let (m, key, id) = (env.manager.clone(), env.key().to_string(), id.clone());
-        tokio::spawn(async move { m.create_snapshot(&key, &id, None).await })
-    };
+    let snapshot = env.spawn(|m, key| {
+        let id = id.clone();
+        async move { m.create_snapshot(&key, &id, None).await }
+    });
     hold.reached().await;
     *lock(&env.backend.fail_save) = Some("the disk is gone".into());
     env.guest.wedge(true);

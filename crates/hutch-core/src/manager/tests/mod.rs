@@ -73,6 +73,16 @@ impl Env {
         self.manager.create(self.key(), base()).await.expect("create")
     }
 
+    /// Runs `call` with the manager and the first key as a task of its own: a caller
+    /// that waits while the test acts (at a held step, say).
+    pub fn spawn<T, F>(&self, call: impl FnOnce(Arc<SandboxManager>, String) -> F) -> tokio::task::JoinHandle<T>
+    where
+        T: Send + 'static,
+        F: std::future::Future<Output = T> + Send + 'static,
+    {
+        tokio::spawn(call(self.manager.clone(), self.key().to_string()))
+    }
+
     pub fn state(&self, id: &str) -> SandboxState {
         lock(&self.manager.live).get(id).expect("a live sandbox").owner.state()
     }
