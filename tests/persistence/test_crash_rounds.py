@@ -34,6 +34,9 @@ class World:
         self.sandboxes: dict[str, str | None] = {}
         self.snapshots: dict[str, str] = {}
         self.archive: str | None = None
+        # Sandboxes whose kill was asked for but not confirmed: a crash may come after
+        # the VM was stopped and before the answer, so each may be there or gone.
+        self.doomed: set[str] = set()
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-API-Key": API_KEY}, timeout=120)
@@ -80,6 +83,7 @@ def run_op(world: World, op: str, target: str | None, n: int, scratch: str) -> N
                 imported = Sandbox.import_snapshot(world.archive, name=f"imported{n}", api_url=url, api_key=key)
                 world.snapshots[f"imported{n}"] = imported.snapshot_id
             elif op == "kill":
+                world.doomed.add(target)
                 if c.delete(f"/sandboxes/{target}").status_code == 204:
                     world.sandboxes.pop(target, None)
     except Exception:  # the server was killed under it: what happened is checked after the restart
@@ -110,6 +114,9 @@ def pick(world: World, rng: random.Random, listed: dict[str, str]) -> tuple[str,
 
 def check(world: World, home, round_no: int, op: str) -> None:
     listed = world.listed()
+    for sid in world.doomed - set(listed):
+        world.sandboxes.pop(sid, None)
+    world.doomed.clear()
     lost = [s for s in world.sandboxes if s not in listed]
     assert not lost, f"round {round_no} ({op}): sandboxes lost: {lost} (listed: {listed})"
     # A sandbox whose create or fork the client never heard of still counts: the API
