@@ -31,9 +31,15 @@ def test_plot_is_a_png(sbx):
     assert base64.b64decode(pngs[0]).startswith(b"\x89PNG\r\n\x1a\n")
 
 
-def test_dataframe_is_html(sbx):
-    e = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'b': [3, 4]})")
+def test_dataframe_is_html_and_data(sbx):
+    """A DataFrame comes back as HTML and as E2B's `data`: columns of values, timestamps
+    in ISO 8601 (issue 12, item 4); a dict result also as `json`."""
+    e = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2], 'when': pd.to_datetime(['2026-01-02', '2026-03-04 05:06'])})")
     assert e.results and "<table" in (e.results[0].html or "")
+    assert e.results[0].data == {"a": [1, 2], "when": ["2026-01-02T00:00:00", "2026-03-04T05:06:00"]}
+    e = sbx.run_code("{'n': 1, 'items': [1.5, None]}")
+    assert e.results[0].json == {"n": 1, "items": [1.5, None]}
+    assert sbx.run_code("1 + 1").results[0].data is None
 
 
 def test_errors_carry_tracebacks(sbx):

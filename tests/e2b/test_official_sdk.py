@@ -310,3 +310,34 @@ def test_file_metadata_lives_in_the_files_xattrs(sbx):
     assert [sbx.files.get_info(f"/home/user/m{i}.txt").metadata for i in (1, 2)] == [{"batch": "7"}, {"batch": "7"}]
     with pytest.raises(Exception):
         sbx.files.write("/home/user/bad.txt", "z", metadata={"k": "\u00e9"})
+
+
+def events_until(handle, count: int) -> list:
+    """The watcher's events, polled until `count` have come (inotify reports them to the
+    agent's watch task asynchronously)."""
+    seen: list = []
+    wait_until(lambda: seen.extend(handle.get_new_events()) or len(seen) >= count, f"{count} watch events", timeout=30,
+               detail=lambda: f"events so far: {seen}")
+    return seen
+
+
+def test_watch_events_come_as_envd_reports_them(sbx):
+    """A new file in a watched directory is CREATE, CHMOD (envd's chown), then WRITE, and
+    a recursive watch names a file in a subdirectory `sub/file` (issue 12, item 9; E2B's
+    test_watch_iterated and test_watch_recursive_directory_changes)."""
+    from e2b import FilesystemEventType as T
+    sbx.files.make_dir("watched")
+    handle = sbx.files.watch_dir("watched")
+    sbx.files.write("watched/new.txt", "first")
+    events = events_until(handle, 3)
+    assert [(e.type, e.name) for e in events] == [(T.CREATE, "new.txt"), (T.CHMOD, "new.txt"), (T.WRITE, "new.txt")]
+    sbx.files.write("watched/new.txt", "again")
+    assert any(e.type == T.WRITE and e.name == "new.txt" for e in events_until(handle, 1))
+    handle.stop()
+
+    sbx.files.make_dir("tree/sub")
+    handle = sbx.files.watch_dir("tree", recursive=True)
+    sbx.files.write("tree/sub/file.txt", "nested")
+    events = events_until(handle, 3)
+    assert [(e.type, e.name) for e in events] == [(T.CREATE, "sub/file.txt"), (T.CHMOD, "sub/file.txt"), (T.WRITE, "sub/file.txt")]
+    handle.stop()

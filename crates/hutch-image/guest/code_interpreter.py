@@ -29,6 +29,8 @@ ALIASES = {"js": "javascript", "ts": "typescript"}
 # Written by hutch's agent at each sandbox's init: its id, metadata and environment.
 IDENTITY = "/run/hutch/sandbox.json"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Run in each Python kernel as it starts: E2B's extra result representations.
+PYTHON_FORMATTERS = "/usr/lib/hutch/ipython_formatters.py"
 
 
 def sandbox_envs():
@@ -86,6 +88,7 @@ class Context:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=300)
+        self.prepare()
 
     def restart(self):
         self.kc.stop_channels()
@@ -94,6 +97,12 @@ class Context:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=300)
+        self.prepare()
+
+    def prepare(self):
+        """What a new kernel runs before any cell (in its own namespace, not the user's)."""
+        if self.language == "python" and os.path.exists(PYTHON_FORMATTERS):
+            self.run_silently(f"exec(open({PYTHON_FORMATTERS!r}).read(), {{'__name__': 'hutch_formatters'}})")
 
     def shutdown(self):
         self.kc.stop_channels()

@@ -82,6 +82,7 @@ pub const RECIPES: &[Recipe] = &[
         packages: &[BASE_PACKAGES, CODE_INTERPRETER_PACKAGES],
         files: &[
             ("usr/lib/hutch/code_interpreter.py", include_str!("../guest/code_interpreter.py"), 0o755),
+            ("usr/lib/hutch/ipython_formatters.py", include_str!("../guest/ipython_formatters.py"), 0o644),
             ("etc/hutch/start", CODE_INTERPRETER_START, 0o755),
         ],
         // A second kernel language for run_code(language="bash").

@@ -124,11 +124,22 @@ where
         if target.is_dir() {
             return Err(std::io::Error::from_raw_os_error(libc::EISDIR));
         }
-        std::fs::File::create(&target)
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&target) {
+            Ok(file) => Ok((file, true)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => std::fs::File::create(&target).map(|f| (f, false)),
+            Err(e) => Err(e),
+        }
     })
     .await
     .and_then(|r| r);
-    let mut file = tokio::fs::File::from_std(created.map_err(|e| io_response(path, e))?);
+    let (file, created) = created.map_err(|e| io_response(path, e))?;
+    if created {
+        // Already the user's; the chown is envd's order of events for a new file (it
+        // creates as root, then chowns), which watchers and E2B's tests count: CREATE,
+        // CHMOD, then WRITE.
+        std::os::unix::fs::fchown(&file, Some(user.uid), Some(user.gid)).map_err(|e| io_response(path, e))?;
+    }
+    let mut file = tokio::fs::File::from_std(file);
     while let Some(chunk) = data.next().await {
         let chunk = chunk.map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("reading upload: {e}")))?;
         file.write_all(&chunk).await.map_err(|e| io_response(path, e))?;
