@@ -5,7 +5,7 @@ import time
 
 from e2b import Sandbox
 from e2b_code_interpreter import Sandbox as CodeSandbox
-from conftest import held_secret, wait_until
+from conftest import API_KEY, held_secret, wait_until
 
 # In the guest: writes a secret, then stays alive (its sleep keeps the process whose survival is checked).
 HOLD = "python3 -c 'import os,time; open(\"/tmp/secret\",\"w\").write(os.urandom(8).hex()); time.sleep(10**6)'"
@@ -183,3 +183,84 @@ def test_a_sandbox_started_from_a_snapshot_can_be_snapshotted_and_forked(server)
         for snap in (first, second):
             if snap is not None:
                 Sandbox.delete_snapshot(snap.snapshot_id)
+
+
+def pause_without_memory(sbx) -> None:
+    """The SDK's filesystem-only pause: `mode` from e2b 2.5x on, `keep_memory` before."""
+    import inspect
+    if "mode" in inspect.signature(sbx.pause).parameters:
+        sbx.pause(mode="filesystem")
+    else:
+        sbx.pause(keep_memory=False)
+
+
+def running_holder(sbx) -> str:
+    """HOLD's process, if it runs (the bracket keeps the pattern from matching the shell
+    that runs pgrep)."""
+    return sbx.commands.run("pgrep -f 'time[.]sleep' || true").stdout.strip()
+
+
+def boot_id(sbx) -> str:
+    return sbx.commands.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
+
+
+def test_a_pause_without_memory_keeps_files_and_boots_on_resume(server):
+    """E2B's filesystem-only pause (issue 12, item 12): the files stay, the processes go,
+    the guest boots on resume; the timeout's auto-pause can be asked to do the same, and
+    a full pause can be resumed by a reboot."""
+    import httpx
+    sbx = Sandbox.create("base", timeout=600, envs={"KEPT_ENV": "yes"})
+    try:
+        sbx.files.write("/home/user/kept.txt", "written before the pause")
+        sbx.commands.run(HOLD, background=True)
+        held_secret(sbx)
+        booted = boot_id(sbx)
+        pause_without_memory(sbx)
+        assert state_of(sbx.sandbox_id) == "paused"
+        detail = httpx.get(f"{server.url}/sandboxes/{sbx.sandbox_id}", headers={"X-API-Key": API_KEY}).json()
+        assert detail.get("pauseMode") == "filesystem", detail
+        back = Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert back.files.read("/home/user/kept.txt") == "written before the pause"
+        assert boot_id(back) != booted, "the guest did not boot"
+        assert not running_holder(back), "a process outlived the pause"
+        # Secure as before, with the sandbox's own environment.
+        assert back.commands.run("echo $KEPT_ENV").stdout.strip() == "yes"
+
+        # A full pause, resumed by booting (e2b 2.5x's on_resume="reboot"; memory: false on the wire).
+        back.commands.run(HOLD, background=True)
+        held_secret(back)
+        booted = boot_id(back)
+        back.pause()
+        assert httpx.get(f"{server.url}/sandboxes/{sbx.sandbox_id}", headers={"X-API-Key": API_KEY}).json().get("pauseMode") == "full"
+        reply = httpx.post(f"{server.url}/v2/sandboxes/{sbx.sandbox_id}/connect", headers={"X-API-Key": API_KEY},
+                           json={"timeout": 600, "memory": False}, timeout=300)
+        assert reply.status_code == 201, reply.text
+        again = Sandbox.connect(sbx.sandbox_id)
+        assert again.files.read("/home/user/kept.txt") == "written before the pause"
+        assert boot_id(again) != booted
+        assert not running_holder(again), "a process outlived the reboot"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+def test_the_timeout_can_pause_without_memory(server):
+    import inspect
+    import httpx
+    mode = "mode" if "mode" in inspect.signature(Sandbox.pause).parameters else None
+    on_timeout = {"action": "pause", "mode": "filesystem"} if mode else {"action": "pause", "keep_memory": False}
+    sbx = Sandbox.create("base", timeout=4, lifecycle={"on_timeout": on_timeout})
+    try:
+        sbx.files.write("/home/user/kept", "after a disk-only auto-pause")
+        wait_until(lambda: state_of(sbx.sandbox_id) == "paused", "the sandbox to be paused at its 4 s timeout",
+                   timeout=60, interval=0.5, detail=lambda: f"state {state_of(sbx.sandbox_id)!r}")
+        detail = httpx.get(f"{server.url}/sandboxes/{sbx.sandbox_id}", headers={"X-API-Key": API_KEY}).json()
+        assert detail.get("pauseMode") == "filesystem", detail
+        back = Sandbox.connect(sbx.sandbox_id, timeout=600)
+        assert back.files.read("/home/user/kept") == "after a disk-only auto-pause"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+    # E2B's two refusals, word for word.
+    for body, words in [({"autoPause": False, "autoPauseMemory": False}, "only applies when autoPause is true"),
+                        ({"autoPause": True, "autoPauseMemory": False, "autoResume": {"enabled": True}}, "cannot be combined with autoResume")]:
+        r = httpx.post(f"{server.url}/v2/sandboxes", headers={"X-API-Key": API_KEY}, json={"templateID": "base", **body})
+        assert r.status_code == 400 and words in r.json()["message"], r.text

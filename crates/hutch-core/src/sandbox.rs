@@ -107,6 +107,9 @@ pub enum PauseError {
     NotRunning,
     #[error(transparent)]
     Save(#[from] SaveError),
+    /// A filesystem-only pause keeps nothing but the disk: the guest must flush it.
+    #[error("the guest agent did not write its files to disk ({0}), so a pause without memory would lose them; the sandbox runs on")]
+    Sync(String),
 }
 
 /// How a sandbox came to run.
@@ -144,6 +147,42 @@ pub fn base_snapshots_in_use(home: &HutchHome) -> std::collections::HashSet<Path
 }
 /// Present while the sandbox is paused: its saved state lives beside it.
 pub const PAUSED_STATE: &str = "memory.state";
+/// Present while the sandbox is paused without its memory (E2B's filesystem-only
+/// pause): its disk is all there is, and it resumes by booting on it.
+pub const PAUSED_DISK: &str = "disk.paused";
+
+/// What a pause keeps (E2B's `memory` flag of a pause; `pauseMode` in its API).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PauseMode {
+    /// Memory and disk: a resume goes on where the guest was.
+    #[default]
+    Full,
+    /// The disk only: a resume boots the guest on it, without its processes.
+    Filesystem,
+}
+
+impl PauseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Full => "full",
+            PauseMode::Filesystem => "filesystem",
+        }
+    }
+}
+
+/// How the sandbox in `dir` is paused, if it is: what its files say.
+pub fn paused_mode(dir: &Path) -> Option<PauseMode> {
+    if !dir.join(VM_RECORD).is_file() {
+        return None;
+    }
+    if dir.join(PAUSED_STATE).is_file() {
+        Some(PauseMode::Full)
+    } else if dir.join(PAUSED_DISK).is_file() {
+        Some(PauseMode::Filesystem)
+    } else {
+        None
+    }
+}
 /// A pause's save in progress; renamed to `PAUSED_STATE` once complete, so that name
 /// always holds a whole state.
 const SAVING_STATE: &str = "memory.state.partial";
@@ -344,7 +383,7 @@ impl Sandbox {
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| AdoptError::Agent(CreateError::Dir(dir.to_path_buf(), e)))?;
         let agent = connect_restored(vm.as_mut(), ADOPT_AGENT_WAIT, started).await.map_err(AdoptError::Agent)?;
         // It runs: whatever a cut-short pause or resume left is stale.
-        for stale in [PAUSED_STATE, SAVING_STATE] {
+        for stale in [PAUSED_STATE, SAVING_STATE, PAUSED_DISK] {
             let _ = std::fs::remove_file(dir.join(stale));
         }
         if record.spec.incoming.take().is_some() {
@@ -368,9 +407,13 @@ impl Sandbox {
         std::fs::write(self.dir.join(SERVER_OWNED), b"")
     }
 
-    /// Saves memory and disk under the sandbox's directory and stops the VM. After
-    /// success the sandbox keeps its directory (see `resume`); after a failure it runs on.
-    pub async fn pause(&mut self) -> Result<(), PauseError> {
+    /// Saves memory and disk (or, `Filesystem`, the disk alone) under the sandbox's
+    /// directory and stops the VM. After success the sandbox keeps its directory (see
+    /// `resume` and `reboot`); after a failure it runs on.
+    pub async fn pause(&mut self, mode: PauseMode) -> Result<(), PauseError> {
+        if mode == PauseMode::Filesystem {
+            return self.pause_disk_only().await;
+        }
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         flush_guest(&self.agent).await;
         if let Err(e) = crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await {
@@ -399,6 +442,60 @@ impl Sandbox {
         }
         self.vm = None;
         Ok(())
+    }
+
+    /// The filesystem-only pause: the guest writes its page cache out (it must answer:
+    /// the disk is all that is kept), the marker goes down, and the VM quits, which
+    /// flushes QEMU's own writes. A crash before the quit leaves a running VM beside
+    /// the marker; adoption takes the VM and drops the marker.
+    async fn pause_disk_only(&mut self) -> Result<(), PauseError> {
+        if self.vm.is_none() {
+            return Err(PauseError::NotRunning);
+        }
+        match tokio::time::timeout(SYNC_WAIT, self.agent.post_json("/sync", &serde_json::json!({}))).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(PauseError::Sync(e.to_string())),
+            Err(_) => return Err(PauseError::Sync(format!("no answer within {} s", SYNC_WAIT.as_secs()))),
+        }
+        let marker = self.dir.join(PAUSED_DISK);
+        std::fs::write(&marker, b"").map_err(|source| SaveError::File { what: "marking the sandbox paused", path: marker.clone(), source })?;
+        self.keep_dir = true;
+        if let Some(mut vm) = self.vm.take() {
+            if let Err(e) = vm.stop(Duration::from_secs(10)).await {
+                tracing::warn!(sandbox = %self.id, "stopping the paused VM: {e}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings back a paused sandbox by booting its guest on its disk: same id, files
+    /// and identity, no processes (a filesystem-only pause, or E2B's `memory: false`
+    /// resume of any pause). A memory state is dropped first: it stops matching the
+    /// disk the moment the guest boots on it. On failure the sandbox is left paused
+    /// filesystem-only, and another boot may be tried.
+    pub async fn reboot(dir: &Path, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
+        let started = Instant::now();
+        let (mut record, id) = read_record(dir).map_err(CreateError::Record)?;
+        let file = |e| CreateError::Dir(dir.to_path_buf(), e);
+        if dir.join(PAUSED_STATE).exists() {
+            std::fs::write(dir.join(PAUSED_DISK), b"").map_err(file)?;
+            std::fs::remove_file(dir.join(PAUSED_STATE)).map_err(file)?;
+        }
+        // This server's kernel and agent: the boot is a new one.
+        record.spec.kernel = artifacts.kernel.vmlinuz();
+        record.spec.initrd = artifacts.initramfs.clone();
+        record.spec.memory = Memory::Anonymous;
+        record.spec.incoming = None;
+        record.spec.die_with_parent = opts.die_with_parent;
+        std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(file)?;
+        let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
+        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, false).await?;
+        if let Some(port) = artifacts.template.ready_port() {
+            wait_for_port(&agent, port, opts.boot_timeout, started, dir).await?;
+        }
+        write_record(dir, &record)?;
+        let _ = std::fs::remove_file(dir.join(PAUSED_DISK));
+        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Cold, keep_dir: false })
     }
 
     /// Whether the VM runs and its agent answers; why not, if not. Asked after an
@@ -570,6 +667,9 @@ async fn flush_guest(agent: &AgentClient) {
         tracing::warn!("the guest did not flush its disk: {e}");
     }
 }
+
+/// How long a guest may take to write its page cache out for a filesystem-only pause.
+const SYNC_WAIT: Duration = Duration::from_secs(60);
 
 /// How long an adopted guest's agent may take to see the dead server's session end
 /// and take a new one.

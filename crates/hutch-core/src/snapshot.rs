@@ -84,6 +84,22 @@ impl MemorySnapshot {
         self.dir.join("disk.qcow2")
     }
 
+    /// Whether it holds a guest's memory to restore (else only a disk to boot on).
+    pub fn has_memory(&self) -> bool {
+        self.dir.join("state").is_file()
+    }
+
+    /// Makes it disk-only: sandboxes started from it boot on its disk.
+    pub fn drop_memory(&self) -> std::io::Result<()> {
+        for file in ["state", "memory"] {
+            match std::fs::remove_file(self.dir.join(file)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Starts a restored sandbox's console with the saved VM's, and says so: the guest
     /// kernel's messages from its boot are part of the state it continues from.
     pub fn seed_console(&self, console: &Path) {

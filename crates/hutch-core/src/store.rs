@@ -58,6 +58,10 @@ pub struct SandboxRow {
     pub auto_pause: bool,
     /// Data-plane traffic to it while paused resumes it (E2B's `autoResume`).
     pub auto_resume: bool,
+    /// The timeout's auto-pause keeps memory too (E2B's `autoPauseMemory`).
+    pub auto_pause_memory: bool,
+    /// What its pause kept, while it is paused: its files' word, never stored.
+    pub pause_mode: Option<crate::sandbox::PauseMode>,
     /// Why the sandbox failed, if it has: its owner's word, never stored (a failed
     /// sandbox does not outlive the server).
     pub failure: Option<String>,
@@ -164,8 +168,8 @@ impl Store {
 
     pub async fn insert_sandbox(&self, s: &SandboxRow) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir, auto_pause, traffic_token, auto_resume) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+            "INSERT INTO sandboxes (id, key_id, template, state, cpu_count, memory_mb, disk_mb, metadata, env_vars, envd_token, started_at, end_at, qemu_pid, dir, auto_pause, traffic_token, auto_resume, auto_pause_memory) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
         )
         .bind(&s.id)
         .bind(&s.key_id)
@@ -184,6 +188,7 @@ impl Store {
         .bind(s.auto_pause)
         .bind(&s.traffic_token)
         .bind(s.auto_resume)
+        .bind(s.auto_pause_memory)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -294,6 +299,8 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         dir: r.get("dir"),
         auto_pause: r.get("auto_pause"),
         auto_resume: r.get("auto_resume"),
+        auto_pause_memory: r.get("auto_pause_memory"),
+        pause_mode: None,
         failure: None,
     })
 }

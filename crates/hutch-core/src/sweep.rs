@@ -50,7 +50,7 @@ pub fn sweep_orphans(home: &HutchHome, by: Sweeper) -> usize {
         let dir = entry.path();
         let owner = read_pid(&dir.join("owner.pid"));
         // A paused sandbox has no process; the server's store owns it.
-        let paused = dir.join(crate::sandbox::PAUSED_STATE).is_file() && dir.join(crate::sandbox::VM_RECORD).is_file();
+        let paused = crate::sandbox::paused_mode(&dir).is_some();
         let adoptable = by == Sweeper::Local && dir.join(crate::sandbox::SERVER_OWNED).is_file() && running_qemu(&dir).is_some();
         if paused || adoptable || owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
             continue;

@@ -16,5 +16,5 @@ mod remote;
 
 pub use code::{CodeContext, CodeEvent, CodeResult, Execution, ExecutionError};
 pub use commands::{CommandOutput, RunOptions, SdkError};
-pub use lifecycle::SnapshotInfo;
+pub use lifecycle::{PauseMode, SnapshotInfo};
 pub use remote::{Api, ApiError, CreateOptions, Sandbox, SandboxInfo};

@@ -41,10 +41,26 @@ struct ForkError {
     message: String,
 }
 
+/// What a pause keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseMode {
+    /// Memory and disk: a resume goes on where the sandbox was.
+    Full,
+    /// The disk only: a resume boots on it, without the processes.
+    Filesystem,
+}
+
 impl Api {
     /// Pauses a sandbox (memory and disk saved, VM stopped); false if it already was.
     pub async fn pause(&self, id: &str) -> Result<bool, ApiError> {
-        match self.call(Method::POST, &format!("/sandboxes/{}/pause", enc(id)), Some(serde_json::json!({}))).await {
+        self.pause_as(id, PauseMode::Full).await
+    }
+
+    /// A pause that keeps memory and disk, or (`Filesystem`) the disk only: its resume
+    /// boots the guest, without its processes. False when it was paused already.
+    pub async fn pause_as(&self, id: &str, mode: PauseMode) -> Result<bool, ApiError> {
+        let body = serde_json::json!({ "memory": mode == PauseMode::Full });
+        match self.call(Method::POST, &format!("/sandboxes/{}/pause", enc(id)), Some(body)).await {
             Ok(_) => Ok(true),
             Err(ApiError::Http { status, .. }) if status == StatusCode::CONFLICT => Ok(false),
             Err(e) => Err(e),
@@ -54,6 +70,17 @@ impl Api {
     /// Resumes a paused sandbox (a running one is just returned): E2B's connect.
     pub async fn resume(&self, id: &str, timeout: Option<u64>) -> Result<Sandbox, ApiError> {
         self.connect(id, timeout).await
+    }
+
+    /// Resumes a paused sandbox by booting it on its disk, whatever memory its pause
+    /// kept (E2B's `on_resume="reboot"`): its files stay, its processes are gone.
+    pub async fn reboot(&self, id: &str, timeout: Option<u64>) -> Result<Sandbox, ApiError> {
+        let mut body = serde_json::json!({ "memory": false });
+        if let Some(t) = timeout {
+            body["timeout"] = t.into();
+        }
+        let (_, _, bytes) = self.call(Method::POST, &format!("/v2/sandboxes/{}/connect", enc(id)), Some(body)).await?;
+        Ok(self.sandbox(Self::json(&bytes)?))
     }
 
     /// `count` copies of a running sandbox, each continuing from its state now. One
@@ -164,6 +191,10 @@ impl Sandbox {
     /// Pauses this sandbox; `Api::resume` (or connect) brings it back.
     pub async fn pause(&self) -> Result<bool, ApiError> {
         self.api_ref().pause(&self.id).await
+    }
+
+    pub async fn pause_as(&self, mode: PauseMode) -> Result<bool, ApiError> {
+        self.api_ref().pause_as(&self.id, mode).await
     }
 
     pub async fn fork(&self, count: u32) -> Result<Vec<Result<Sandbox, ApiError>>, ApiError> {

@@ -43,6 +43,9 @@ pub struct SandboxInfo {
     /// Why the sandbox failed, if it has (hutch's own field; `state` stays E2B's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure: Option<String>,
+    /// While paused: `full` (memory and disk) or `filesystem` (the disk; a resume boots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<String>,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
     pub cpu_count: i64,

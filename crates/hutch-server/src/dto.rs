@@ -27,6 +27,9 @@ pub struct NewSandbox {
     pub auto_pause: Option<bool>,
     #[serde(default)]
     pub auto_resume: Option<AutoResume>,
+    /// The timeout's auto-pause keeps memory (true, the default) or only the disk.
+    #[serde(default)]
+    pub auto_pause_memory: Option<bool>,
     /// hutch's own: boot the kernel instead of restoring the template's snapshot.
     #[serde(default)]
     pub cold: Option<bool>,
@@ -61,6 +64,17 @@ pub struct ForkBody {
 pub struct SnapshotBody {
     #[serde(default)]
     pub name: Option<String>,
+    /// false: the disk only (sandboxes started from it boot).
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// E2B's `SandboxPauseRequest` (older SDKs send no body).
+#[derive(Debug, Default, Deserialize)]
+pub struct PauseBody {
+    /// false: keep only the disk; a resume boots on it.
+    #[serde(default)]
+    pub memory: Option<bool>,
 }
 
 /// E2B's `SnapshotInfo`.
@@ -101,6 +115,9 @@ pub struct TimeoutBody {
 pub struct ConnectBody {
     #[serde(default)]
     pub timeout: Option<i64>,
+    /// false: boot on the disk, whatever memory the pause kept (E2B's reboot).
+    #[serde(default)]
+    pub memory: Option<bool>,
 }
 
 #[derive(Debug, Serialize)]
@@ -165,6 +182,9 @@ pub struct SandboxDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traffic_access_token: Option<String>,
     pub allow_internet_access: bool,
+    /// What a paused sandbox's pause kept: `full` or `filesystem`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<&'static str>,
 }
 
 impl From<&SandboxRow> for SandboxDetail {
@@ -186,6 +206,7 @@ impl From<&SandboxRow> for SandboxDetail {
             envd_access_token: r.envd_token.clone(),
             traffic_access_token: r.traffic_token.clone(),
             allow_internet_access: false,
+            pause_mode: r.pause_mode.map(|m| m.as_str()),
         }
     }
 }

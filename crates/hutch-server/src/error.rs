@@ -63,6 +63,8 @@ impl From<ManagerError> for ApiError {
             // The guest held its session past the deadline, or the VM is not running: the
             // sandbox's state, not a server failure, and nothing was changed.
             ManagerError::Pause(PauseError::Save(SaveError::AgentBusy(_)) | PauseError::NotRunning) => StatusCode::CONFLICT,
+            // E2B's answer when a pause needs the guest agent and it does not respond.
+            ManagerError::Pause(PauseError::Sync(_)) => StatusCode::SERVICE_UNAVAILABLE,
             ManagerError::Template(_)
             | ManagerError::Create(_)
             | ManagerError::Pause(_)

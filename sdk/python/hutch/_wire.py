@@ -43,6 +43,8 @@ class SandboxInfo:
     cpu_count: int = 0
     memory_mb: int = 0
     envd_access_token: Optional[str] = None
+    # While paused: "full" (memory and disk) or "filesystem" (the disk; a resume boots).
+    pause_mode: Optional[str] = None
 
     @staticmethod
     def parse(d: Dict[str, Any]) -> "SandboxInfo":
@@ -59,6 +61,7 @@ class SandboxInfo:
             cpu_count=d.get("cpuCount", 0),
             memory_mb=d.get("memoryMB", 0),
             envd_access_token=d.get("envdAccessToken"),
+            pause_mode=d.get("pauseMode"),
         )
 
 
@@ -88,6 +91,33 @@ def new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold
     }
     if timeout is not None:
         body["timeout"] = timeout
+    return body
+
+
+def _memory_flag(what: str, mode: str) -> bool:
+    """E2B's `mode` of a pause or snapshot as the API's `memory` flag."""
+    if mode not in ("full", "filesystem"):
+        raise ValueError(f"{what} mode must be 'full' or 'filesystem', got {mode!r}")
+    return mode == "full"
+
+
+def pause_body(mode: str) -> Dict[str, Any]:
+    return {"memory": _memory_flag("pause", mode)}
+
+
+def snapshot_body(name: Optional[str], mode: str) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"memory": _memory_flag("snapshot", mode)}
+    if name:
+        body["name"] = name
+    return body
+
+
+def connect_body(timeout: Optional[int], on_resume: str) -> Dict[str, Any]:
+    if on_resume not in ("restore", "reboot"):
+        raise ValueError(f"on_resume must be 'restore' or 'reboot', got {on_resume!r}")
+    body: Dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    if on_resume == "reboot":
+        body["memory"] = False
     return body
 
 

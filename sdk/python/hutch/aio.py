@@ -61,17 +61,18 @@ class AsyncSandbox:
         return cls((await api.rest("POST", "/v2/sandboxes", json=body)).json(), api)
 
     @classmethod
-    async def connect(cls, sandbox_id: str, timeout: Optional[int] = None, api_url=None, api_key=None) -> "AsyncSandbox":
+    async def connect(cls, sandbox_id: str, timeout: Optional[int] = None, api_url=None, api_key=None, on_resume: str = "restore") -> "AsyncSandbox":
         api = _AsyncApi(Config.resolve(api_url, api_key, None))
-        body = {"timeout": timeout} if timeout is not None else {}
+        body = w.connect_body(timeout, on_resume)
         return cls((await api.rest("POST", f"/v2/sandboxes/{quote(sandbox_id)}/connect", json=body)).json(), api)
 
     resume = connect
 
-    async def pause(self) -> bool:
-        """Saves memory, processes and files and stops the VM; False if already paused."""
+    async def pause(self, mode: str = "full") -> bool:
+        """Saves memory, processes and files (mode="filesystem": the files only; a resume
+        boots) and stops the VM; False if already paused."""
         try:
-            await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/pause", json={})
+            await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/pause", json=w.pause_body(mode))
             return True
         except errors.ConflictError:
             return False
@@ -83,8 +84,8 @@ class AsyncSandbox:
         items = (await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/fork", json=body)).json()
         return w.fork_results(items, lambda info: AsyncSandbox(info, _AsyncApi(self._api.config)))
 
-    async def create_snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
-        body = {"name": name} if name else {}
+    async def create_snapshot(self, name: Optional[str] = None, mode: str = "full") -> SnapshotInfo:
+        body = w.snapshot_body(name, mode)
         return SnapshotInfo.parse((await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/snapshots", json=body)).json())
 
     @classmethod

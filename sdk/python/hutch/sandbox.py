@@ -78,23 +78,27 @@ class Sandbox:
         return cls(api.rest("POST", "/v2/sandboxes", json=body).json(), api)
 
     @classmethod
-    def connect(cls, sandbox_id: str, timeout: Optional[int] = None, api_url=None, api_key=None, request_timeout=None) -> "Sandbox":
-        """A sandbox by id; a paused one is resumed first."""
+    def connect(cls, sandbox_id: str, timeout: Optional[int] = None, api_url=None, api_key=None, request_timeout=None,
+                on_resume: str = "restore") -> "Sandbox":
+        """A sandbox by id; a paused one is resumed first: from its memory ("restore",
+        when its pause kept it) or booted on its disk ("reboot": its processes are gone,
+        its files stay)."""
         api = _Api(Config.resolve(api_url, api_key, request_timeout))
-        body = {"timeout": timeout} if timeout is not None else {}
+        body = w.connect_body(timeout, on_resume)
         return cls(api.rest("POST", f"/v2/sandboxes/{quote(sandbox_id)}/connect", json=body).json(), api)
 
     resume = connect
 
     @classmethod
-    def _pause_by_id(cls, sandbox_id: str, api_url=None, api_key=None) -> bool:
-        return _pause(_Api(Config.resolve(api_url, api_key, None)), sandbox_id)
+    def _pause_by_id(cls, sandbox_id: str, api_url=None, api_key=None, mode: str = "full") -> bool:
+        return _pause(_Api(Config.resolve(api_url, api_key, None)), sandbox_id, mode)
 
-    def _pause(self) -> bool:
-        return _pause(self._api, self.sandbox_id)
+    def _pause(self, mode: str = "full") -> bool:
+        return _pause(self._api, self.sandbox_id, mode)
 
     pause = _Hybrid(_pause_by_id, _pause)
-    pause.__doc__ = "Saves memory, processes and files and stops the VM; False if already paused."
+    pause.__doc__ = ("Saves memory, processes and files (mode=\"filesystem\": the files only; a resume boots) "
+                     "and stops the VM; False if already paused.")
 
     def fork(self, count: int = 1, timeout: Optional[int] = None) -> List[Union["Sandbox", errors.HutchError]]:
         """`count` new sandboxes continuing from this one's state now; an error in place
@@ -105,10 +109,11 @@ class Sandbox:
         items = self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/fork", json=body).json()
         return w.fork_results(items, lambda info: Sandbox(info, _Api(self._api.config)))
 
-    def create_snapshot(self, name: Optional[str] = None) -> SnapshotInfo:
-        """Saves memory and disk; `Sandbox.create(snapshot.snapshot_id)` (or the name)
-        starts new sandboxes from it."""
-        body = {"name": name} if name else {}
+    def create_snapshot(self, name: Optional[str] = None, mode: str = "full") -> SnapshotInfo:
+        """Saves memory and disk (mode="filesystem": the disk only, and sandboxes started
+        from it boot); `Sandbox.create(snapshot.snapshot_id)` (or the name) starts new
+        sandboxes from it."""
+        body = w.snapshot_body(name, mode)
         return SnapshotInfo.parse(self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/snapshots", json=body).json())
 
     @classmethod
@@ -251,9 +256,9 @@ class Sandbox:
         self.kill()
 
 
-def _pause(api: _Api, sandbox_id: str) -> bool:
+def _pause(api: _Api, sandbox_id: str, mode: str = "full") -> bool:
     try:
-        api.rest("POST", f"/sandboxes/{quote(sandbox_id)}/pause", json={})
+        api.rest("POST", f"/sandboxes/{quote(sandbox_id)}/pause", json=w.pause_body(mode))
         return True
     except errors.ConflictError:
         return False

@@ -168,7 +168,7 @@ async fn pause_resume(local: &Local, backend: &QemuBackend, opts: &SandboxOption
         eprint!("\rpause/resume {mib} MiB: run {}/{runs}", i + 1);
         let dir = sb.dir().to_path_buf();
         let started = Instant::now();
-        sb.pause().await?;
+        sb.pause(hutch_core::sandbox::PauseMode::Full).await?;
         pause.samples.push(started.elapsed());
         state_bytes = std::fs::metadata(dir.join(hutch_core::sandbox::PAUSED_STATE))?.len();
         drop(sb);

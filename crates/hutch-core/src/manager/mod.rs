@@ -11,19 +11,21 @@ pub mod state;
 #[cfg(test)]
 mod tests;
 
-pub use pause::Connected;
+pub use pause::{Connected, OnResume};
 pub use snapshots::MAX_FORKS;
 
 use crate::agent::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
 pub use quota::KeyQuota;
+pub use crate::sandbox::PauseMode;
 use crate::sandbox::{CreateError, PauseError, Sandbox, SandboxOptions};
 use crate::store::{rfc3339, SandboxRow, Store, StoreError};
 use hutch_image::HutchHome;
 use hutch_proto::agent::Metrics;
 use hutch_vmm::{Accel, VmBackend};
 use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -71,6 +73,8 @@ pub struct CreateSpec {
     pub auto_pause: bool,
     /// Resume when data-plane traffic arrives while paused.
     pub auto_resume: bool,
+    /// What the timeout's auto-pause keeps.
+    pub auto_pause_mode: PauseMode,
     /// Boot the kernel instead of restoring the template's memory snapshot.
     pub cold: bool,
     /// Ports take traffic only with the sandbox's traffic token (E2B's
@@ -170,6 +174,7 @@ impl Live {
         let mut row = lock(&self.row).clone();
         row.state = self.owner.state().api_name().to_string();
         row.failure = self.owner.failure();
+        row.pause_mode = if self.owner.state() == state::SandboxState::Paused { crate::sandbox::paused_mode(Path::new(&row.dir)) } else { None };
         row
     }
 }
@@ -495,6 +500,8 @@ impl SandboxManager {
             dir: sandbox.dir().display().to_string(),
             auto_pause: spec.auto_pause,
             auto_resume: spec.auto_resume,
+            auto_pause_memory: spec.auto_pause_mode == PauseMode::Full,
+            pause_mode: None,
             failure: None,
         };
         if let Err(e) = self.store.insert_sandbox(&row).await {
@@ -651,11 +658,15 @@ impl SandboxManager {
             let row = lock(&live.row);
             (row.key_id.clone(), row.auto_resume)
         };
-        if !auto {
+        // Without memory it boots rather than resumes: the request that woke it would
+        // meet a guest that forgot everything (E2B resumes those only by an explicit
+        // connect).
+        let disk_only = crate::sandbox::paused_mode(Path::new(&lock(&live.row).dir)) == Some(PauseMode::Filesystem);
+        if !auto || disk_only {
             return Err(ManagerError::Paused(id.to_string()));
         }
         // A sandbox that runs (its agent only held for a snapshot) keeps its timeout.
-        if self.connect(&key_id, id, None).await?.1 == Connected::Resumed {
+        if self.connect(&key_id, id, None, OnResume::Restore).await?.1 == Connected::Resumed {
             tracing::info!(sandbox = %id, "traffic for the paused sandbox resumed it (autoResume)");
             self.set_timeout(&key_id, id, AUTO_RESUME_TIMEOUT.as_secs()).await?;
         }
@@ -739,7 +750,8 @@ impl SandboxManager {
         for (id, live) in expired {
             if lock(&live.row).auto_pause && live.is_running() {
                 tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
-                match self.pause_live(&id, &live, pause::PausedBy::AutoPause).await {
+                let mode = if lock(&live.row).auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem };
+                match self.pause_live(&id, &live, pause::PausedBy::AutoPause, mode).await {
                     // A client's pause got there first: paused is what was asked.
                     Ok(()) | Err(ManagerError::AlreadyPaused(_)) => continue,
                     Err(ManagerError::NoSpace(e)) => {

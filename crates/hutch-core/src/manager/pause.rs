@@ -1,11 +1,12 @@
 //! Pause and resume (E2B semantics): a paused sandbox keeps its memory, processes and
-//! files on disk under its directory, holds no VM, and survives server restarts; a
-//! connect (or resume) brings it back under the same id.
+//! files on disk under its directory (or, paused filesystem-only, its files alone),
+//! holds no VM, and survives server restarts; a connect (or resume) brings it back under
+//! the same id, restoring its memory or booting on its disk.
 
 use super::owner::Owned;
 use super::state::SandboxState;
 use super::{lock, parse_time, Live, ManagerError, SandboxManager};
-use crate::sandbox::{Sandbox, PAUSED_STATE, VM_RECORD};
+use crate::sandbox::{paused_mode, PauseMode, Sandbox};
 use crate::store::{rfc3339, SandboxRow};
 use std::path::Path;
 use std::sync::Arc;
@@ -18,8 +19,19 @@ pub enum Connected {
     Resumed,
 }
 
+/// How a paused sandbox comes back (E2B's `on_resume`, `memory` of a connect).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnResume {
+    /// From its saved memory when it has one, else booted on its disk.
+    #[default]
+    Restore,
+    /// Booted on its disk, whatever memory it saved: the way out of a saved state that
+    /// wedges the guest.
+    Reboot,
+}
+
 fn is_paused_dir(dir: &Path) -> bool {
-    dir.join(PAUSED_STATE).is_file() && dir.join(VM_RECORD).is_file()
+    paused_mode(dir).is_some()
 }
 
 /// Who asks for a pause. The paused-sandbox quota binds clients; a sandbox the key
@@ -87,20 +99,20 @@ impl SandboxManager {
         Ok(())
     }
 
-    /// E2B's pause: saves the sandbox and stops its VM.
-    pub async fn pause(&self, key_id: &str, id: &str) -> Result<(), ManagerError> {
+    /// E2B's pause: saves the sandbox (its memory too, or only its disk) and stops its VM.
+    pub async fn pause(&self, key_id: &str, id: &str, mode: PauseMode) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
         let id = id.to_string();
-        self.detached(move |m| async move { m.pause_live(&id, &live, PausedBy::Client).await }).await
+        self.detached(move |m| async move { m.pause_live(&id, &live, PausedBy::Client, mode).await }).await
     }
 
     /// Pauses in the sandbox's owner: to its end, whoever waits for it.
-    pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>, by: PausedBy) -> Result<(), ManagerError> {
+    pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>, by: PausedBy, mode: PauseMode) -> Result<(), ManagerError> {
         let id = id.to_string();
-        self.in_owner(live, move |m, live, o| Box::pin(async move { m.pause_owned(&id, &live, o, by).await })).await
+        self.in_owner(live, move |m, live, o| Box::pin(async move { m.pause_owned(&id, &live, o, by, mode).await })).await
     }
 
-    async fn pause_owned(&self, id: &str, live: &Live, o: &mut Owned, by: PausedBy) -> Result<(), ManagerError> {
+    async fn pause_owned(&self, id: &str, live: &Live, o: &mut Owned, by: PausedBy, mode: PauseMode) -> Result<(), ManagerError> {
         let Some(memory_mib) = o.sandbox.as_ref().map(Sandbox::memory_mib) else {
             return Err(match o.state() {
                 SandboxState::Paused => ManagerError::AlreadyPaused(id.to_string()),
@@ -111,12 +123,14 @@ impl SandboxManager {
             let key_id = lock(&live.row).key_id.clone();
             self.quota_paused(&key_id)?;
         }
-        self.room_for_memory(memory_mib)?;
+        if mode == PauseMode::Full {
+            self.room_for_memory(memory_mib)?;
+        }
         o.advance(SandboxState::Pausing)?;
         // New data-plane requests see "paused" from here on.
         lock(&live.agent).take();
         let Some(sandbox) = o.sandbox.as_mut() else { return Err(ManagerError::Internal("the paused sandbox has no VM".into())) };
-        if let Err(e) = sandbox.pause().await {
+        if let Err(e) = sandbox.pause(mode).await {
             // Refused or failed before the VM stopped for good: it runs on, with its
             // session back, unless the VM or its agent no longer answers.
             o.settle_after_failure(&live.agent).await?;
@@ -136,16 +150,16 @@ impl SandboxManager {
 
     /// E2B's connect: resumes a paused sandbox; extends the timeout (never shortens
     /// it) to `secs` from now.
-    pub async fn connect(&self, key_id: &str, id: &str, secs: Option<u64>) -> Result<(SandboxRow, Connected), ManagerError> {
+    pub async fn connect(&self, key_id: &str, id: &str, secs: Option<u64>, on_resume: OnResume) -> Result<(SandboxRow, Connected), ManagerError> {
         let (key_id, id) = (key_id.to_string(), id.to_string());
-        self.detached(move |m| async move { m.connect_now(&key_id, &id, secs).await }).await
+        self.detached(move |m| async move { m.connect_now(&key_id, &id, secs, on_resume).await }).await
     }
 
-    async fn connect_now(&self, key_id: &str, id: &str, secs: Option<u64>) -> Result<(SandboxRow, Connected), ManagerError> {
+    async fn connect_now(&self, key_id: &str, id: &str, secs: Option<u64>, on_resume: OnResume) -> Result<(SandboxRow, Connected), ManagerError> {
         let live = self.find(key_id, id)?;
         let how = {
             let id = id.to_string();
-            self.in_owner(&live, move |m, live, o| Box::pin(async move { m.resume_owned(&id, &live, o, secs).await })).await?
+            self.in_owner(&live, move |m, live, o| Box::pin(async move { m.resume_owned(&id, &live, o, secs, on_resume).await })).await?
         };
         let row = live.row();
         let Some(secs) = secs else { return Ok((row, how)) };
@@ -156,7 +170,7 @@ impl SandboxManager {
         Ok((row, how))
     }
 
-    async fn resume_owned(&self, id: &str, live: &Live, o: &mut Owned, secs: Option<u64>) -> Result<Connected, ManagerError> {
+    async fn resume_owned(&self, id: &str, live: &Live, o: &mut Owned, secs: Option<u64>, on_resume: OnResume) -> Result<Connected, ManagerError> {
         match o.state() {
             SandboxState::Running => return Ok(Connected::AlreadyRunning),
             SandboxState::Failed => return Err(ManagerError::Failed { id: id.to_string(), why: live.owner.failure().unwrap_or_default() }),
@@ -170,8 +184,16 @@ impl SandboxManager {
         self.quota_running(&row.key_id, 1)?;
         let _reserved = self.reserve_slot()?;
         let opts = self.options(&row.env_vars, &row.metadata, row.envd_token.clone());
+        let dir = Path::new(&row.dir);
+        let boot = on_resume == OnResume::Reboot || paused_mode(dir) == Some(PauseMode::Filesystem);
+        // Prepared before the state moves: a template that cannot be had leaves it paused.
+        let artifacts = if boot { Some(self.prepare(&self.base_template(&row.key_id, &row.template).await?).await?) } else { None };
         o.advance(SandboxState::Resuming)?;
-        let sandbox = match Sandbox::resume(Path::new(&row.dir), self.backend.as_ref(), &opts).await {
+        let resumed = match &artifacts {
+            Some(artifacts) => Sandbox::reboot(dir, artifacts, self.backend.as_ref(), &opts).await,
+            None => Sandbox::resume(dir, self.backend.as_ref(), &opts).await,
+        };
+        let sandbox = match resumed {
             Ok(sandbox) => sandbox,
             Err(e @ crate::sandbox::CreateError::RanThenFailed(_)) => {
                 tracing::warn!(sandbox = %id, "{}", hutch_proto::error_chain(&e));
@@ -187,7 +209,7 @@ impl SandboxManager {
             }
             Err(e) => {
                 // Its saved state is still on disk (a resume removes it only once the VM
-                // runs): paused, as before.
+                // runs; a failed boot leaves the disk to boot again): paused, as before.
                 o.advance(SandboxState::Paused)?;
                 return Err(ManagerError::Resume(e));
             }

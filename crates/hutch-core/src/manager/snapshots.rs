@@ -25,8 +25,9 @@ impl SandboxManager {
     }
 
     /// Saves `id` (running: it pauses for the save and runs on; paused: its saved
-    /// state is copied) as a snapshot in a new directory.
-    async fn snapshot_sandbox(&self, id: &str, live: &Arc<Live>, prefix: &str) -> Result<MemorySnapshot, ManagerError> {
+    /// state is copied) as a snapshot in a new directory. Without `memory` only its
+    /// disk is kept, and sandboxes started from it boot.
+    async fn snapshot_sandbox(&self, id: &str, live: &Arc<Live>, prefix: &str, memory: bool) -> Result<MemorySnapshot, ManagerError> {
         let snap_id = format!("{prefix}{}", hex::encode(rand::random::<[u8; 8]>()));
         let dir = self.snapshots_root().join(&snap_id);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
@@ -43,6 +44,8 @@ impl SandboxManager {
         // Restored copies share the snapshot's RAM pages (see `share_memory`); if that
         // fails the full-state snapshot still works, each copy loading its own RAM.
         let made = match made {
+            // The disk was saved with the memory, at one instant: the memory goes.
+            Ok(snap) if !memory || !snap.has_memory() => snap.drop_memory().map(|()| snap).map_err(|e| ManagerError::Internal(format!("removing the memory from a disk-only snapshot: {e}"))),
             Ok(snap) => match self.prepare(&template).await {
                 Ok(a) => match crate::snapshot::share_memory(&snap, self.backend.as_ref(), a.kernel.vmlinuz(), a.initramfs.clone()).await {
                     Ok(shared) => Ok(shared),
@@ -106,12 +109,13 @@ impl SandboxManager {
 
     /// E2B's `create_snapshot`: returns the snapshot's record (its id works as a
     /// template id; so does its name).
-    pub async fn create_snapshot(&self, key_id: &str, id: &str, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+    /// Without `memory` (or of a sandbox paused without it), only the disk is kept.
+    pub async fn create_snapshot(&self, key_id: &str, id: &str, name: Option<String>, memory: bool) -> Result<SnapshotRow, ManagerError> {
         let (key_id, id) = (key_id.to_string(), id.to_string());
-        self.detached(move |m| async move { m.create_snapshot_now(&key_id, &id, name).await }).await
+        self.detached(move |m| async move { m.create_snapshot_now(&key_id, &id, name, memory).await }).await
     }
 
-    async fn create_snapshot_now(&self, key_id: &str, id: &str, name: Option<String>) -> Result<SnapshotRow, ManagerError> {
+    async fn create_snapshot_now(&self, key_id: &str, id: &str, name: Option<String>, memory: bool) -> Result<SnapshotRow, ManagerError> {
         if let Some(n) = &name {
             validate_name(n)?;
             if self.store.snapshot(key_id, n).await?.is_some() {
@@ -120,14 +124,14 @@ impl SandboxManager {
         }
         let live = self.find(key_id, id)?;
         self.quota_snapshots(key_id).await?;
-        let snap = self.snapshot_sandbox(id, &live, "snap_").await?;
+        let snap = self.snapshot_sandbox(id, &live, "snap_", memory).await?;
         let row = SnapshotRow {
             id: snap.dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
             key_id: key_id.to_string(),
             name,
             template: snap.manifest.template.clone(),
             source_sandbox: Some(id.to_string()),
-            memory: true,
+            memory: snap.has_memory(),
             dir: snap.dir.display().to_string(),
             created_at: now_rfc3339(),
         };
@@ -290,7 +294,7 @@ impl SandboxManager {
             return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
         }
         let artifacts = self.prepare(&self.base_template(key_id, &source.template).await?).await?;
-        let snap = self.snapshot_sandbox(id, &live, "fork_").await?;
+        let snap = self.snapshot_sandbox(id, &live, "fork_", true).await?;
         let mut results = Vec::new();
         for _ in 0..count {
             results.push(self.start_fork(key_id, &source, &artifacts, &snap, timeout).await);
@@ -313,6 +317,7 @@ impl SandboxManager {
             secure: token.is_some(),
             auto_pause: source.auto_pause,
             auto_resume: source.auto_resume,
+            auto_pause_mode: if source.auto_pause_memory { crate::sandbox::PauseMode::Full } else { crate::sandbox::PauseMode::Filesystem },
             cold: false,
             private_ports: source.traffic_token.is_some(),
         };
@@ -351,7 +356,10 @@ impl SandboxManager {
 fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Result<MemorySnapshot, ManagerError> {
     let io = |what: &str, e: std::io::Error| ManagerError::Internal(format!("{what}: {e}"));
     let record: VmRecord = crate::record::read(&sandbox_dir.join(VM_RECORD), crate::record::Kind::Vm).map_err(|e| ManagerError::Internal(e.to_string()))?;
-    std::fs::copy(sandbox_dir.join(PAUSED_STATE), dir.join("state")).map_err(|e| io("copying the memory state", e))?;
+    // Paused without memory: the disk alone.
+    if sandbox_dir.join(PAUSED_STATE).exists() {
+        std::fs::copy(sandbox_dir.join(PAUSED_STATE), dir.join("state")).map_err(|e| io("copying the memory state", e))?;
+    }
     std::fs::copy(&record.spec.disk, dir.join("disk.qcow2")).map_err(|e| io("copying the disk", e))?;
     if let Some(base) = &record.spec.base {
         // The copy's header is the paused VM's to have rewritten: make it hutch's.

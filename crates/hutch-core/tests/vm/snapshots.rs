@@ -72,7 +72,7 @@ async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
         check!(Instant::now() < deadline, "the background python did not write /tmp/x (and the sleeper start) within 30 s: {state:?}");
     };
     let qemu = sb.pid().unwrap_or(0);
-    sb.pause().await?;
+    sb.pause(hutch_core::sandbox::PauseMode::Full).await?;
     check!(sb.pid().is_none(), "the VM still runs after pause");
     let id = sb.id().to_string();
     drop(sb);

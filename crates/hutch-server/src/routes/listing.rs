@@ -189,6 +189,8 @@ mod tests {
             dir: String::new(),
             auto_pause: false,
             auto_resume: false,
+            auto_pause_memory: true,
+            pause_mode: None,
             failure: None,
         };
         let token = next_token(&row, ListOrder::Desc);

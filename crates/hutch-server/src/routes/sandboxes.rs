@@ -2,7 +2,7 @@
 
 use super::body::JsonBody;
 use crate::auth::KeyId;
-use crate::dto::{ConnectBody, ForkBody, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SnapshotBody, SnapshotInfo, TimeoutBody};
+use crate::dto::{ConnectBody, ForkBody, NewSandbox, PauseBody, Sandbox, SandboxDetail, SandboxMetric, SnapshotBody, SnapshotInfo, TimeoutBody};
 use crate::error::ApiError;
 use crate::query::pairs;
 use crate::AppState;
@@ -10,7 +10,7 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use hutch_core::manager::{Connected, CreateSpec};
+use hutch_core::manager::{Connected, CreateSpec, OnResume, PauseMode};
 use std::collections::BTreeMap;
 
 /// Longest timeout a request may ask for (E2B's int32 seconds).
@@ -34,6 +34,14 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
     if body.auto_resume.as_ref().is_some_and(|a| a.enabled) && body.auto_pause != Some(true) {
         return Err(ApiError::bad_request("autoResume needs autoPause: a sandbox that is killed at its timeout has nothing to resume"));
     }
+    // E2B's own words for both.
+    let auto_pause_memory = body.auto_pause_memory.unwrap_or(true);
+    if !auto_pause_memory && body.auto_pause != Some(true) {
+        return Err(ApiError::bad_request("autoPauseMemory=false only applies when autoPause is true."));
+    }
+    if !auto_pause_memory && body.auto_resume.as_ref().is_some_and(|a| a.enabled) {
+        return Err(ApiError::bad_request("autoPauseMemory=false (filesystem-only auto-pause) cannot be combined with autoResume: a filesystem-only snapshot cannot be auto-resumed by traffic and must be resumed explicitly."));
+    }
     let spec = CreateSpec {
         template: body.template_id,
         timeout: Some(body.timeout.map(timeout_secs).transpose()?.unwrap_or(default_timeout)),
@@ -44,6 +52,7 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         secure: body.secure.unwrap_or(true),
         auto_pause: body.auto_pause.unwrap_or(false),
         auto_resume: body.auto_resume.is_some_and(|a| a.enabled),
+        auto_pause_mode: if auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem },
         cold: body.cold.unwrap_or(false),
         private_ports: body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false),
     };
@@ -89,7 +98,7 @@ pub async fn connect(
     JsonBody(body): JsonBody<ConnectBody>,
 ) -> Result<Response, ApiError> {
     let secs = body.timeout.map(timeout_secs).transpose()?;
-    let (row, how) = state.manager.connect(&key.0, &id, secs).await?;
+    let (row, how) = state.manager.connect(&key.0, &id, secs, on_resume(&body)).await?;
     let status = if how == Connected::Resumed { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(Sandbox::from(&row))).into_response())
 }
@@ -152,9 +161,19 @@ impl LogPage {
     }
 }
 
-/// E2B's pause: 204, or 409 when it is already paused.
-pub async fn pause(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    state.manager.pause(&key.0, &id).await?;
+fn on_resume(body: &ConnectBody) -> OnResume {
+    if body.memory == Some(false) {
+        OnResume::Reboot
+    } else {
+        OnResume::Restore
+    }
+}
+
+/// E2B's pause: 204, or 409 when it is already paused. `{"memory": false}` keeps only
+/// the disk.
+pub async fn pause(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, JsonBody(body): JsonBody<PauseBody>) -> Result<StatusCode, ApiError> {
+    let mode = if body.memory == Some(false) { PauseMode::Filesystem } else { PauseMode::Full };
+    state.manager.pause(&key.0, &id, mode).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -169,7 +188,7 @@ pub async fn resume(
     if state.manager.get(&key.0, &id)?.state == "running" {
         return Err(ApiError::new(StatusCode::CONFLICT, format!("sandbox '{id}' is already running")));
     }
-    let (row, _) = state.manager.connect(&key.0, &id, secs).await?;
+    let (row, _) = state.manager.connect(&key.0, &id, secs, on_resume(&body)).await?;
     Ok((StatusCode::CREATED, Json(Sandbox::from(&row))).into_response())
 }
 
@@ -199,7 +218,7 @@ pub async fn create_snapshot(
     Path(id): Path<String>,
     JsonBody(body): JsonBody<SnapshotBody>,
 ) -> Result<Response, ApiError> {
-    let row = state.manager.create_snapshot(&key.0, &id, body.name.filter(|n| !n.is_empty())).await?;
+    let row = state.manager.create_snapshot(&key.0, &id, body.name.filter(|n| !n.is_empty()), body.memory != Some(false)).await?;
     Ok((StatusCode::CREATED, Json(SnapshotInfo::from(&row))).into_response())
 }
 

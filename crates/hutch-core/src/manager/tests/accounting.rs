@@ -26,21 +26,21 @@ async fn slots_and_quotas_are_counted_and_given_back() {
     env.settled().await;
 
     // Paused sandboxes hold no VM: pausing frees a slot.
-    m.pause(&a, &a1).await.expect("pause");
+    m.pause(&a, &a1, PauseMode::Full).await.expect("pause");
     let b2 = m.create(&b, base()).await.expect("the freed slot").id;
-    assert!(matches!(m.pause(&a, &a2).await, Err(ManagerError::Quota(_))), "a key's paused quota");
+    assert!(matches!(m.pause(&a, &a2, PauseMode::Full).await, Err(ManagerError::Quota(_))), "a key's paused quota");
     assert_eq!(env.state(&a2), SandboxState::Running, "a refused pause changes nothing");
     // A resume needs a slot like a create; refused, it stays paused.
-    assert!(matches!(m.connect(&a, &a1, None).await, Err(ManagerError::AtCapacity { .. })));
+    assert!(matches!(m.connect(&a, &a1, None, OnResume::Restore).await, Err(ManagerError::AtCapacity { .. })));
     assert_eq!(env.state(&a1), SandboxState::Paused);
     assert!(matches!(m.fork(&a, &a2, 1, None).await, Err(ManagerError::AtCapacity { .. })), "a fork needs slots for its sandboxes");
     env.settled().await;
 
     m.kill(&b, &b2).await.expect("kill");
-    m.connect(&a, &a1, None).await.expect("resume into the freed slot");
+    m.connect(&a, &a1, None, OnResume::Restore).await.expect("resume into the freed slot");
     assert!(matches!(m.fork(&a, &a1, 1, None).await, Err(ManagerError::Quota(_))), "a fork counts against the running quota");
-    m.create_snapshot(&a, &a1, None).await.expect("a snapshot");
-    assert!(matches!(m.create_snapshot(&a, &a1, None).await, Err(ManagerError::Quota(_))), "a key's snapshot quota");
+    m.create_snapshot(&a, &a1, None, true).await.expect("a snapshot");
+    assert!(matches!(m.create_snapshot(&a, &a1, None, true).await, Err(ManagerError::Quota(_))), "a key's snapshot quota");
     assert_eq!(m.counts(), (3, 0));
     env.settled().await;
     env.kill_all().await;
@@ -57,11 +57,11 @@ async fn failed_starts_give_their_slot_back() {
     *lock(&env.backend.fail_start) = None;
     env.settled().await;
     let id = env.create().await.id;
-    env.manager.pause(&key, &id).await.expect("pause");
+    env.manager.pause(&key, &id, PauseMode::Full).await.expect("pause");
     *lock(&env.backend.fail_start) = Some("no QEMU today".into());
-    assert!(matches!(env.manager.connect(&key, &id, None).await, Err(ManagerError::Resume(_))));
+    assert!(matches!(env.manager.connect(&key, &id, None, OnResume::Restore).await, Err(ManagerError::Resume(_))));
     *lock(&env.backend.fail_start) = None;
-    env.manager.connect(&key, &id, None).await.expect("the one slot is free again");
+    env.manager.connect(&key, &id, None, OnResume::Restore).await.expect("the one slot is free again");
     env.kill_all().await;
 }
 

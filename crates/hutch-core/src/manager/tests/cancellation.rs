@@ -32,9 +32,9 @@ fn call<'a>(env: &'a Env, op: Op, id: &'a str) -> BoxFuture<'a, Result<(), Manag
     Box::pin(async move {
         match op {
             Op::Create => m.create(key, base()).await.map(drop),
-            Op::Pause => m.pause(key, id).await,
-            Op::Resume => m.connect(key, id, None).await.map(drop),
-            Op::Snapshot => m.create_snapshot(key, id, Some("left".into())).await.map(drop),
+            Op::Pause => m.pause(key, id, PauseMode::Full).await,
+            Op::Resume => m.connect(key, id, None, OnResume::Restore).await.map(drop),
+            Op::Snapshot => m.create_snapshot(key, id, Some("left".into()), true).await.map(drop),
             Op::Fork => m.fork(key, id, 1, None).await.map(drop),
             Op::Kill => m.kill(key, id).await,
         }
@@ -49,7 +49,7 @@ async fn leave_at(op: Op, step: Step) {
     let id = env.create().await.id;
     env.put(&id, "x", "1").await;
     if op == Op::Resume {
-        env.manager.pause(&key, &id).await.expect("pause");
+        env.manager.pause(&key, &id, PauseMode::Full).await.expect("pause");
     }
     let hold = env.backend.hold(step);
     {
@@ -108,7 +108,7 @@ async fn a_kill_asked_during_a_pause_runs_after_it() {
     let hold = env.backend.hold(Step::Save);
     let pause = env.spawn(|m, key| {
         let id = id.clone();
-        async move { m.pause(&key, &id).await }
+        async move { m.pause(&key, &id, PauseMode::Full).await }
     });
     hold.reached().await;
     assert_eq!(env.state(&id), SandboxState::Pausing);

@@ -15,9 +15,9 @@ async fn refused_until_killed(env: &Env, id: &str, why: &str) {
     assert!(failure.contains(why), "{failure}");
     let data_plane = env.manager.agent(id).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(data_plane.contains("has failed") && data_plane.contains("kill it"), "{data_plane}");
-    assert!(matches!(env.manager.connect(key, id, None).await, Err(ManagerError::Failed { .. })));
-    assert!(matches!(env.manager.pause(key, id).await, Err(ManagerError::Transition(_))));
-    assert!(matches!(env.manager.create_snapshot(key, id, None).await, Err(ManagerError::Transition(_))));
+    assert!(matches!(env.manager.connect(key, id, None, OnResume::Restore).await, Err(ManagerError::Failed { .. })));
+    assert!(matches!(env.manager.pause(key, id, PauseMode::Full).await, Err(ManagerError::Transition(_))));
+    assert!(matches!(env.manager.create_snapshot(key, id, None, true).await, Err(ManagerError::Transition(_))));
     assert!(matches!(env.manager.fork(key, id, 1, None).await, Err(ManagerError::Transition(_))));
     assert_eq!(env.manager.counts().0, 1, "a failed sandbox may hold a VM: it counts against the limit");
     env.settled().await;
@@ -32,7 +32,7 @@ async fn a_vm_that_dies_during_a_pause_leaves_a_failed_sandbox() {
     let hold = env.backend.hold(Step::Save);
     let pause = env.spawn(|m, key| {
         let id = id.clone();
-        async move { m.pause(&key, &id).await }
+        async move { m.pause(&key, &id, PauseMode::Full).await }
     });
     hold.reached().await;
     env.backend.crash(&id);
@@ -48,7 +48,7 @@ async fn a_guest_whose_agent_stops_answering_after_a_failed_snapshot_fails() {
     let hold = env.backend.hold(Step::Save);
     let snapshot = env.spawn(|m, key| {
         let id = id.clone();
-        async move { m.create_snapshot(&key, &id, None).await }
+        async move { m.create_snapshot(&key, &id, None, true).await }
     });
     hold.reached().await;
     *lock(&env.backend.fail_save) = Some("the disk is gone".into());
@@ -67,7 +67,7 @@ async fn a_resumed_guest_that_ran_and_then_failed_cannot_fall_back_to_paused() {
     let id = env.manager.create(&key, CreateSpec { template: "base".into(), timeout: Some(1), auto_pause: true, ..CreateSpec::default() }).await.expect("create").id;
     assert!(until(SETTLE, || env.state(&id) == SandboxState::Paused).await, "autoPause did not pause it");
     env.guest.wedge(true);
-    let resumed = env.manager.connect(&key, &id, None).await;
+    let resumed = env.manager.connect(&key, &id, None, OnResume::Restore).await;
     assert!(matches!(resumed, Err(ManagerError::Resume(crate::sandbox::CreateError::RanThenFailed(_)))), "{resumed:?}");
     env.guest.wedge(false);
     // Its saved state is gone: loading it again over the disk the guest changed since

@@ -16,25 +16,25 @@ async fn a_sandbox_goes_through_every_state_and_keeps_its_memory() {
     assert_eq!(env.state(&id), Running);
     env.put(&id, "x", "1").await;
 
-    env.manager.pause(key, &id).await.expect("pause");
+    env.manager.pause(key, &id, PauseMode::Full).await.expect("pause");
     assert_eq!(env.state(&id), Paused);
     env.settled().await;
-    assert!(matches!(env.manager.pause(key, &id).await, Err(ManagerError::AlreadyPaused(_))));
+    assert!(matches!(env.manager.pause(key, &id, PauseMode::Full).await, Err(ManagerError::AlreadyPaused(_))));
     assert!(matches!(env.manager.agent(&id), Err(ManagerError::Paused(_))));
     assert!(matches!(env.manager.metrics(key, &id).await, Err(ManagerError::Paused(_))));
     assert!(matches!(env.manager.fork(key, &id, 1, None).await, Err(ManagerError::Paused(_))));
     // Snapshotting a paused sandbox copies its saved state; it stays paused.
-    let of_paused = env.manager.create_snapshot(key, &id, Some("of-paused".into())).await.expect("snapshot of a paused sandbox");
+    let of_paused = env.manager.create_snapshot(key, &id, Some("of-paused".into()), true).await.expect("snapshot of a paused sandbox");
     assert_eq!(env.state(&id), Paused);
 
-    let (_, how) = env.manager.connect(key, &id, None).await.expect("connect");
+    let (_, how) = env.manager.connect(key, &id, None, OnResume::Restore).await.expect("connect");
     assert_eq!(how, Connected::Resumed);
     assert_eq!(env.values(&id).await["x"], "1", "the resumed guest has its memory");
-    assert_eq!(env.manager.connect(key, &id, None).await.expect("connect").1, Connected::AlreadyRunning);
+    assert_eq!(env.manager.connect(key, &id, None, OnResume::Restore).await.expect("connect").1, Connected::AlreadyRunning);
     env.put(&id, "x", "2").await;
 
     // Snapshotting a running sandbox pauses it for the save; it runs on.
-    let of_running = env.manager.create_snapshot(key, &id, None).await.expect("snapshot of a running sandbox");
+    let of_running = env.manager.create_snapshot(key, &id, None, true).await.expect("snapshot of a running sandbox");
     assert_eq!(env.state(&id), Running);
     assert_eq!(env.values(&id).await["x"], "2");
     env.settled().await;
@@ -45,7 +45,7 @@ async fn a_sandbox_goes_through_every_state_and_keeps_its_memory() {
     let b = env.manager.create(key, spec(&of_running.id)).await.expect("create from an id").id;
     assert_eq!(env.values(&b).await["x"], "2");
     // One started from a snapshot can itself be snapshotted and forked.
-    let again = env.manager.create_snapshot(key, &b, None).await.expect("snapshot of a sandbox started from a snapshot");
+    let again = env.manager.create_snapshot(key, &b, None, true).await.expect("snapshot of a sandbox started from a snapshot");
     assert_eq!(again.template, "base", "it records the template the snapshot descends from");
     let c = env.manager.create(key, spec(&again.id)).await.expect("create from that snapshot").id;
     assert_eq!(env.values(&c).await["x"], "2");
@@ -60,11 +60,11 @@ async fn a_sandbox_goes_through_every_state_and_keeps_its_memory() {
     env.settled().await;
 
     // Killed from running and from paused; a second kill finds nothing.
-    env.manager.pause(key, &a).await.expect("pause");
+    env.manager.pause(key, &a, PauseMode::Full).await.expect("pause");
     env.manager.kill(key, &a).await.expect("kill a paused sandbox");
     env.manager.kill(key, &c).await.expect("kill a running sandbox");
     assert!(matches!(env.manager.kill(key, &c).await, Err(ManagerError::NotFound(_))));
-    assert!(matches!(env.manager.pause(key, &c).await, Err(ManagerError::NotFound(_))));
+    assert!(matches!(env.manager.pause(key, &c, PauseMode::Full).await, Err(ManagerError::NotFound(_))));
     env.settled().await;
     let _ = of_paused;
     env.kill_all().await;
@@ -76,9 +76,9 @@ async fn another_keys_sandbox_is_not_found() {
     let id = env.create().await.id;
     let other = &env.keys[1];
     assert!(matches!(env.manager.get(other, &id), Err(ManagerError::NotFound(_))));
-    assert!(matches!(env.manager.pause(other, &id).await, Err(ManagerError::NotFound(_))));
+    assert!(matches!(env.manager.pause(other, &id, PauseMode::Full).await, Err(ManagerError::NotFound(_))));
     assert!(matches!(env.manager.kill(other, &id).await, Err(ManagerError::NotFound(_))));
-    assert!(matches!(env.manager.create_snapshot(other, &id, None).await, Err(ManagerError::NotFound(_))));
+    assert!(matches!(env.manager.create_snapshot(other, &id, None, true).await, Err(ManagerError::NotFound(_))));
     assert!(env.manager.list(other, &ListFilter::default()).is_empty());
     assert_eq!(env.state(&id), Running);
     env.kill_all().await;
@@ -93,7 +93,7 @@ async fn failed_saves_and_starts_roll_back_to_where_they_began() {
 
     // A failed pause leaves it running, with its memory and a working agent.
     *lock(&env.backend.fail_save) = Some("the disk is gone".into());
-    let failed = env.manager.pause(key, &id).await;
+    let failed = env.manager.pause(key, &id, PauseMode::Full).await;
     assert!(matches!(failed, Err(ManagerError::Pause(_))), "{failed:?}");
     assert_eq!(env.state(&id), Running);
     assert_eq!(env.values(&id).await["x"], "1");
@@ -101,7 +101,7 @@ async fn failed_saves_and_starts_roll_back_to_where_they_began() {
 
     // A failed snapshot leaves it running and no snapshot behind.
     *lock(&env.backend.fail_save) = Some("the disk is gone".into());
-    assert!(env.manager.create_snapshot(key, &id, Some("broken".into())).await.is_err());
+    assert!(env.manager.create_snapshot(key, &id, Some("broken".into()), true).await.is_err());
     assert_eq!(env.state(&id), Running);
     assert!(env.manager.list_snapshots(key).await.expect("list").is_empty());
     env.settled().await;
@@ -113,9 +113,9 @@ async fn failed_saves_and_starts_roll_back_to_where_they_began() {
     env.settled().await;
 
     // A failed resume leaves it paused with its saved state, and it resumes later.
-    env.manager.pause(key, &id).await.expect("pause");
+    env.manager.pause(key, &id, PauseMode::Full).await.expect("pause");
     *lock(&env.backend.fail_start) = Some("no QEMU today".into());
-    let failed = env.manager.connect(key, &id, None).await;
+    let failed = env.manager.connect(key, &id, None, OnResume::Restore).await;
     assert!(matches!(failed, Err(ManagerError::Resume(_))), "{failed:?}");
     assert_eq!(env.state(&id), Paused);
     env.settled().await;
@@ -123,7 +123,7 @@ async fn failed_saves_and_starts_roll_back_to_where_they_began() {
     assert!(matches!(env.manager.create(key, base()).await, Err(ManagerError::Create(_))));
     env.settled().await;
     *lock(&env.backend.fail_start) = None;
-    env.manager.connect(key, &id, None).await.expect("connect");
+    env.manager.connect(key, &id, None, OnResume::Restore).await.expect("connect");
     assert_eq!(env.values(&id).await["x"], "1");
     env.kill_all().await;
 }
@@ -150,7 +150,7 @@ async fn a_paused_sandbox_survives_a_restart_and_resumes_with_its_memory() {
     let paused = env.create().await.id;
     let running = env.create().await.id;
     env.put(&paused, "x", "kept").await;
-    env.manager.pause(&key, &paused).await.expect("pause");
+    env.manager.pause(&key, &paused, PauseMode::Full).await.expect("pause");
     env.restart().await;
     // The fake backend cannot adopt a running VM (QEMU's can: the Python suite proves
     // it), so that sandbox is cleaned up rather than left half-known.
@@ -158,7 +158,43 @@ async fn a_paused_sandbox_survives_a_restart_and_resumes_with_its_memory() {
     assert_eq!(listed, vec![(paused.clone(), "paused".to_string())]);
     assert!(!env.sandbox_dirs().contains(&running));
     env.settled().await;
-    env.manager.connect(&key, &paused, None).await.expect("connect after the restart");
+    env.manager.connect(&key, &paused, None, OnResume::Restore).await.expect("connect after the restart");
     assert_eq!(env.values(&paused).await["x"], "kept");
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pause_without_memory_resumes_by_booting_and_a_reboot_drops_memory() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let key = env.key();
+    let id = env.create().await.id;
+    env.put(&id, "x", "1").await;
+
+    env.manager.pause(key, &id, PauseMode::Filesystem).await.expect("pause without memory");
+    assert_eq!(env.manager.get(key, &id).expect("listed").pause_mode, Some(PauseMode::Filesystem));
+    env.settled().await;
+    // A snapshot of it has only the disk, and starts by booting.
+    let disk_only = env.manager.create_snapshot(key, &id, None, true).await.expect("snapshot of a disk-only pause");
+    assert!(!disk_only.memory, "a disk-only pause's snapshot claims memory");
+    assert_eq!(env.manager.connect(key, &id, None, OnResume::Restore).await.expect("connect").1, Connected::Resumed);
+    assert_eq!(env.values(&id).await.get("x"), None, "the guest booted afresh");
+    env.settled().await;
+
+    // A full pause brought back with a reboot forgets its memory, and its saved state is gone.
+    env.put(&id, "x", "2").await;
+    env.manager.pause(key, &id, PauseMode::Full).await.expect("pause");
+    assert_eq!(env.manager.get(key, &id).expect("listed").pause_mode, Some(PauseMode::Full));
+    env.manager.connect(key, &id, None, OnResume::Reboot).await.expect("reboot");
+    assert_eq!(env.values(&id).await.get("x"), None, "a reboot keeps no memory");
+    env.settled().await;
+
+    // A snapshot asked to keep no memory starts sandboxes by booting too.
+    env.put(&id, "x", "3").await;
+    let snap = env.manager.create_snapshot(key, &id, None, false).await.expect("a disk-only snapshot");
+    assert!(!snap.memory);
+    assert_eq!(env.values(&id).await["x"], "3", "the source runs on with its memory");
+    let started = env.manager.create(key, spec(&snap.id)).await.expect("create from the disk-only snapshot").id;
+    assert_eq!(env.values(&started).await.get("x"), None);
+    env.settled().await;
     env.kill_all().await;
 }

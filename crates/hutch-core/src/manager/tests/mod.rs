@@ -137,7 +137,9 @@ impl Env {
             }
             assert_eq!(lock(&live.agent).is_some(), state == SandboxState::Running, "{id}: a data-plane agent only while running");
             let dir = Path::new(&row.dir);
-            assert_eq!(dir.join(crate::sandbox::PAUSED_STATE).is_file(), state == SandboxState::Paused, "{id}: saved state only while paused");
+            assert_eq!(crate::sandbox::paused_mode(dir).is_some(), state == SandboxState::Paused, "{id}: saved state only while paused");
+            assert_eq!(row.pause_mode.is_some(), state == SandboxState::Paused, "{id}: a pause mode exactly while paused");
+            assert!(!(dir.join(crate::sandbox::PAUSED_STATE).exists() && dir.join(crate::sandbox::PAUSED_DISK).exists()), "{id}: paused two ways");
             running += usize::from(state == SandboxState::Running);
             failed += usize::from(state == SandboxState::Failed);
         }
