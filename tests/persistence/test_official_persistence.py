@@ -251,10 +251,10 @@ def test_the_timeout_can_pause_without_memory(server):
     sbx = Sandbox.create("base", timeout=4, lifecycle={"on_timeout": on_timeout})
     try:
         sbx.files.write("/home/user/kept", "after a disk-only auto-pause")
-        wait_until(lambda: state_of(sbx.sandbox_id) == "paused", "the sandbox to be paused at its 4 s timeout",
-                   timeout=60, interval=0.5, detail=lambda: f"state {state_of(sbx.sandbox_id)!r}")
-        detail = httpx.get(f"{server.url}/sandboxes/{sbx.sandbox_id}", headers={"X-API-Key": API_KEY}).json()
-        assert detail.get("pauseMode") == "filesystem", detail
+        # pauseMode shows once the pause has finished (E2B's word); "paused" shows from its start.
+        detail = lambda: httpx.get(f"{server.url}/sandboxes/{sbx.sandbox_id}", headers={"X-API-Key": API_KEY}).json()
+        wait_until(lambda: detail().get("pauseMode"), "the sandbox to be paused at its 4 s timeout", timeout=60, interval=0.5, detail=detail)
+        assert detail()["pauseMode"] == "filesystem"
         back = Sandbox.connect(sbx.sandbox_id, timeout=600)
         assert back.files.read("/home/user/kept") == "after a disk-only auto-pause"
     finally:
