@@ -170,6 +170,14 @@ impl PauseMode {
     }
 }
 
+/// The built-in template the sandbox in `dir` descends from, as the snapshot its disk
+/// stacks on records it: what it boots with, even after the user's snapshot it was
+/// started from (its row's template) was deleted.
+pub fn descends_from(dir: &Path) -> Option<String> {
+    let (record, _) = read_record(dir).ok()?;
+    MemorySnapshot::open(&record.base_snapshot?).map(|s| s.manifest.template)
+}
+
 /// How the sandbox in `dir` is paused, if it is: what its files say.
 pub fn paused_mode(dir: &Path) -> Option<PauseMode> {
     if !dir.join(VM_RECORD).is_file() {
@@ -360,6 +368,8 @@ impl Sandbox {
         .await;
         let _ = std::fs::remove_file(dir.join(PAUSED_STATE));
         let agent = ran.map_err(|e| CreateError::RanThenFailed(Box::new(e)))?;
+        // A reboot cut short between marking the disk and dropping the state leaves both.
+        let _ = std::fs::remove_file(dir.join(PAUSED_DISK));
         Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Resumed, keep_dir: false })
     }
 
@@ -374,6 +384,12 @@ impl Sandbox {
         let pid = std::fs::read_to_string(dir.join("qemu.pid")).ok().and_then(|p| p.trim().parse().ok()).ok_or(AdoptError::NoPid)?;
         let mut vm = backend.adopt(&record.spec, pid).await?;
         let state = vm.run_state().await.map_err(AdoptError::State)?;
+        // A boot on the disk of a paused sandbox, cut short (the store still says paused,
+        // and only the disk is kept): the guest may not have had its identity and token
+        // yet, so it goes, and the sandbox stays paused to boot again.
+        if !resume_stopped && dir.join(PAUSED_DISK).exists() && !dir.join(PAUSED_STATE).exists() {
+            return Err(AdoptError::NeverRan { state: format!("{state}, booting on its disk") });
+        }
         match state.as_str() {
             "running" | "io-error" => {}
             // Stopped by a save (`paused`, then `postmigrate` once written).
@@ -488,12 +504,14 @@ impl Sandbox {
         record.spec.incoming = None;
         record.spec.die_with_parent = opts.die_with_parent;
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(file)?;
+        // The VM's record before the VM: an adopter must find the kernel it runs.
+        write_record(dir, &record)?;
         let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
         let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, false).await?;
         if let Some(port) = artifacts.template.ready_port() {
             wait_for_port(&agent, port, opts.boot_timeout, started, dir).await?;
         }
-        write_record(dir, &record)?;
+        // Running from here on: a crash before this leaves it paused (see `adopt`).
         let _ = std::fs::remove_file(dir.join(PAUSED_DISK));
         Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Cold, keep_dir: false })
     }

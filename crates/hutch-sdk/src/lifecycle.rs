@@ -105,7 +105,13 @@ impl Api {
     /// Saves a sandbox's memory and disk as a snapshot; its id (or `name`) works as a
     /// template for new sandboxes.
     pub async fn create_snapshot(&self, id: &str, name: Option<&str>) -> Result<SnapshotInfo, ApiError> {
-        let body = serde_json::json!({ "name": name });
+        self.create_snapshot_as(id, name, PauseMode::Full).await
+    }
+
+    /// A snapshot of memory and disk, or (`Filesystem`) of the disk only: sandboxes
+    /// started from that one boot on it.
+    pub async fn create_snapshot_as(&self, id: &str, name: Option<&str>, mode: PauseMode) -> Result<SnapshotInfo, ApiError> {
+        let body = serde_json::json!({ "name": name, "memory": mode == PauseMode::Full });
         let (_, _, bytes) = self.call(Method::POST, &format!("/sandboxes/{}/snapshots", enc(id)), Some(body)).await?;
         Self::json(&bytes)
     }

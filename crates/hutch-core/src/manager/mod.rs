@@ -179,6 +179,19 @@ impl Live {
     }
 }
 
+/// When a removal goes ahead, decided in the sandbox's owner (its state may have moved
+/// since the caller looked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Removal {
+    /// A kill.
+    Always,
+    /// Shutdown with --kill-on-exit: a pause that ended first stays.
+    IfRunning,
+    /// The reaper: a paused sandbox does not expire (one seen mid-snapshot, or paused
+    /// by a client since).
+    Expired,
+}
+
 pub struct SandboxManager {
     home: HutchHome,
     store: Store,
@@ -549,13 +562,12 @@ impl SandboxManager {
     }
 
     async fn remove(&self, id: &str, live: &Live) -> Result<(), ManagerError> {
-        self.remove_if(id, live, false).await.map(drop)
+        self.remove_if(id, live, Removal::Always).await.map(drop)
     }
 
-    /// `remove`, or with `only_running` nothing unless the sandbox still runs when its
-    /// owner gets to it (shutdown with --kill-on-exit: a pause that ended first stays).
-    /// Whether it was removed.
-    async fn remove_if(&self, id: &str, live: &Live, only_running: bool) -> Result<bool, ManagerError> {
+    /// `remove`, unless `when` says otherwise once its owner gets to it. Whether it was
+    /// removed.
+    async fn remove_if(&self, id: &str, live: &Live, when: Removal) -> Result<bool, ManagerError> {
         // The reaper's removals count too: until the row is gone, it is in flight.
         let _counted = InFlight::count(&self.arc()?);
         // Listed (as being killed) until its VM and files are gone: a 404 means gone.
@@ -565,8 +577,10 @@ impl SandboxManager {
             .owner
             .run(move |o: &mut owner::Owned| -> futures::future::BoxFuture<'_, bool> {
                 Box::pin(async move {
-                    if only_running && o.sandbox.is_none() {
-                        return false;
+                    match when {
+                        Removal::IfRunning if o.sandbox.is_none() => return false,
+                        Removal::Expired if o.state() == state::SandboxState::Paused => return false,
+                        _ => {}
                     }
                     // From any settled state; a second kill finds it stopped already.
                     let Ok(was) = o.advance(state::SandboxState::Stopping) else { return true };
@@ -751,7 +765,13 @@ impl SandboxManager {
             if lock(&live.row).auto_pause && live.is_running() {
                 tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
                 let mode = if lock(&live.row).auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem };
-                match self.pause_live(&id, &live, pause::PausedBy::AutoPause, mode).await {
+                let mut paused = self.pause_live(&id, &live, pause::PausedBy::AutoPause, mode).await;
+                if let Err(ManagerError::Pause(PauseError::Sync(why))) = &paused {
+                    // Its files are what the user asked to keep: with its memory, then.
+                    tracing::warn!(sandbox = %id, "the guest did not write its files out for a pause without memory ({why}); pausing with its memory");
+                    paused = self.pause_live(&id, &live, pause::PausedBy::AutoPause, PauseMode::Full).await;
+                }
+                match paused {
                     // A client's pause got there first: paused is what was asked.
                     Ok(()) | Err(ManagerError::AlreadyPaused(_)) => continue,
                     Err(ManagerError::NoSpace(e)) => {
@@ -765,7 +785,7 @@ impl SandboxManager {
             } else {
                 tracing::info!(sandbox = %id, "timeout reached; killing the sandbox");
             }
-            if let Err(e) = self.remove(&id, &live).await {
+            if let Err(e) = self.remove_if(&id, &live, Removal::Expired).await {
                 tracing::warn!(sandbox = %id, "removing an expired sandbox: {e}");
             }
         }
@@ -789,7 +809,7 @@ impl SandboxManager {
                 continue;
             }
             if kill_running {
-                let _ = self.remove_if(&id, &live, true).await;
+                let _ = self.remove_if(&id, &live, Removal::IfRunning).await;
                 continue;
             }
             lock(&live.agent).take();

@@ -187,7 +187,16 @@ impl SandboxManager {
         let dir = Path::new(&row.dir);
         let boot = on_resume == OnResume::Reboot || paused_mode(dir) == Some(PauseMode::Filesystem);
         // Prepared before the state moves: a template that cannot be had leaves it paused.
-        let artifacts = if boot { Some(self.prepare(&self.base_template(&row.key_id, &row.template).await?).await?) } else { None };
+        let artifacts = match boot {
+            true => {
+                let template = match crate::sandbox::descends_from(dir) {
+                    Some(template) => template,
+                    None => self.base_template(&row.key_id, &row.template).await?,
+                };
+                Some(self.prepare(&template).await?)
+            }
+            false => None,
+        };
         o.advance(SandboxState::Resuming)?;
         let resumed = match &artifacts {
             Some(artifacts) => Sandbox::reboot(dir, artifacts, self.backend.as_ref(), &opts).await,
