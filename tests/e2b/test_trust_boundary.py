@@ -146,8 +146,9 @@ def rss_kib(pid: int) -> int:
 def test_a_console_flood_is_bounded_on_disk_and_in_memory(server, secure):
     bystander = Sandbox.create("base")
     try:
-        # 24 MiB of lines from guest root straight onto the serial console.
-        flood = secure.commands.run("yes " + "A" * 63 + " | head -c 25165824 | sudo tee /dev/ttyS0 > /dev/null; echo done",
+        # 6 MiB of lines from guest root straight onto the serial console: six times what
+        # the console may keep on disk (an emulated UART under TCG takes ~200 KB/s).
+        flood = secure.commands.run("yes " + "A" * 63 + " | head -c 6291456 | sudo tee /dev/ttyS0 > /dev/null; echo done",
                                     timeout=600, request_timeout=600)
         assert flood.stdout == "done\n"
         console = server.home / "sandboxes" / secure.sandbox_id / "console.log"
@@ -159,7 +160,7 @@ def test_a_console_flood_is_bounded_on_disk_and_in_memory(server, secure):
         page = api.get(f"/sandboxes/{secure.sandbox_id}/logs", params={"limit": 5})
         assert page.status_code == 200, page.text
         body = page.json()
-        assert len(body["logs"]) == 5 and body["droppedBytes"] >= 23 << 20 and body["nextOffset"] == 5, {k: body[k] for k in ("droppedBytes",)}
+        assert len(body["logs"]) == 5 and body["droppedBytes"] >= 5 << 20 and body["nextOffset"] == 5, {k: body[k] for k in ("droppedBytes",)}
         whole = api.get(f"/sandboxes/{secure.sandbox_id}/logs", params={"limit": 10000})
         assert whole.status_code == 200 and "AAAA" in whole.json()["logs"][-1]["line"]
         grown = rss_kib(server.proc.pid) - before
