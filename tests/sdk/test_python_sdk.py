@@ -84,6 +84,30 @@ def test_lifecycle_and_errors(server, sbx):
     assert sbx.get_host(8080) == f"8080-{sbx.sandbox_id}.127.0.0.1"
 
 
+def test_pause_modes_reboot_and_disk_only_snapshots(server, sbx):
+    """hutch's SDK speaks E2B's pause modes: a pause without memory and a reboot keep the
+    files and boot the guest; a disk-only snapshot starts sandboxes by booting."""
+    boot = lambda s: s.commands.run("cat /proc/sys/kernel/random/boot_id").stdout
+    sbx.files.write("/home/user/kept.txt", "kept")
+    first = boot(sbx)
+    assert sbx.pause(mode="filesystem") is True
+    assert sbx.get_info().pause_mode == "filesystem"
+    back = Sandbox.connect(sbx.sandbox_id)
+    assert back.files.read("/home/user/kept.txt") == "kept" and boot(back) != first
+    second = boot(back)
+    assert back.pause() is True
+    assert sbx.get_info().pause_mode == "full"
+    rebooted = Sandbox.connect(sbx.sandbox_id, on_resume="reboot")
+    assert boot(rebooted) != second and rebooted.files.read("/home/user/kept.txt") == "kept"
+    snap = rebooted.create_snapshot(mode="filesystem")
+    assert snap.memory is False
+    with Sandbox.create(template=snap.snapshot_id) as started:
+        assert started.files.read("/home/user/kept.txt") == "kept"
+    assert Sandbox.delete_snapshot(snap.snapshot_id)
+    with pytest.raises(ValueError):
+        rebooted.pause(mode="sideways")
+
+
 def test_async_sandbox(server):
     async def main():
         async with await AsyncSandbox.create(metadata={"suite": "async"}) as s:

@@ -116,6 +116,26 @@ async fn rust_sdk_end_to_end() {
     assert_eq!(info.metadata.get("sdk").map(String::as_str), Some("rust"));
     assert!(api.logs(&sandbox.id).await.expect("logs").iter().any(|l| l.contains("hutch-agent: ready")));
 
+    // Pause modes: without memory (the files stay, the guest boots on resume), and a
+    // full pause brought back by a reboot.
+    let boot_id = |s: &hutch_sdk::Sandbox| {
+        let s = s.clone();
+        async move { s.run("cat /proc/sys/kernel/random/boot_id").await.expect("boot id").stdout }
+    };
+    let before = boot_id(&sandbox).await;
+    assert!(sandbox.pause_as(hutch_sdk::PauseMode::Filesystem).await.expect("pause without memory"));
+    assert_eq!(sandbox.info().await.expect("info").pause_mode.as_deref(), Some("filesystem"));
+    let back = api.connect(&sandbox.id, None).await.expect("connect");
+    assert_ne!(boot_id(&back).await, before, "the guest did not boot");
+    assert_eq!(back.read("/home/user/r.txt").await.expect("read"), b"from rust");
+    let before = boot_id(&back).await;
+    assert!(back.pause().await.expect("pause"));
+    let rebooted = api.reboot(&sandbox.id, None).await.expect("reboot");
+    assert_ne!(boot_id(&rebooted).await, before, "a reboot did not boot");
+    let disk_only = api.create_snapshot_as(&sandbox.id, None, hutch_sdk::PauseMode::Filesystem).await.expect("disk-only snapshot");
+    assert!(!disk_only.memory);
+    assert!(api.delete_snapshot(&disk_only.snapshot_id).await.expect("delete snapshot"));
+
     assert!(sandbox.kill().await.expect("kill"));
 
     // The code interpreter from Rust: state, contexts, errors.
