@@ -2,7 +2,7 @@
 # Bounded fuzzing of what parses untrusted bytes (fuzz/fuzz_targets): the Connect
 # envelope decoder, the channel hello scanner, the /files access check, the console
 # ring and the archive importer. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
-# (default 20 s each, every target). The test suite runs it briefly; long runs are
+# (default 20 s each, every target). CI runs it briefly after the tests; long runs are
 # recorded in docs/SECURITY.md. Needs the nightly toolchain and cargo-fuzz, which it
 # installs; builds and corpora are cached under $HUTCH_HOME/cache.
 source "$(dirname "$0")/lib.sh"

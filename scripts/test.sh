@@ -9,4 +9,3 @@ step "preparing guest artifacts"
 step "running the test suite"
 cargo test --release --locked --workspace
 bash scripts/python-tests.sh
-bash scripts/fuzz.sh 20
