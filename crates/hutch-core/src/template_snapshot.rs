@@ -153,6 +153,47 @@ fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
     }
 }
 
+/// Where a template VM runs while its snapshot is made: `.t{pid}-{n}` under the
+/// template snapshots' root. Short, because the VM's sockets live in it and socket
+/// paths are limited; one per snapshot, because two templates' first snapshots may be
+/// made at once in one process. Removed when dropped, so a caller that gives up (Ctrl-C
+/// in `hutch run`, a cancelled request) leaves no RAM-sized memory file behind.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(home: &HutchHome) -> Result<Scratch, TemplateSnapshotError> {
+        static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = root(home).join(format!(".t{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| TemplateSnapshotError::Dir(dir.clone(), e))?;
+        Ok(Scratch(dir))
+    }
+
+    /// The pid of the process that made the scratch directory called `name`.
+    fn maker(name: &str) -> Option<i32> {
+        name.strip_prefix(".t")?.split_once('-')?.0.parse().ok()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Removes the scratch directories of hutch processes that died making a snapshot
+/// (`kill -9`, power loss): nothing else would, and each holds a guest's RAM.
+fn sweep_scratch(home: &HutchHome) {
+    for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if Scratch::maker(&name).is_some_and(|pid| !crate::sweep::alive(pid)) {
+            tracing::info!(dir = %entry.path().display(), "removing a template snapshot a dead hutch left half-made");
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
 /// The template's snapshot, made now if it does not exist yet. Concurrent callers
 /// (several `hutch run`s, a server) wait on a lock file and make it once.
 pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<MemorySnapshot, TemplateSnapshotError> {
@@ -166,21 +207,16 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     if let Some(s) = MemorySnapshot::open(&dir) {
         return Ok(s);
     }
-    // Short: the template VM's sockets live in it, and socket paths are limited. One
-    // per build: two templates' first snapshots may be made at once in one process.
-    static BUILDS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let n = BUILDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let tmp = root(home).join(format!(".t{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| TemplateSnapshotError::Dir(tmp.clone(), e))?;
-    let made = make(artifacts, backend, opts, &tmp).await;
+    sweep_scratch(home);
+    let tmp = Scratch::new(home)?;
+    let made = make(artifacts, backend, opts, &tmp.0).await;
     let result = match made {
-        Ok(manifest) => std::fs::rename(&tmp, &dir)
+        Ok(manifest) => std::fs::rename(&tmp.0, &dir)
             .map_err(|e| TemplateSnapshotError::Dir(dir.clone(), e))
             .map(|()| MemorySnapshot { dir: dir.clone(), manifest }),
         Err(e) => Err(e),
     };
-    let _ = std::fs::remove_dir_all(&tmp);
+    drop(tmp);
     // Removed while held; a waiter that then gets the old file's lock sees it is gone.
     let _ = std::fs::remove_file(&lock_path);
     drop(lock);
@@ -288,6 +324,63 @@ mod tests {
         let fresh = lock_within(&path, Duration::from_secs(1)).await.expect("a new file at the path");
         assert!(path.is_file());
         drop((stale, fresh));
+    }
+
+    /// The scratch directories under the template snapshots' root.
+    fn scratch_dirs(home: &HutchHome) -> Vec<String> {
+        let names = std::fs::read_dir(root(home)).into_iter().flatten().flatten();
+        names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| Scratch::maker(n).is_some()).collect()
+    }
+
+    fn fake() -> (tempfile::TempDir, HutchHome, Artifacts, hutch_vmm::fake::FakeBackend) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(tmp.path().join("home"));
+        let artifacts = crate::fake_guest::artifacts(tmp.path());
+        let guest = std::sync::Arc::new(crate::fake_guest::FakeAgent::default());
+        (tmp, home, artifacts, hutch_vmm::fake::FakeBackend::with_guest(guest))
+    }
+
+    /// Ctrl-C in `hutch run`'s first use of a template drops `ensure` wherever it
+    /// waits: the template VM and its RAM-sized scratch directory go with it.
+    #[tokio::test]
+    async fn a_snapshot_given_up_midway_leaves_no_scratch_dir_and_no_vm() {
+        let (_tmp, home, artifacts, backend) = fake();
+        let opts = SandboxOptions::default();
+        for step in [hutch_vmm::fake::Step::Start, hutch_vmm::fake::Step::Save, hutch_vmm::fake::Step::Stop] {
+            let hold = backend.hold(step);
+            {
+                let making = ensure(&home, &artifacts, &backend, &opts);
+                tokio::pin!(making);
+                tokio::select! {
+                    () = hold.reached() => {}
+                    done = &mut making => panic!("the snapshot was made ({:?}) without waiting at {step:?}", done.map(|s| s.dir)),
+                }
+                assert_eq!(scratch_dirs(&home).len(), 1, "at {step:?}");
+            } // the caller gives up here
+            hold.release();
+            assert_eq!(scratch_dirs(&home), Vec::<String>::new(), "a scratch directory outlived its snapshot's caller at {step:?}");
+            assert_eq!(backend.live(), 0, "the template VM outlived its snapshot's caller at {step:?}");
+        }
+        let made = ensure(&home, &artifacts, &backend, &opts).await.expect("the snapshot is made on the next try");
+        assert!(made.dir.join(crate::snapshot::MANIFEST).is_file());
+    }
+
+    /// A hutch killed while making a snapshot leaves its scratch directory: the next
+    /// snapshot made removes it, and leaves a live process's alone.
+    #[tokio::test]
+    async fn a_dead_processes_scratch_dir_is_removed_and_a_live_ones_kept() {
+        let (_tmp, home, artifacts, backend) = fake();
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        child.wait().expect("wait");
+        let dead = root(&home).join(format!(".t{}-7", child.id()));
+        let live = root(&home).join(format!(".t{}-99", std::process::id()));
+        for dir in [&dead, &live] {
+            std::fs::create_dir_all(dir).expect("dir");
+            std::fs::write(dir.join("memory"), b"ram").expect("memory");
+        }
+        ensure(&home, &artifacts, &backend, &SandboxOptions::default()).await.expect("snapshot");
+        assert!(!dead.exists(), "a dead hutch's scratch directory was kept");
+        assert!(live.exists(), "a live hutch's scratch directory was removed");
     }
 
     fn qcow2(path: &Path, backing: Option<&Path>) {

@@ -140,7 +140,7 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
         .filter(|p| {
             let name = p.file_name().unwrap_or_default().to_string_lossy().into_owned();
             // The snapshot itself, its lock, or this process's half-made one.
-            name.starts_with(&*snapshot_dir.file_name().unwrap_or_default().to_string_lossy()) || name == format!(".t{}", std::process::id())
+            name.starts_with(&*snapshot_dir.file_name().unwrap_or_default().to_string_lossy()) || name.starts_with(&format!(".t{}-", std::process::id()))
         })
         .collect();
     check!(stray.is_empty(), "snapshot files left: {stray:?}");
