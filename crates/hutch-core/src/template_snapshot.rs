@@ -365,6 +365,33 @@ mod tests {
         assert!(made.dir.join(crate::snapshot::MANIFEST).is_file());
     }
 
+    /// `hutch serve --pool base=1 --pool code-interpreter=1` on a fresh home makes two
+    /// templates' first snapshots at once in one process: each keeps its own VM's
+    /// scratch directory (one per process once let the second wipe the first's).
+    #[tokio::test]
+    async fn two_templates_first_snapshots_made_at_once_each_keep_their_scratch_dir() {
+        let (_tmp, home, base, backend) = fake();
+        let mut other = base.clone();
+        other.template.name = "other".into();
+        let opts = SandboxOptions::default();
+        let hold = backend.hold(hutch_vmm::fake::Step::Save);
+        let first = ensure(&home, &base, &backend, &opts);
+        tokio::pin!(first);
+        tokio::select! {
+            () = hold.reached() => {}
+            done = &mut first => panic!("the first snapshot was made ({:?}) without waiting at its save", done.map(|s| s.dir)),
+        }
+        let second = ensure(&home, &other, &backend, &opts).await.expect("the second template's snapshot, made while the first saves");
+        hold.release();
+        let first = first.await.expect("the first template's snapshot");
+        assert_ne!(first.dir, second.dir);
+        for made in [&first, &second] {
+            assert!(MemorySnapshot::open(&made.dir).is_some(), "{} is not a whole snapshot", made.dir.display());
+        }
+        assert_eq!(scratch_dirs(&home), Vec::<String>::new());
+        assert_eq!(backend.live(), 0);
+    }
+
     /// A hutch killed while making a snapshot leaves its scratch directory: the next
     /// snapshot made removes it, and leaves a live process's alone.
     #[tokio::test]
