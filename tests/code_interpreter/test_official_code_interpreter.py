@@ -176,3 +176,55 @@ def test_first_cell_is_one_and_sandbox_envs_reach_every_kernel(server):
         assert sbx.run_code("import os; os.getenv('E2B_SANDBOX_ID')").text == sbx.sandbox_id
     finally:
         sbx.kill()
+
+
+def test_javascript_typescript_r_and_java_kernels(server):
+    """E2B's other languages (issue 12, item 5): JavaScript and TypeScript (Deno's kernel:
+    ES module imports, top-level await, types, and require for Node-style code), R
+    (IRkernel) and Java (jshell), each in /home/user with the sandbox's and the run's
+    environment (Java's as system properties, as on E2B)."""
+    sbx = Sandbox.create(envs={"TEST_ENV_VAR": "supertest"}, timeout=600)
+    try:
+        js = sbx.run_code('console.log("Hello World!")', language="js")
+        assert (js.error, js.logs.stdout, js.execution_count) == (None, ["Hello World!\n"], 1), js
+        assert sbx.run_code("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)", language="js").logs.stdout == ["function\n"]
+        assert sbx.run_code("await Promise.resolve('Hello World!')", language="js").text == "Hello World!"
+        assert sbx.run_code("const path = require('path'); path.join('a', 'b')", language="js").text == "a/b"
+        assert sbx.run_code("process.cwd()", language="javascript").text == "/home/user"
+        assert sbx.run_code("process.env.TEST_ENV_VAR", language="js").text == "supertest"
+        assert sbx.run_code("process.env.FOO", language="js", envs={"FOO": "bar"}).text == "bar"
+        assert sbx.run_code("process.env.FOO || 'default'", language="js").text == "default"
+        e = sbx.run_code("throw new TypeError('nope')", language="js")
+        assert (e.error.name, e.error.value) == ("TypeError", "nope"), e
+
+        ts = sbx.run_code('const message: string = "Hello World!"; console.log(message)', language="ts")
+        assert (ts.error, ts.logs.stdout) == (None, ["Hello World!\n"]), ts
+        assert sbx.run_code("const n: number = await Promise.resolve(20); n * 2 + 2", language="typescript").text == "42"
+        assert sbx.run_code("process.cwd()", language="ts").text == "/home/user"
+
+        r = sbx.run_code('Sys.getenv("TEST_ENV_VAR")', language="r")
+        assert (r.error, r.results[0].text) == (None, '[1] "supertest"'), r
+        assert sbx.run_code('Sys.getenv("FOO")', language="r", envs={"FOO": "bar"}).results[0].text == '[1] "bar"'
+        assert sbx.run_code('Sys.getenv("FOO", unset = "default")', language="r").results[0].text == '[1] "default"'
+        assert sbx.run_code("getwd()", language="r").results[0].text == '[1] "/home/user"'
+        assert sbx.run_code("x <- c(2, 4); sum(x) * 7", language="r").results[0].text == "[1] 42"
+
+        java = sbx.run_code('System.getProperty("TEST_ENV_VAR")', language="java")
+        assert (java.error, java.text) == (None, "supertest"), java
+        assert sbx.run_code('System.getProperty("FOO")', language="java", envs={"FOO": "bar"}).text == "bar"
+        assert sbx.run_code('System.getProperty("FOO", "default")', language="java").text == "default"
+        assert sbx.run_code('System.getProperty("user.dir")', language="java").text == "/home/user"
+        assert sbx.run_code("int twice(int n) {\n  return 2 * n;\n}\nint x = 21;", language="java").error is None
+        out = sbx.run_code('System.out.println("twice: " + twice(x));', language="java")
+        assert out.logs.stdout == ["twice: 42\n"], out
+        bad = sbx.run_code("Strin y = 1;", language="java")
+        assert bad.error.name == "CompilationException" and "cannot find symbol" in bad.error.value, bad
+        thrown = sbx.run_code('throw new IllegalStateException("no");', language="java")
+        assert (thrown.error.name, thrown.error.value) == ("java.lang.IllegalStateException", "no"), thrown
+
+        # A context of its own, in its own directory, with state apart from the default's.
+        ctx = sbx.create_code_context(language="java", cwd="/tmp")
+        assert sbx.run_code('System.getProperty("user.dir")', context=ctx).text == "/tmp"
+        assert sbx.run_code("x", context=ctx).error.name == "CompilationException"
+    finally:
+        sbx.kill()

@@ -42,3 +42,15 @@ test('output streams while the code runs', async () => {
   assert.deepEqual(lines, ['0\n', '1\n', '2\n'])
   assert.equal(e.error, undefined)
 })
+
+test('JavaScript and TypeScript: ES modules, top-level await, types (item 5)', async () => {
+  const hello = await sbx.runCode('console.log("Hello World!")', { language: 'js' })
+  assert.deepEqual(hello.logs.stdout, ['Hello World!\n'])
+  const esm = await sbx.runCode("import { readFileSync } from 'fs'\nconsole.log(typeof readFileSync)", { language: 'js' })
+  assert.deepEqual(esm.logs.stdout, ['function\n'])
+  assert.equal((await sbx.runCode("await Promise.resolve('Hello World!')", { language: 'js' })).text, 'Hello World!')
+  assert.equal((await sbx.runCode('process.env.FOO', { language: 'js' })).text, 'bar')
+  const ts = await sbx.runCode('const message: string = "Hello World!"; console.log(message)', { language: 'ts' })
+  assert.deepEqual(ts.logs.stdout, ['Hello World!\n'])
+  assert.equal((await sbx.runCode('process.cwd()', { language: 'ts' })).text, '/home/user')
+})

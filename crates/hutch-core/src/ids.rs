@@ -52,6 +52,12 @@ impl MemMib {
     pub fn get(self) -> u32 {
         self.0
     }
+
+    /// What a sandbox of `template` gets when no size is asked for: the template's
+    /// own (E2B's model), else `DEFAULT`.
+    pub fn of_template(template: &str) -> MemMib {
+        hutch_image::rootfs::memory_mib(template).and_then(|m| MemMib::new(m).ok()).unwrap_or(Self::DEFAULT)
+    }
 }
 
 impl std::str::FromStr for MemMib {

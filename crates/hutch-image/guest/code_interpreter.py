@@ -31,6 +31,11 @@ IDENTITY = "/run/hutch/sandbox.json"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Run in each Python kernel as it starts: E2B's extra result representations.
 PYTHON_FORMATTERS = "/usr/lib/hutch/ipython_formatters.py"
+JS_REQUIRE = 'import { createRequire as _hutchRequire } from "node:module"; globalThis.require ??= _hutchRequire(%s);'
+# Languages whose kernel (Deno's) may publish a result after the cell's idle status.
+LATE_RESULTS = ("javascript", "typescript")
+# Kernels each sandbox has ready, as E2B's server starts them (the rest start on first use).
+DEFAULT_LANGUAGES = ("python", "javascript")
 
 
 def sandbox_envs():
@@ -45,17 +50,28 @@ def sandbox_envs():
 
 def env_code(language, values, unset=()):
     """Code that sets `values` (and removes `unset`) in a kernel's environment, or None
-    for a language whose kernel hutch cannot drive so."""
+    when there is nothing to do. Java cannot change its process environment: as E2B's
+    kernel does, it gets them as system properties (`System.getProperty`)."""
+    q = json.dumps  # a JSON string is a valid string literal in JS, TS, R and Java
     if language == "python":
         lines = ["import os as _hutch_os"]
         lines += [f"_hutch_os.environ[{k!r}] = {v!r}" for k, v in values.items()]
         lines += [f"_hutch_os.environ.pop({k!r}, None)" for k in unset]
-        return "\n".join(lines) + "\n"
-    if language == "bash":
+    elif language == "bash":
         lines = [f"export {k}={shlex.quote(v)}" for k, v in values.items() if ENV_NAME.match(k)]
         lines += [f"unset {k}" for k in unset if ENV_NAME.match(k)]
-        return "\n".join(lines) + "\n" if lines else None
-    return None
+    elif language in ("javascript", "typescript"):
+        lines = [f"process.env[{q(k)}] = {q(v)};" for k, v in values.items()]
+        lines += [f"delete process.env[{q(k)}];" for k in unset]
+    elif language == "r":
+        lines = [f"Sys.setenv({q(k)} = {q(v)})" for k, v in values.items()]
+        lines += [f"Sys.unsetenv({q(k)})" for k in unset]
+    elif language == "java":
+        lines = [f"System.setProperty({q(k)}, {q(v)});" for k, v in values.items()]
+        lines += [f"System.clearProperty({q(k)});" for k in unset]
+    else:
+        return None
+    return "\n".join(lines) + "\n" if lines else None
 
 
 def now():
@@ -103,6 +119,10 @@ class Context:
         """What a new kernel runs before any cell (in its own namespace, not the user's)."""
         if self.language == "python" and os.path.exists(PYTHON_FORMATTERS):
             self.run_silently(f"exec(open({PYTHON_FORMATTERS!r}).read(), {{'__name__': 'hutch_formatters'}})")
+        elif self.language in ("javascript", "typescript"):
+            # Deno's kernel has ES modules and top-level await; code written for Node
+            # also calls require(), which resolves from the context's directory.
+            self.run_silently(JS_REQUIRE % json.dumps(os.path.join(self.cwd, "")))
 
     def shutdown(self):
         self.kc.stop_channels()
@@ -130,6 +150,7 @@ class Context:
                 self.applied = base
             self.run_silently(env_code(self.language, env_vars) if env_vars else None)
             msg_id = self.kc.execute(code, store_history=store_history)
+            barrier = None
             last = time.monotonic()
             try:
                 while True:
@@ -143,7 +164,12 @@ class Context:
                             emit({"type": "keepalive"})
                             last = time.monotonic()
                         continue
-                    if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                    parent = msg.get("parent_header", {}).get("msg_id")
+                    if barrier is not None and parent == barrier:
+                        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                            break
+                        continue
+                    if parent != msg_id:
                         continue
                     kind, content = msg["msg_type"], msg["content"]
                     last = time.monotonic()
@@ -156,7 +182,11 @@ class Context:
                     elif kind == "error":
                         emit({"type": "error", "name": content["ename"], "value": content["evalue"], "traceback": "\n".join(content["traceback"])})
                     elif kind == "status" and content["execution_state"] == "idle":
-                        break
+                        if self.language not in LATE_RESULTS:
+                            break
+                        # Deno's kernel can publish a cell's result after its idle
+                        # status; once a second cell's output is through, the first's is.
+                        barrier = self.kc.execute('console.log("")', store_history=False)
             except BaseException:
                 # The client went away or timed out: stop the code, keep the kernel.
                 self.km.interrupt_kernel()
@@ -321,8 +351,14 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main():
-    # Warm the default Python kernel so the first run_code does not pay for its start.
-    threading.Thread(target=CONTEXTS.default, args=("python",), daemon=True).start()
+    # Start the default kernels now, so the first run_code does not pay for their start.
+    def start_defaults():
+        for language in DEFAULT_LANGUAGES:
+            try:
+                CONTEXTS.default(language)
+            except Exception as e:  # a broken kernel must not take the others down
+                print(f"the default {language} kernel did not start: {e}", flush=True)
+    threading.Thread(target=start_defaults, daemon=True).start()
     server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
     server.daemon_threads = True
     server.serve_forever()

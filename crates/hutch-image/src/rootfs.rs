@@ -32,6 +32,8 @@ pub const BASE_PACKAGES: &[&str] = &[
 pub const CODE_INTERPRETER_PACKAGES: &[&str] = &[
     "python3-ipykernel", "python3-jupyter-client", "python3-numpy", "python3-pandas", "python3-matplotlib",
     "python3-matplotlib-inline", "fonts-dejavu-core", "python3-pexpect", "python3-filetype",
+    // R with IRkernel, and a JDK whose jshell engine hutch's Java kernel drives.
+    "r-base-core", "r-cran-irkernel", "openjdk-17-jdk-headless",
 ];
 
 /// A template hutch knows how to build: Debian packages plus files written into the tree.
@@ -55,6 +57,9 @@ pub struct Recipe {
     /// memory snapshot is taken, so what it starts lazily (Jupyter kernels) is warm in
     /// every sandbox restored from it.
     pub warm_up: &'static [(&'static str, &'static str)],
+    /// Guest memory (MiB) its sandboxes get unless a size is asked for; `None`: hutch's
+    /// default. As on E2B, memory belongs to the template.
+    pub memory_mib: Option<u32>,
 }
 
 impl Recipe {
@@ -75,7 +80,7 @@ impl Recipe {
 }
 
 pub const RECIPES: &[Recipe] = &[
-    Recipe { name: BASE, aliases: &[], packages: &[BASE_PACKAGES], files: &[], wheels: &[], setup: &[], ready_port: None, warm_up: &[] },
+    Recipe { name: BASE, aliases: &[], packages: &[BASE_PACKAGES], files: &[], wheels: &[], setup: &[], ready_port: None, warm_up: &[], memory_mib: None },
     Recipe {
         name: "code-interpreter",
         aliases: &["code-interpreter-v1"],
@@ -84,16 +89,36 @@ pub const RECIPES: &[Recipe] = &[
             ("usr/lib/hutch/code_interpreter.py", include_str!("../guest/code_interpreter.py"), 0o755),
             ("usr/lib/hutch/ipython_formatters.py", include_str!("../guest/ipython_formatters.py"), 0o644),
             ("etc/hutch/start", CODE_INTERPRETER_START, 0o755),
+            ("usr/lib/hutch/hutch_java_kernel.py", include_str!("../guest/hutch_java_kernel.py"), 0o644),
+            ("usr/lib/hutch/java/HutchJShell.java", include_str!("../guest/java/HutchJShell.java"), 0o644),
+            ("usr/local/share/jupyter/kernels/javascript/kernel.json", DENO_KERNEL_JS, 0o644),
+            ("usr/local/share/jupyter/kernels/typescript/kernel.json", DENO_KERNEL_TS, 0o644),
+            ("usr/local/share/jupyter/kernels/r/kernel.json", R_KERNEL, 0o644),
+            ("usr/local/share/jupyter/kernels/java/kernel.json", JAVA_KERNEL, 0o644),
         ],
-        // A second kernel language for run_code(language="bash").
-        wheels: &["bash_kernel==0.10.0"],
-        setup: &["python3 -m bash_kernel.install --prefix /usr/local"],
+        // bash_kernel for run_code(language="bash"); Deno (PyPI redistributes its
+        // binary) for JavaScript and TypeScript: its own Jupyter kernel has ES modules,
+        // top-level await and TypeScript, which Node 18's kernels lack.
+        wheels: &["bash_kernel==0.10.0", "deno==2.9.8"],
+        setup: &[
+            "python3 -m bash_kernel.install --prefix /usr/local",
+            "javac -d /usr/lib/hutch/java /usr/lib/hutch/java/HutchJShell.java",
+        ],
         ready_port: Some(49999),
-        // Not counted (`warm_up`): the user's first cell is execution 1.
+        // Not counted (`warm_up`): the user's first cell is execution 1. The kernels
+        // E2B's server starts (Python, JavaScript) and bash are warm in the snapshot;
+        // TypeScript, R and Java start on first use (see docs/ARCHITECTURE.md).
         warm_up: &[
             ("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot", "warm_up": true}"#),
             ("/execute", r#"{"code": "true", "language": "bash", "warm_up": true}"#),
+            ("/execute", r#"{"code": "process.cwd()", "language": "javascript", "warm_up": true}"#),
         ],
+        // Its warm kernels alone take ~380 MiB (Deno's ~175, Python's with numpy and
+        // pandas ~100, bash's and the server's ~50 each), which left 45 MiB free in 512
+        // MiB; R and Java need more on first use. E2B's template has 2 GiB, but exactly
+        // 2048 MiB does not boot on QEMU 10's microvm here (the initrd arrives damaged;
+        // 2047 and 2049 boot): see docs/ARCHITECTURE.md, "Host facts".
+        memory_mib: Some(1536),
     },
 ];
 
@@ -101,6 +126,14 @@ pub const RECIPES: &[Recipe] = &[
 const CODE_INTERPRETER_START: &str = "#!/bin/sh\n\
 cd /home/user\n\
 exec runuser -u user -- env HOME=/home/user PYTHONUNBUFFERED=1 python3 /usr/lib/hutch/code_interpreter.py >/var/log/code-interpreter.log 2>&1\n";
+
+/// Deno's kernel for JavaScript and for TypeScript (one binary, a context each); no
+/// colours in results, no update check (a sandbox has no network to check with).
+const DENO_KERNEL_JS: &str = r#"{"argv": ["/usr/local/bin/deno", "jupyter", "--kernel", "--conn", "{connection_file}"], "display_name": "JavaScript (Deno)", "language": "javascript", "env": {"NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1", "DENO_NO_PROMPT": "1"}}"#;
+const DENO_KERNEL_TS: &str = r#"{"argv": ["/usr/local/bin/deno", "jupyter", "--kernel", "--conn", "{connection_file}"], "display_name": "TypeScript (Deno)", "language": "typescript", "env": {"NO_COLOR": "1", "DENO_NO_UPDATE_CHECK": "1", "DENO_NO_PROMPT": "1"}}"#;
+/// IRkernel from Debian ships no kernel spec; this is the one its installspec() writes.
+const R_KERNEL: &str = r#"{"argv": ["R", "--slave", "-e", "IRkernel::main()", "--args", "{connection_file}"], "display_name": "R", "language": "R"}"#;
+const JAVA_KERNEL: &str = r#"{"argv": ["python3", "/usr/lib/hutch/hutch_java_kernel.py", "-f", "{connection_file}"], "display_name": "Java (jshell)", "language": "java"}"#;
 
 /// The templates hutch knows how to build.
 pub fn builtin_names() -> Vec<&'static str> {
@@ -110,6 +143,11 @@ pub fn builtin_names() -> Vec<&'static str> {
 /// The recipe a template name (or alias) refers to.
 pub fn recipe(name: &str) -> Option<&'static Recipe> {
     RECIPES.iter().find(|r| r.name == name || r.aliases.contains(&name))
+}
+
+/// The guest memory (MiB) the built-in template `name` asks for, if it asks.
+pub fn memory_mib(name: &str) -> Option<u32> {
+    recipe(name)?.memory_mib
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -539,6 +577,7 @@ mod build_tests {
             setup: &["echo it's"],
             ready_port: None,
             warm_up: &[],
+            memory_mib: None,
         };
         let hooks = customize_hooks(&recipe, dir.path(), &["w-1.whl".into()]).expect("hooks");
         assert!(hooks.contains(&format!("upload {}/file-0 /etc/hutch/start", dir.path().display())), "{hooks:?}");

@@ -15,9 +15,10 @@ pub struct RunArgs {
     /// Virtual CPUs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub cpus: u32,
-    /// Guest memory in MiB (or with a unit: 512M, 2G).
-    #[arg(long, default_value = "512")]
-    pub memory: MemMib,
+    /// Guest memory in MiB (or with a unit: 512M, 2G) [default: the template's own: 1.5 GiB
+    /// for code-interpreter, else 512 MiB].
+    #[arg(long)]
+    pub memory: Option<MemMib>,
     /// Accelerator: auto picks KVM only when it runs at native speed.
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
@@ -54,7 +55,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     let local = Local::prepare(&args.template, args.accel).await?;
     let opts = SandboxOptions {
         cpus: args.cpus,
-        memory: args.memory,
+        memory: args.memory.unwrap_or_else(|| MemMib::of_template(&args.template)),
         accel: local.accel.accel,
         cold: args.cold,
         ..SandboxOptions::default()

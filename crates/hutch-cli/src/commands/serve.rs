@@ -41,9 +41,10 @@ pub struct ServeArgs {
     /// vCPUs per sandbox.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub cpus: u32,
-    /// Memory per sandbox.
-    #[arg(long, default_value = "512")]
-    pub memory: MemMib,
+    /// Memory per sandbox [default: each template's own: 1.5 GiB for code-interpreter,
+    /// else 512 MiB].
+    #[arg(long)]
+    pub memory: Option<MemMib>,
     /// Keep N sandboxes of TEMPLATE restored and waiting, so creates take one at once
     /// (repeatable: --pool base=2 --pool code-interpreter=1). They count against
     /// --max-sandboxes.

@@ -18,7 +18,7 @@ pub async fn run(args: SetupArgs) -> anyhow::Result<i32> {
         crate::outln!("initramfs   {}", a.initramfs.display());
         crate::outln!("template    {} ({})", a.template.name, a.template.image().display());
         crate::outln!("accel       {} ({})", local.accel.accel.as_str(), local.accel.why);
-        let opts = hutch_core::SandboxOptions { accel: local.accel.accel, ..Default::default() };
+        let opts = hutch_core::SandboxOptions { accel: local.accel.accel, memory: hutch_core::MemMib::of_template(template), ..Default::default() };
         let snapshot = super::run::ensure_snapshot(&local, &opts).await?;
         crate::outln!("snapshot    {}", snapshot.dir.display());
     }

@@ -38,7 +38,8 @@ pub struct ManagerConfig {
     pub max_lifetime: Duration,
     pub accel: Accel,
     pub cpus: u32,
-    pub memory: MemMib,
+    /// Memory per sandbox; `None`: each template's own (`MemMib::of_template`).
+    pub memory: Option<MemMib>,
     /// Warm pool size per template (canonical name).
     pub pool: BTreeMap<String, usize>,
     /// What one API key may hold.
@@ -53,7 +54,7 @@ impl Default for ManagerConfig {
             max_lifetime: Duration::from_secs(24 * 3600),
             accel: Accel::Tcg,
             cpus: 1,
-            memory: MemMib::DEFAULT,
+            memory: None,
             pool: BTreeMap::new(),
             quota: KeyQuota::default(),
         }
@@ -433,11 +434,13 @@ impl SandboxManager {
         Ok(SlotGuard(&self.starting))
     }
 
-    fn options(&self, env_vars: &BTreeMap<String, String>, metadata: &BTreeMap<String, String>, token: Option<String>) -> SandboxOptions {
+    /// A sandbox's options. `template` sets its memory when the server sets none (a
+    /// sandbox started from a stored snapshot takes the snapshot's instead).
+    fn options(&self, template: &str, env_vars: &BTreeMap<String, String>, metadata: &BTreeMap<String, String>, token: Option<String>) -> SandboxOptions {
         SandboxOptions {
             access_token: token,
             cpus: self.config.cpus,
-            memory: self.config.memory,
+            memory: self.config.memory.unwrap_or_else(|| MemMib::of_template(template)),
             accel: self.config.accel,
             envs: env_vars.clone(),
             metadata: metadata.clone(),
@@ -457,7 +460,7 @@ impl SandboxManager {
         snapshots::validate_identifier("templateID", &template)?;
         let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
         let token = spec.secure.then(hex_token);
-        let mut opts = self.options(&spec.env_vars, &spec.metadata, token.clone());
+        let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
         opts.cold = spec.cold;
         let named = self.store.snapshot(key_id, &template).await?;
         self.quota_running(key_id, 1)?;

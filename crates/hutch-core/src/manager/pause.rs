@@ -183,7 +183,11 @@ impl SandboxManager {
         let row = lock(&live.row).clone();
         self.quota_running(&row.key_id, 1)?;
         let _reserved = self.reserve_slot()?;
-        let opts = self.options(&row.env_vars, &row.metadata, row.envd_token.clone());
+        let mut opts = self.options(&row.template, &row.env_vars, &row.metadata, row.envd_token.clone());
+        // A reboot keeps the sandbox's own size, whatever the server's is now.
+        if let Some(mib) = u32::try_from(row.memory_mb).ok().and_then(|m| crate::MemMib::new(m).ok()) {
+            opts.memory = mib;
+        }
         let dir = Path::new(&row.dir);
         let boot = on_resume == OnResume::Reboot || paused_mode(dir) == Some(PauseMode::Filesystem);
         // Prepared before the state moves: a template that cannot be had leaves it paused.

@@ -104,7 +104,7 @@ impl SandboxManager {
     async fn add_to_pool(&self, template: &str) -> Result<(), super::ManagerError> {
         let _slot = self.reserve_slot()?;
         let artifacts = self.prepare(template).await?;
-        let opts = self.options(&Default::default(), &Default::default(), None);
+        let opts = self.options(template, &Default::default(), &Default::default(), None);
         let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(super::ManagerError::Create)?;
         if self.shutting_down() {
             let _ = sandbox.destroy().await;

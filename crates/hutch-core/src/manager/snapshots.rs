@@ -307,7 +307,7 @@ impl SandboxManager {
     async fn start_fork(&self, key_id: &str, source: &SandboxRow, artifacts: &Artifacts, snap: &MemorySnapshot, timeout: Option<u64>) -> Result<SandboxRow, ManagerError> {
         let _slot = self.reserve_slot()?;
         let token = source.envd_token.as_ref().map(|_| hex_token());
-        let opts = self.options(&source.env_vars, &source.metadata, token.clone());
+        let opts = self.options(&source.template, &source.env_vars, &source.metadata, token.clone());
         let sandbox = Sandbox::from_snapshot(&self.home, artifacts, self.backend.as_ref(), snap, &opts).await.map_err(ManagerError::Create)?;
         let spec = CreateSpec {
             template: source.template.clone(),
