@@ -230,23 +230,36 @@ def test_archives_cannot_fill_the_disk(server, tmp_path):
     assert api.get("/snapshots").json() == []
 
 
-def test_an_imported_disk_cannot_be_bigger_than_its_template(server, tmp_path):
+def import_archive(server, tmp_path, name: str, disk: bytes) -> httpx.Response:
+    """Imports a well-formed archive (manifest, checksum right) around `disk`."""
     import hashlib
     import json
-    import subprocess
     import tarfile
-    disk = tmp_path / "disk.qcow2"
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "1T"], check=True)
-    data = disk.read_bytes()
-    manifest = {"format": "hutch-snapshot-archive/1", "name": "huge", "template": "base", "created_at": "2026-01-01T00:00:00Z",
-                "disk_sha256": hashlib.sha256(data).hexdigest(), "disk_bytes": len(data)}
+    (tmp_path / "disk.qcow2").write_bytes(disk)
+    manifest = {"format": "hutch-snapshot-archive/1", "name": name, "template": "base", "created_at": "2026-01-01T00:00:00Z",
+                "disk_sha256": hashlib.sha256(disk).hexdigest(), "disk_bytes": len(disk)}
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    archive = tmp_path / "huge.tar"
+    archive = tmp_path / f"{name}.tar"
     with tarfile.open(archive, "w", format=tarfile.GNU_FORMAT) as t:
         t.add(tmp_path / "manifest.json", "manifest.json")
-        t.add(disk, "disk.qcow2")
-    r = server.api().post("/snapshots/archive", content=archive.read_bytes())
+        t.add(tmp_path / "disk.qcow2", "disk.qcow2")
+    return server.api().post("/snapshots/archive", content=archive.read_bytes())
+
+
+def test_an_imported_disk_cannot_be_bigger_than_its_template(server, tmp_path):
+    import subprocess
+    disk = tmp_path / "huge.qcow2"
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", str(disk), "1T"], check=True)
+    r = import_archive(server, tmp_path, "huge", disk.read_bytes())
     assert r.status_code == 400 and "more than the" in r.json()["message"], r.text
+    assert server.api().get("/snapshots").json() == []
+
+
+def test_an_imported_disk_that_is_not_qcow2_is_the_clients_mistake(server, tmp_path):
+    """A raw image (or any other bytes) where the archive promises a qcow2 disk: a 400
+    saying so, not a 500, and nothing stored."""
+    r = import_archive(server, tmp_path, "raw", b"\0" * (1 << 20))
+    assert r.status_code == 400 and "qcow2" in r.json()["message"], r.text
     assert server.api().get("/snapshots").json() == []
 
 

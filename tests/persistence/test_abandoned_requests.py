@@ -5,7 +5,7 @@ data plane called paused and the API called running."""
 
 import httpx
 import pytest
-from e2b import Sandbox
+from e2b import PtySize, Sandbox
 
 from conftest import wait_until
 
@@ -65,5 +65,25 @@ def test_a_sandbox_pauses_while_a_command_streams_its_output(server):
         streaming.disconnect()
         back = Sandbox.connect(sbx.sandbox_id, timeout=120)
         assert back.commands.run("pgrep -f 'seq 600' >/dev/null && echo alive").stdout == "alive\n"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+def test_a_sandbox_pauses_with_a_terminal_open(server):
+    """A PTY's output stream is as open as a command's: the pause still succeeds, and the
+    terminal's shell, with what it started, is there after the resume."""
+    sbx = Sandbox.create("base")
+    try:
+        terminal = sbx.pty.create(PtySize(rows=24, cols=80), timeout=0)
+        sbx.pty.send_stdin(terminal.pid, b"exec -a hutch-pty-marker sleep 100000\n")
+        started = lambda: sbx.commands.run("pgrep -f hutch-pty-marker || true").stdout.strip()
+        marker = wait_until(started, "the terminal's command to run", timeout=30)
+        assert sbx.pause() is True
+        terminal.disconnect()
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        assert back.commands.run("pgrep -f hutch-pty-marker").stdout.strip() == marker
+        back.pty.send_stdin(terminal.pid, b"\x03")  # the terminal still takes input: Ctrl-C ends it
+        gone = lambda: back.commands.run("pgrep -f hutch-pty-marker || echo gone").stdout.strip() == "gone"
+        wait_until(gone, "Ctrl-C through the resumed terminal to end its command", timeout=30)
     finally:
         Sandbox.kill(sbx.sandbox_id)

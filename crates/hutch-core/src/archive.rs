@@ -41,6 +41,8 @@ pub enum ArchiveError {
     NotAnArchive(String),
     #[error("the archive was modified or is corrupt: disk.qcow2 has SHA-256 {actual}, the manifest says {expected}")]
     HashMismatch { expected: String, actual: String },
+    #[error("the archive is {0}, written by a newer hutch (this one reads {FORMAT}); import it with that hutch or a newer one")]
+    Newer(String),
     #[error("the archive's disk is unsafe to use: {0}")]
     UnsafeDisk(String),
     #[error("{0}")]
@@ -148,7 +150,10 @@ pub fn import(archive: impl Read, dir: &Path) -> Result<Imported, ArchiveError> 
     next(MANIFEST)?.take(1 << 20).read_to_string(&mut text).map_err(truncated)?;
     let manifest: ArchiveManifest = serde_json::from_str(&text).map_err(|e| ArchiveError::NotAnArchive(format!("bad manifest.json: {e}")))?;
     if manifest.format != FORMAT {
-        return Err(ArchiveError::NotAnArchive(format!("format '{}' is not {FORMAT}", manifest.format)));
+        return Err(match manifest.format.strip_prefix("hutch-snapshot-archive/").and_then(|v| v.parse::<u32>().ok()) {
+            Some(version) if version > 1 => ArchiveError::Newer(manifest.format),
+            _ => ArchiveError::NotAnArchive(format!("format '{}' is not {FORMAT}", manifest.format)),
+        });
     }
     let limit = manifest.disk_bytes.min(MAX_ARCHIVE_BYTES);
     if manifest.disk_bytes > MAX_ARCHIVE_BYTES {
@@ -180,6 +185,10 @@ pub fn import(archive: impl Read, dir: &Path) -> Result<Imported, ArchiveError> 
             file.write_all(&buf[..n]).map_err(io("writing", &disk))?;
         }
     }
+    if written < manifest.disk_bytes {
+        // tar ends a cut-off entry quietly: the manifest says how much there should be.
+        return Err(ArchiveError::NotAnArchive(format!("it is truncated: disk.qcow2 has {written} of the {} bytes its manifest declares", manifest.disk_bytes)));
+    }
     file.set_len(written).map_err(io("writing", &disk))?;
     let actual = hex::encode(reader.hash.finalize());
     if actual != manifest.disk_sha256 {
@@ -203,4 +212,85 @@ fn check_standalone(disk: &Path) -> Result<u64, ArchiveError> {
         return Err(ArchiveError::UnsafeDisk("it is not a qcow2 image".into()));
     }
     info.get("virtual-size").and_then(|v| v.as_u64()).ok_or_else(|| ArchiveError::UnsafeDisk("qemu-img reports no virtual size".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A real qcow2 image with `data` written at its start, exported as an archive.
+    fn exported(dir: &Path) -> (Vec<u8>, ArchiveManifest) {
+        let disk = dir.join("source.qcow2");
+        qemu_img(&["create".as_ref(), "-q".as_ref(), "-f".as_ref(), "qcow2".as_ref(), disk.as_os_str(), "4M".as_ref()], &disk).expect("qemu-img create");
+        let mut out = Vec::new();
+        let manifest = export(&disk, Some("n"), "base", dir, &mut out).expect("export");
+        (out, manifest)
+    }
+
+    /// An archive of `manifest` and `disk`, written the way export writes one.
+    fn archive(manifest: &ArchiveManifest, disk: &[u8]) -> Vec<u8> {
+        let mut tar = tar::Builder::new(Vec::new());
+        for (name, bytes) in [(MANIFEST, serde_json::to_vec(manifest).expect("json")), (DISK, disk.to_vec())] {
+            let mut header = tar::Header::new_gnu();
+            header.set_size(bytes.len() as u64);
+            header.set_mode(0o644);
+            header.set_cksum();
+            tar.append_data(&mut header, name, bytes.as_slice()).expect("append");
+        }
+        tar.into_inner().expect("tar")
+    }
+
+    fn import_into(bytes: &[u8]) -> Result<Imported, ArchiveError> {
+        let dir = tempfile::tempdir().expect("dir");
+        import(bytes, dir.path())
+    }
+
+    #[test]
+    fn an_exported_disk_imports_whole() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (bytes, manifest) = exported(dir.path());
+        let imported = import_into(&bytes).expect("import");
+        assert_eq!(imported.manifest, manifest);
+        assert_eq!(imported.virtual_size, 4 << 20);
+    }
+
+    #[test]
+    fn a_truncated_archive_says_so() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (bytes, _) = exported(dir.path());
+        // In the first header, in the manifest, in the disk.
+        for cut in [100, 700, bytes.len() / 2] {
+            let e = import_into(&bytes[..cut]).err().expect("a truncated archive imported");
+            assert!(matches!(&e, ArchiveError::NotAnArchive(_)), "cut at {cut}: {e}");
+        }
+        let e = import_into(&bytes[..bytes.len() / 2]).err().expect("a truncated archive imported");
+        assert!(e.to_string().contains("it is truncated"), "{e}");
+    }
+
+    #[test]
+    fn another_or_newer_format_is_refused_with_a_sentence() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_, manifest) = exported(dir.path());
+        let newer = ArchiveManifest { format: "hutch-snapshot-archive/2".into(), ..manifest.clone() };
+        let e = import_into(&archive(&newer, b"")).err().expect("a newer archive imported");
+        assert!(matches!(e, ArchiveError::Newer(_)) && e.to_string().contains("newer hutch"), "{e}");
+        let other = ArchiveManifest { format: "tarball".into(), ..manifest };
+        let e = import_into(&archive(&other, b"")).err().expect("another format imported");
+        assert!(matches!(e, ArchiveError::NotAnArchive(_)), "{e}");
+    }
+
+    #[test]
+    fn a_changed_disk_fails_its_checksum_and_a_raw_one_is_not_qcow2() {
+        let dir = tempfile::tempdir().expect("dir");
+        let (_, manifest) = exported(dir.path());
+        let changed = vec![1u8; usize::try_from(manifest.disk_bytes).expect("size")];
+        let e = import_into(&archive(&manifest, &changed)).err().expect("a changed disk imported");
+        assert!(matches!(e, ArchiveError::HashMismatch { .. }), "{e}");
+        // Well formed, checksum right, but a raw image: qemu-img refuses it as qcow2 (the
+        // manager answers 400: tests/e2b/test_trust_boundary.py).
+        let raw = vec![7u8; 4096];
+        let honest = ArchiveManifest { disk_sha256: hex::encode(Sha256::digest(&raw)), disk_bytes: raw.len() as u64, ..manifest };
+        let e = import_into(&archive(&honest, &raw)).err().expect("a raw disk imported");
+        assert!(matches!(&e, ArchiveError::QemuImg { stderr, .. } if stderr.contains("not in qcow2 format")), "{e}");
+    }
 }

@@ -11,7 +11,7 @@ pub mod clock_sync;
 mod fake_guest;
 pub mod ids;
 pub mod manager;
-pub mod record;
+pub use hutch_image::record;
 pub mod references;
 pub mod sandbox;
 pub mod snapshot;

@@ -41,8 +41,8 @@ pub enum KernelError {
     Incomplete { package: String, missing: String },
     #[error(transparent)]
     File(#[from] FileError),
-    #[error("reading {path}")]
-    Manifest { path: PathBuf, #[source] source: serde_json::Error },
+    #[error(transparent)]
+    Manifest(crate::record::RecordError),
 }
 
 
@@ -50,21 +50,24 @@ const MANIFEST: &str = "current.json";
 
 /// The cached kernel, if there is one.
 pub fn cached(home: &HutchHome) -> Result<Option<Kernel>, KernelError> {
-    let manifest = home.kernels().join(MANIFEST);
-    let text = match std::fs::read_to_string(&manifest) {
-        Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(at("reading", &manifest)(e).into()),
+    let mut k: Kernel = match crate::record::read(&home.kernels().join(MANIFEST), crate::record::Kind::Kernel) {
+        Ok(k) => k,
+        Err(e) if e.is_missing() => return Ok(None),
+        Err(e) => return Err(KernelError::Manifest(e)),
     };
-    let mut k: Kernel = serde_json::from_str(&text).map_err(|source| KernelError::Manifest { path: manifest.clone(), source })?;
     k.dir = home.kernels().join(&k.version);
     Ok(k.vmlinuz().is_file().then_some(k))
 }
 
 /// The cached kernel, downloading and unpacking it first if needed.
 pub fn ensure(home: &HutchHome, progress: &dyn Progress) -> Result<Kernel, KernelError> {
-    if let Some(k) = cached(home)? {
-        return Ok(k);
+    match cached(home) {
+        Ok(Some(k)) => return Ok(k),
+        Ok(None) => {}
+        // A damaged manifest: fetching the kernel again replaces it. A newer hutch's
+        // is left alone.
+        Err(KernelError::Manifest(e)) if e.is_replaceable() => tracing::warn!("fetching the guest kernel again: {e}"),
+        Err(e) => return Err(e),
     }
     let started = Instant::now();
     progress.step(&format!("downloading the guest kernel ({META_PACKAGE} from Debian)"));
@@ -134,10 +137,6 @@ fn fetch(home: &HutchHome, work: &Path, progress: &dyn Progress) -> Result<Kerne
     let _ = std::fs::remove_dir_all(&dest);
     std::fs::rename(&kernel.dir, &dest).map_err(at("moving the kernel to", &dest))?;
     kernel.dir = dest;
-    let manifest = home.kernels().join(MANIFEST);
-    let json = serde_json::to_vec_pretty(&kernel).map_err(|source| KernelError::Manifest { path: manifest.clone(), source })?;
-    let tmp = manifest.with_extension("tmp");
-    std::fs::write(&tmp, json).map_err(at("writing", &tmp))?;
-    std::fs::rename(&tmp, &manifest).map_err(at("writing", &manifest))?;
+    crate::record::write(&home.kernels().join(MANIFEST), crate::record::Kind::Kernel, &kernel).map_err(KernelError::Manifest)?;
     Ok(kernel)
 }

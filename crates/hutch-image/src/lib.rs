@@ -11,6 +11,7 @@ pub mod home;
 pub mod initramfs;
 pub mod kernel;
 pub mod progress;
+pub mod record;
 pub mod rootfs;
 mod run;
 

@@ -199,8 +199,8 @@ pub enum TemplateError {
     NoSubordinateIds { user: String },
     #[error(transparent)]
     File(#[from] FileError),
-    #[error("reading {path}")]
-    Manifest { path: PathBuf, #[source] source: serde_json::Error },
+    #[error("{0}; remove that file or run `hutch setup --template` with a hutch that reads it")]
+    Manifest(#[source] crate::record::RecordError),
     #[error("pip did not leave a wheel for {spec} in {dir}")]
     Wheel { spec: String, dir: PathBuf },
 }
@@ -239,11 +239,8 @@ fn install(home: &HutchHome, built: &Path, mut template: Template) -> Result<Tem
     }
     template.image = relative;
     template.dir = dir.clone();
-    let manifest = dir.join(MANIFEST);
-    let json = serde_json::to_vec_pretty(&template).map_err(|source| TemplateError::Manifest { path: manifest.clone(), source })?;
-    let partial = dir.join(format!("{MANIFEST}.partial"));
-    std::fs::write(&partial, json).map_err(at("writing", &partial))?;
-    std::fs::rename(&partial, &manifest).map_err(at("writing", &manifest))?;
+    // Replaced whole by a rename: the template names the old build or the new one.
+    crate::record::write(&dir.join(MANIFEST), crate::record::Kind::Template, &template).map_err(TemplateError::Manifest)?;
     Ok(template)
 }
 
@@ -255,8 +252,8 @@ pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<Pat
     let mut removed = Vec::new();
     for name in list(home) {
         let dir = home.template(&name);
-        let Ok(text) = std::fs::read_to_string(dir.join(MANIFEST)) else { continue };
-        let Ok(mut current) = serde_json::from_str::<Template>(&text) else { continue };
+        // A template whose manifest cannot be read keeps every build.
+        let Ok(mut current) = crate::record::read::<Template>(&dir.join(MANIFEST), crate::record::Kind::Template) else { continue };
         current.dir = dir.clone();
         let current = canonical(&current.image());
         let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir.join(BUILDS)).into_iter().flatten().flatten().map(|e| e.path().join(IMAGE)).collect();
@@ -282,13 +279,11 @@ pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<Pat
 pub fn cached(home: &HutchHome, name: &str) -> Result<Option<Template>, TemplateError> {
     let name = recipe(name).map(|r| r.name).unwrap_or(name);
     let dir = home.template(name);
-    let manifest = dir.join(MANIFEST);
-    let text = match std::fs::read_to_string(&manifest) {
+    let mut t: Template = match crate::record::read(&dir.join(MANIFEST), crate::record::Kind::Template) {
         Ok(t) => t,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(at("reading", &manifest)(e).into()),
+        Err(e) if e.is_missing() => return Ok(None),
+        Err(e) => return Err(TemplateError::Manifest(e)),
     };
-    let mut t: Template = serde_json::from_str(&text).map_err(|source| TemplateError::Manifest { path: manifest, source })?;
     t.dir = dir;
     // A template built from an older recipe of ours is stale: the caller rebuilds it.
     let stale = recipe(name).is_some_and(|r| r.fingerprint() != t.recipe);
@@ -310,8 +305,15 @@ pub fn list(home: &HutchHome) -> Vec<String> {
 
 /// The template, built first if hutch knows how and it is not cached.
 pub fn ensure(home: &HutchHome, name: &str, progress: &dyn Progress) -> Result<Template, TemplateError> {
-    if let Some(t) = cached(home, name)? {
-        return Ok(t);
+    match cached(home, name) {
+        Ok(Some(t)) => return Ok(t),
+        Ok(None) => {}
+        // A damaged manifest of a template hutch can build: the build replaces it (old
+        // builds stay for whatever stacks on them). A newer hutch's is left alone.
+        Err(TemplateError::Manifest(e)) if e.is_replaceable() && recipe(name).is_some() => {
+            tracing::warn!("rebuilding template '{name}': {e}");
+        }
+        Err(e) => return Err(e),
     }
     let Some(recipe) = recipe(name) else {
         let mut known: Vec<String> = list(home);
@@ -555,6 +557,38 @@ mod build_tests {
         assert!(first.image().is_file(), "a build an overlay stacks on was pruned");
         assert!(prune_builds(&home, &Default::default()).contains(&first.image()));
         assert!(!first.image().exists() && second.image().is_file(), "the current build must stay");
+    }
+
+    /// `template.json` is a versioned record: damaged, it is an error saying so (and a
+    /// build of a template hutch knows replaces it); from a newer hutch, it is refused
+    /// and not rebuilt over; from before versioning, it still reads.
+    #[test]
+    fn a_damaged_or_newer_template_manifest_is_refused_with_a_sentence() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(root.path());
+        let current = Template { recipe: recipe(BASE).expect("base").fingerprint(), ..manifest(BASE) };
+        let installed = install(&home, &built(&home, b"a build"), current).expect("install");
+        let path = home.template("base").join(MANIFEST);
+        let text = std::fs::read_to_string(&path).expect("manifest");
+        assert!(text.contains("hutch-template-manifest"), "{text}");
+
+        std::fs::write(&path, &text[..text.len() / 2]).expect("truncate");
+        let e = cached(&home, "base").expect_err("truncated");
+        assert!(matches!(&e, TemplateError::Manifest(r) if r.is_replaceable()), "{e}");
+        assert!(e.to_string().contains("truncated or damaged") && e.to_string().contains("template.json"), "{e}");
+
+        std::fs::write(&path, text.replace(&installed.build_id, "0000000000000000")).expect("edit");
+        assert!(matches!(cached(&home, "base"), Err(TemplateError::Manifest(crate::record::RecordError::Checksum { .. }))));
+
+        std::fs::write(&path, text.replace("\"version\": 1", "\"version\": 9")).expect("newer");
+        let e = ensure(&home, "base", &crate::progress::Quiet).expect_err("a newer hutch's template is not rebuilt over");
+        assert!(e.to_string().contains("newer hutch"), "{e}");
+        assert_eq!(std::fs::read_to_string(&path).expect("kept"), text.replace("\"version\": 1", "\"version\": 9"));
+
+        let mut legacy = installed.clone();
+        legacy.dir = PathBuf::new();
+        std::fs::write(&path, serde_json::to_string(&legacy).expect("json")).expect("legacy");
+        assert_eq!(cached(&home, "base").expect("a manifest from before versioning").expect("current").image(), installed.image());
     }
 
     #[test]

@@ -198,3 +198,39 @@ async fn a_pause_without_memory_resumes_by_booting_and_a_reboot_drops_memory() {
     env.settled().await;
     env.kill_all().await;
 }
+
+/// The store failing right after a resume (locked by another writer, a full disk) must
+/// not cost the sandbox: its VM runs and its saved state is gone, so it stays running
+/// with its memory, and the next operation's record puts the store right. (Dropping it
+/// there once deleted the sandbox while its row still said paused.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_failure_after_a_resume_keeps_the_sandbox_running_with_its_memory() {
+    use sqlx::Connection;
+    let env = Env::new(ManagerConfig::default()).await;
+    let key = env.key().to_string();
+    let id = env.create().await.id;
+    env.put(&id, "x", "kept").await;
+    env.manager.pause(&key, &id, PauseMode::Full).await.expect("pause");
+    let hold = env.backend.hold(hutch_vmm::fake::Step::Resume);
+    let resuming = env.spawn({
+        let id = id.clone();
+        move |m, key| async move { m.connect(&key, &id, None, OnResume::Restore).await.map(drop) }
+    });
+    hold.reached().await;
+    // Another writer holds the database until after the resume's record is written.
+    let mut writer = sqlx::SqliteConnection::connect(&format!("sqlite://{}", env.root.join("hutch.db").display())).await.expect("connect");
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut writer).await.expect("lock the database");
+    hold.release();
+    resuming.await.expect("join").expect("the resume succeeds though its record could not be written");
+    assert_eq!(env.state(&id), Running);
+    assert_eq!(env.values(&id).await["x"], "kept");
+    assert!(env.sandbox_dirs().contains(&id), "the resumed sandbox's directory was removed");
+    sqlx::query("ROLLBACK").execute(&mut writer).await.expect("unlock");
+    drop(writer);
+    // It goes on as any running sandbox, and the store follows again.
+    env.manager.pause(&key, &id, PauseMode::Full).await.expect("pause again");
+    env.manager.connect(&key, &id, None, OnResume::Restore).await.expect("resume again");
+    assert_eq!(env.values(&id).await["x"], "kept");
+    env.settled().await;
+    env.kill_all().await;
+}

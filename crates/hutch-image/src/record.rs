@@ -1,5 +1,6 @@
-//! Versioned on-disk records (a sandbox's `vm.json`, a snapshot's `snapshot.json`), as
-//! Firecracker versions its snapshot files. Each record is an envelope naming its kind
+//! Versioned on-disk records (a sandbox's `vm.json`, a snapshot's `snapshot.json`, a
+//! template's `template.json`, the guest kernel's `current.json`), as Firecracker
+//! versions its snapshot files. Each record is an envelope naming its kind
 //! and format version, with a SHA-256 of its body:
 //!
 //! ```json
@@ -27,6 +28,10 @@ pub enum Kind {
     Vm,
     /// A memory snapshot's manifest (`snapshot.json`).
     Snapshot,
+    /// A template's manifest, naming its current build (`template.json`).
+    Template,
+    /// The guest kernel's manifest (`kernels/current.json`).
+    Kernel,
 }
 
 impl Kind {
@@ -34,6 +39,8 @@ impl Kind {
         match self {
             Kind::Vm => "hutch-vm-record",
             Kind::Snapshot => "hutch-snapshot-manifest",
+            Kind::Template => "hutch-template-manifest",
+            Kind::Kernel => "hutch-kernel-manifest",
         }
     }
 }
@@ -52,6 +59,19 @@ pub enum RecordError {
     Newer { path: PathBuf, found: u32 },
     #[error("{} does not match its checksum; it was changed or damaged, so what it describes is not used", path.display())]
     Checksum { path: PathBuf },
+}
+
+impl RecordError {
+    /// There is no record at all (as opposed to one that cannot be read as it is).
+    pub fn is_missing(&self) -> bool {
+        matches!(self, RecordError::Read { source, .. } if source.kind() == std::io::ErrorKind::NotFound)
+    }
+
+    /// A record a cache may replace by making its contents again: damaged, or of
+    /// another kind, but not one from a newer hutch (that hutch still uses it).
+    pub fn is_replaceable(&self) -> bool {
+        matches!(self, RecordError::Corrupt { .. } | RecordError::Checksum { .. } | RecordError::WrongKind { .. })
+    }
 }
 
 #[derive(Serialize, Deserialize)]
