@@ -76,14 +76,14 @@ def test_a_sandbox_pauses_with_a_terminal_open(server):
     try:
         terminal = sbx.pty.create(PtySize(rows=24, cols=80), timeout=0)
         sbx.pty.send_stdin(terminal.pid, b"exec -a hutch-pty-marker sleep 100000\n")
-        started = lambda: sbx.commands.run("pgrep -f hutch-pty-marker || true").stdout.strip()
+        started = lambda: sbx.commands.run("pgrep -f '^hutch-pty-marker' || true").stdout.strip()
         marker = wait_until(started, "the terminal's command to run", timeout=30)
         assert sbx.pause() is True
         terminal.disconnect()
         back = Sandbox.connect(sbx.sandbox_id, timeout=120)
-        assert back.commands.run("pgrep -f hutch-pty-marker").stdout.strip() == marker
+        assert back.commands.run("pgrep -f '^hutch-pty-marker'").stdout.strip() == marker
         back.pty.send_stdin(terminal.pid, b"\x03")  # the terminal still takes input: Ctrl-C ends it
-        gone = lambda: back.commands.run("pgrep -f hutch-pty-marker || echo gone").stdout.strip() == "gone"
+        gone = lambda: back.commands.run("pgrep -f '^hutch-pty-marker' || echo gone").stdout.strip() == "gone"
         wait_until(gone, "Ctrl-C through the resumed terminal to end its command", timeout=30)
     finally:
         Sandbox.kill(sbx.sandbox_id)
