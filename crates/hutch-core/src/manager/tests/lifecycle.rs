@@ -234,3 +234,26 @@ async fn a_store_failure_after_a_resume_keeps_the_sandbox_running_with_its_memor
     env.settled().await;
     env.kill_all().await;
 }
+
+/// Two requests racing for one snapshot name (on two sandboxes, so neither waits for
+/// the other): both pass the name check, the store's unique index decides, and the
+/// loser gets the same Conflict (409) as a name taken earlier, with its files removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_snapshots_racing_for_one_name_one_is_stored_and_the_other_is_a_conflict() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let (a, b) = (env.create().await.id, env.create().await.id);
+    let hold = env.backend.hold(hutch_vmm::fake::Step::Save);
+    let first = env.spawn({
+        let a = a.clone();
+        move |m, key| async move { m.create_snapshot(&key, &a, Some("same".into()), true).await.map(|r| r.id) }
+    });
+    hold.reached().await;
+    let won = env.manager.create_snapshot(env.key(), &b, Some("same".into()), true).await.expect("the request saved first is stored");
+    hold.release();
+    let lost = first.await.expect("join");
+    assert!(matches!(&lost, Err(ManagerError::Conflict(m)) if m.contains("same")), "{lost:?}");
+    let stored: Vec<String> = env.manager.list_snapshots(env.key()).await.expect("snapshots").into_iter().map(|s| s.id).collect();
+    assert_eq!(stored, vec![won.id]);
+    env.settled().await;
+    env.kill_all().await;
+}
