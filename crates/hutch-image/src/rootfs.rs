@@ -113,12 +113,10 @@ pub const RECIPES: &[Recipe] = &[
             ("/execute", r#"{"code": "true", "language": "bash", "warm_up": true}"#),
             ("/execute", r#"{"code": "process.cwd()", "language": "javascript", "warm_up": true}"#),
         ],
-        // Its warm kernels alone take ~380 MiB (Deno's ~175, Python's with numpy and
-        // pandas ~100, bash's and the server's ~50 each), which left 45 MiB free in 512
-        // MiB; R and Java need more on first use. E2B's template has 2 GiB, but exactly
-        // 2048 MiB does not boot on QEMU 10's microvm here (the initrd arrives damaged;
-        // 2047 and 2049 boot): see docs/ARCHITECTURE.md, "Host facts".
-        memory_mib: Some(1536),
+        // E2B's template has 2 GiB. Its warm kernels alone take ~380 MiB (Deno's ~175,
+        // Python's with numpy and pandas ~100, bash's and the server's ~50 each), which
+        // left 45 MiB free in 512 MiB; R and Java need more on first use.
+        memory_mib: Some(2048),
     },
 ];
 

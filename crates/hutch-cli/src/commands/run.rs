@@ -15,7 +15,7 @@ pub struct RunArgs {
     /// Virtual CPUs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub cpus: u32,
-    /// Guest memory in MiB (or with a unit: 512M, 2G) [default: the template's own: 1.5 GiB
+    /// Guest memory in MiB (or with a unit: 512M, 2G) [default: the template's own: 2 GiB
     /// for code-interpreter, else 512 MiB].
     #[arg(long)]
     pub memory: Option<MemMib>,

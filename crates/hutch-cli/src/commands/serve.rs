@@ -41,7 +41,7 @@ pub struct ServeArgs {
     /// vCPUs per sandbox.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub cpus: u32,
-    /// Memory per sandbox [default: each template's own: 1.5 GiB for code-interpreter,
+    /// Memory per sandbox [default: each template's own: 2 GiB for code-interpreter,
     /// else 512 MiB].
     #[arg(long)]
     pub memory: Option<MemMib>,

@@ -39,7 +39,7 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
         Accel::Tcg => "max",
     };
     push(&["-M", &machine, "-cpu", cpu]);
-    push(&["-smp", &spec.cpus.to_string(), "-m", &format!("{}M", spec.memory_mib)]);
+    push(&["-smp", &spec.cpus.to_string(), "-m", &format!("{}M", ram_mib(spec.memory_mib))]);
     push(&["-object", &memory_backend(spec)]);
     if spec.incoming.is_some() {
         // -S: the loaded guest waits for `cont`, so hutch decides when it runs.
@@ -68,8 +68,22 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     a
 }
 
+/// The RAM QEMU is given for `memory_mib` asked: the same, but for exactly 2 GiB.
+/// There QEMU's `linuxboot_dma` option ROM leaves the initrd at the very top of low RAM
+/// (it moves it below the firmware's data only when the initrd does not end on the
+/// page of the kernel's `initrd_addr_max`, which at exactly 2 GiB it always does), on
+/// top of SeaBIOS's ACPI tables and virtio queues: the guest sees "no cpio magic" and
+/// never starts. 2 MiB more keeps hugepage alignment and moves the top off that page.
+fn ram_mib(memory_mib: u32) -> u32 {
+    if memory_mib == 2048 {
+        2050
+    } else {
+        memory_mib
+    }
+}
+
 fn memory_backend(spec: &VmSpec) -> String {
-    let size = format!("size={}M", spec.memory_mib);
+    let size = format!("size={}M", ram_mib(spec.memory_mib));
     match &spec.memory {
         Memory::Anonymous => format!("memory-backend-ram,id=mem0,{size}"),
         Memory::SharedFile(f) => format!("memory-backend-file,id=mem0,{size},mem-path={},share=on", f.display()),
@@ -111,5 +125,10 @@ mod tests {
         assert!(joined.contains("microvm,accel=tcg,memory-backend=mem0"));
         assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));
         assert!(joined.contains("-incoming defer"));
+    }
+
+    #[test]
+    fn exactly_two_gib_is_given_two_mib_more_so_the_initrd_is_moved_below_the_firmware() {
+        assert_eq!((ram_mib(2047), ram_mib(2048), ram_mib(2049)), (2047, 2050, 2049));
     }
 }
