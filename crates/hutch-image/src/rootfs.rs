@@ -197,8 +197,9 @@ pub enum TemplateError {
     NoSubordinateIds { user: String },
     #[error(transparent)]
     File(#[from] FileError),
-    #[error("{0}; remove that file or run `hutch setup --template` with a hutch that reads it")]
-    Manifest(#[source] crate::record::RecordError),
+    /// The record's own sentence says what is wrong and, for a newer one, what to do.
+    #[error(transparent)]
+    Manifest(crate::record::RecordError),
     #[error("pip did not leave a wheel for {spec} in {dir}")]
     Wheel { spec: String, dir: PathBuf },
 }
