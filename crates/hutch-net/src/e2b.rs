@@ -1,0 +1,166 @@
+//! E2B's network settings (`allow_internet_access` and `network` on create, `PUT
+//! /sandboxes/{id}/network`) as hutch rules. E2B's order is: allowed names, allowed
+//! addresses, denied addresses, then the internet if it is allowed, so allow beats deny.
+//! Its `*.x` means names below x, not x itself; `*` means every name.
+
+use crate::rules::{normalize_name, Action, NamePattern, Policy, Rule, Target};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+use std::net::IpAddr;
+
+/// What an E2B client sent, kept to show it back (`GET /sandboxes/{id}`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct E2bNetwork {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
+    /// Ingress: whether the sandbox's ports answer without the traffic token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_public_traffic: Option<bool>,
+    /// Ingress: the Host header the proxy sends, `${PORT}` replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<serde_json::Value>,
+}
+
+/// A setting E2B's API would refuse, or one hutch does not do: `field` is the JSON
+/// field, `message` the sentence for the client.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct E2bNetworkError {
+    pub field: &'static str,
+    pub message: String,
+}
+
+fn bad(field: &'static str, message: impl Into<String>) -> E2bNetworkError {
+    E2bNetworkError { field, message: message.into() }
+}
+
+/// E2B's name for 0.0.0.0/0 in `denyOut`.
+pub const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+fn parse_net(field: &'static str, entry: &str) -> Option<Result<IpNet, E2bNetworkError>> {
+    if let Ok(ip) = entry.parse::<IpAddr>() {
+        return Some(Ok(IpNet::from(ip)));
+    }
+    if !entry.contains('/') {
+        return None;
+    }
+    Some(match entry.parse::<IpNet>() {
+        Ok(net) if net.trunc() == net => Ok(net),
+        Ok(net) => Err(bad(field, format!("`{entry}` has host bits set; did you mean {}?", net.trunc()))),
+        Err(_) => Err(bad(field, format!("`{entry}` is not a CIDR block"))),
+    })
+}
+
+fn name_rule(entry: &str) -> Result<Rule, E2bNetworkError> {
+    let pattern = if entry == "*" {
+        NamePattern::AnyName
+    } else if let Some(apex) = entry.strip_prefix("*.") {
+        NamePattern::SubdomainsOnly(normalize_name(entry, apex).map_err(|e| bad("network.allowOut", e.reason))?)
+    } else {
+        if entry.contains(':') {
+            return Err(bad("network.allowOut", format!("`{entry}` has a port; allowOut takes addresses, CIDR blocks and domains without ports")));
+        }
+        NamePattern::Exact(normalize_name(entry, entry).map_err(|e| bad("network.allowOut", e.reason))?)
+    };
+    Ok(Rule { action: Action::Allow, target: Target::Name(pattern), proto: None, ports: None })
+}
+
+/// The rules for E2B's settings. `allow_internet_access` absent means no egress: the
+/// official SDKs always send it (true unless told otherwise).
+pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> Result<Policy, E2bNetworkError> {
+    let empty = E2bNetwork::default();
+    let net = net.unwrap_or(&empty);
+    if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(bad("network.egressProxy", "hutch does not send sandbox traffic through an egress proxy; leave egressProxy out"));
+    }
+    if net.rules.as_ref().is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())) {
+        return Err(bad("network.rules", "hutch does not rewrite request headers at the network boundary yet; leave rules out"));
+    }
+    let mut names = Vec::new();
+    let mut allowed = Vec::new();
+    for entry in net.allow_out.iter().flatten() {
+        match parse_net("network.allowOut", entry.trim()) {
+            Some(r) => allowed.push(Rule { action: Action::Allow, target: Target::Net(r?), proto: None, ports: None }),
+            None => names.push(name_rule(entry.trim())?),
+        }
+    }
+    let mut denied = Vec::new();
+    for entry in net.deny_out.iter().flatten() {
+        match parse_net("network.denyOut", entry.trim()) {
+            Some(r) => denied.push(Rule { action: Action::Deny, target: Target::Net(r?), proto: None, ports: None }),
+            None => return Err(bad("network.denyOut", format!("`{entry}` is not an IP address or CIDR block; denyOut takes only those"))),
+        }
+    }
+    if !names.is_empty() && !net.deny_out.iter().flatten().any(|e| e.trim() == ALL_TRAFFIC) {
+        return Err(bad("network.allowOut", "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic."));
+    }
+    let mut rules = names;
+    rules.append(&mut allowed);
+    rules.append(&mut denied);
+    if allow_internet_access == Some(true) {
+        rules.extend(Policy::public().rules);
+    }
+    Policy::new(rules).map_err(|e| bad("network", e.reason))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rules::{Dest, Proto, Reach};
+
+    fn net(allow: &[&str], deny: &[&str]) -> E2bNetwork {
+        E2bNetwork {
+            allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
+            deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
+        }
+    }
+
+    fn allowed(p: &Policy, ip: &str, names: &[&str]) -> bool {
+        let names: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+        p.check(&Dest { ip: ip.parse().expect("ip"), proto: Proto::Tcp, port: 443, names: &names }, &Reach::default()).is_ok()
+    }
+
+    #[test]
+    fn the_sdk_default_is_the_public_internet_and_false_is_nothing() {
+        let open = policy(Some(true), None).expect("valid");
+        assert!(allowed(&open, "93.184.216.34", &[]));
+        assert!(!allowed(&open, "10.0.0.1", &[]));
+        assert!(open.check_name("pypi.org").is_ok());
+        for closed in [policy(Some(false), None).expect("valid"), policy(None, None).expect("valid")] {
+            assert!(!allowed(&closed, "93.184.216.34", &[]));
+            assert!(closed.check_name("pypi.org").is_err());
+        }
+    }
+
+    #[test]
+    fn allow_beats_deny_and_wildcards_exclude_the_apex() {
+        let p = policy(Some(true), Some(&net(&["*.example.com", "93.184.216.0/24"], &[ALL_TRAFFIC]))).expect("valid");
+        assert!(allowed(&p, "93.184.216.34", &[]));
+        assert!(allowed(&p, "8.8.4.4", &["api.example.com"]));
+        assert!(!allowed(&p, "8.8.4.4", &["example.com"]));
+        assert!(!allowed(&p, "8.8.4.4", &[]));
+        let deny_some = policy(Some(true), Some(&net(&["198.51.100.7"], &["198.51.100.0/24", "1.2.3.0/24"]))).expect("valid");
+        assert!(!allowed(&deny_some, "1.2.3.4", &[]));
+        assert!(allowed(&deny_some, "1.2.4.4", &[]));
+    }
+
+    #[test]
+    fn e2b_refusals_carry_its_wording_and_name_the_field() {
+        let e = policy(Some(true), Some(&net(&["example.com"], &[]))).expect_err("needs ALL_TRAFFIC");
+        assert_eq!(e.field, "network.allowOut");
+        assert_eq!(e.message, "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' in deny out to block all other traffic.");
+        assert_eq!(policy(Some(true), Some(&net(&[], &["example.com"]))).expect_err("domain").field, "network.denyOut");
+        assert!(policy(Some(true), Some(&net(&["10.0.0.1/8"], &[]))).expect_err("host bits").message.contains("host bits"));
+        assert!(policy(Some(true), Some(&net(&["exa*mple.com"], &[ALL_TRAFFIC]))).expect_err("wildcard").message.contains("wildcard"));
+        let proxy = E2bNetwork { egress_proxy: Some(serde_json::json!({"url": "socks5://x"})), ..Default::default() };
+        assert_eq!(policy(Some(true), Some(&proxy)).expect_err("proxy").field, "network.egressProxy");
+    }
+}

@@ -1,0 +1,435 @@
+//! One sandbox's network: a userspace stack on the host end of the guest's NIC. The
+//! guest talks to a fixed gateway; every TCP connection it opens ends here (smoltcp in
+//! "any IP" mode answers for every address) and is re-made from the host after the
+//! policy allows it and before the guest sees a SYN-ACK, so a denial or a failed dial
+//! is an RST. UDP is relayed per flow, DNS is answered by `dns.rs`, pings get
+//! "administratively prohibited". One task per sandbox runs it; dropping the handle
+//! ends it and every flow.
+
+mod device;
+mod link;
+mod packets;
+mod tcp;
+mod udp;
+
+pub use link::{LinkError, MAX_FRAME};
+
+use crate::dns::{self, DnsContext, Pins};
+use crate::log::{LogView, NetLog};
+use crate::rules::{DenyReason, Dest, Policy, Proto, Reach};
+use crate::seam::Seam;
+use packets::Inbound;
+use smoltcp::iface::{Config, Interface, SocketSet};
+use smoltcp::wire::{EthernetAddress, HardwareAddress, Icmpv4DstUnreachable, IpAddress, IpCidr, IpListenEndpoint};
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinSet;
+
+/// Every sandbox sees the same network (each has its own stack), so template
+/// snapshots and their clones stay valid: guest 198.18.0.2/30, gateway and DNS .1,
+/// in RFC 2544's benchmarking range, which is never a real destination.
+pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
+pub const GATEWAY_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
+pub const PREFIX_LEN: u8 = 30;
+pub const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x68, 0x75, 0x02];
+pub const GATEWAY_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x68, 0x75, 0x01];
+/// The guest's IP MTU (QEMU's `host_mtu`): large frames are the stream netdev's main
+/// throughput lever, and 65 520 + 14 stays under QEMU's 69 632-byte frame buffer.
+pub const MTU: usize = 65_520;
+
+/// The operator's limits for one sandbox's stack.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// TCP connections and UDP flows open at once.
+    pub max_flows: usize,
+    pub dial_timeout: Duration,
+    pub udp_idle: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_flows: 512, dial_timeout: Duration::from_secs(10), udp_idle: Duration::from_secs(60) }
+    }
+}
+
+/// What the stack and its reporters share.
+pub struct Shared {
+    policy: RwLock<Arc<Policy>>,
+    pub reach: Reach,
+    pub seam: Arc<dyn Seam>,
+    pins: Mutex<Pins>,
+    pub log: NetLog,
+    link: Mutex<LinkState>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LinkState {
+    Up,
+    /// The link to QEMU ended; the sentence says why.
+    Lost(String),
+}
+
+impl Shared {
+    pub fn policy(&self) -> Arc<Policy> {
+        self.policy.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    async fn answer_dns(&self, query: &[u8]) -> Option<Vec<u8>> {
+        let policy = self.policy();
+        let cx = DnsContext { policy: &policy, reach: &self.reach, seam: self.seam.as_ref(), pins: &self.pins, log: &self.log };
+        dns::answer(query, &cx).await
+    }
+}
+
+/// A running stack. Dropping it ends the stack and all its flows.
+pub struct NetHandle {
+    shared: Arc<Shared>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for NetHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl NetHandle {
+    /// Starts the stack on `link` (a connection to QEMU's stream netdev).
+    pub fn start(link: UnixStream, policy: Policy, reach: Reach, seam: Arc<dyn Seam>, limits: Limits) -> NetHandle {
+        let shared = Arc::new(Shared {
+            policy: RwLock::new(Arc::new(policy)),
+            reach,
+            seam,
+            pins: Mutex::new(Pins::default()),
+            log: NetLog::default(),
+            link: Mutex::new(LinkState::Up),
+        });
+        let task = tokio::spawn({
+            let shared = shared.clone();
+            async move {
+                let why = run(link, shared.clone(), limits).await;
+                tracing::warn!("sandbox network link ended: {why}");
+                *shared.link.lock().unwrap_or_else(|p| p.into_inner()) = LinkState::Lost(why.to_string());
+            }
+        });
+        NetHandle { shared, task }
+    }
+
+    /// Replaces the policy: new flows and names follow it; open flows stay.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+    }
+
+    pub fn policy(&self) -> Arc<Policy> {
+        self.shared.policy()
+    }
+
+    pub fn log(&self) -> LogView {
+        self.shared.log.view()
+    }
+
+    pub fn link(&self) -> LinkState {
+        self.shared.link.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Results the stack's helper tasks hand back to its loop.
+enum Event {
+    Dialed { key: FlowKey, result: Result<tokio::net::TcpStream, String> },
+    Datagram { from: SocketAddrV4, to: SocketAddrV4, payload: Vec<u8> },
+}
+
+type FlowKey = (SocketAddrV4, SocketAddrV4);
+
+struct Stack {
+    shared: Arc<Shared>,
+    limits: Limits,
+    iface: Interface,
+    dev: device::Queues,
+    sockets: SocketSet<'static>,
+    tcp: HashMap<FlowKey, tcp::TcpFlow>,
+    /// SYNs waiting for their dial, by connection.
+    dialing: HashMap<FlowKey, Vec<u8>>,
+    udp: udp::UdpFlows,
+    tasks: JoinSet<()>,
+    events: mpsc::UnboundedSender<Event>,
+    wake: Arc<Notify>,
+    epoch: Instant,
+}
+
+fn smol_now(epoch: Instant) -> smoltcp::time::Instant {
+    smoltcp::time::Instant::from_micros(epoch.elapsed().as_micros() as i64)
+}
+
+async fn run(link: UnixStream, shared: Arc<Shared>, limits: Limits) -> LinkError {
+    let (rd, mut wr) = link.into_split();
+    let (frames_tx, mut frames) = mpsc::channel(256);
+    let (events_tx, mut events) = mpsc::unbounded_channel();
+    let mut reader = tokio::spawn(link::read_frames(rd, frames_tx));
+    let epoch = Instant::now();
+    let mut dev = device::Queues { rx: Default::default(), tx: Default::default(), frame_mtu: MTU + 14 };
+    let mut config = Config::new(HardwareAddress::Ethernet(EthernetAddress(GATEWAY_MAC)));
+    config.random_seed = rand::random();
+    let mut iface = Interface::new(config, &mut dev, smol_now(epoch));
+    iface.update_ip_addrs(|a| {
+        let _ = a.push(IpCidr::new(IpAddress::Ipv4(GATEWAY_IP), PREFIX_LEN));
+    });
+    // "Any IP": smoltcp accepts packets for every address it routes via itself.
+    iface.set_any_ip(true);
+    let _ = iface.routes_mut().add_default_ipv4_route(GATEWAY_IP);
+    let mut stack = Stack {
+        shared,
+        limits: limits.clone(),
+        iface,
+        dev,
+        sockets: SocketSet::new(Vec::new()),
+        tcp: HashMap::new(),
+        dialing: HashMap::new(),
+        udp: udp::UdpFlows::new(limits.udp_idle),
+        tasks: JoinSet::new(),
+        events: events_tx,
+        wake: Arc::new(Notify::new()),
+        epoch,
+    };
+    loop {
+        let delay = stack.iface.poll_delay(smol_now(epoch), &stack.sockets).map(|d| Duration::from_micros(d.total_micros())).unwrap_or(Duration::from_secs(1)).min(Duration::from_secs(1));
+        let wake = stack.wake.clone();
+        tokio::select! {
+            frame = frames.recv() => match frame {
+                Some(f) => stack.inbound(f),
+                None => return reader.await.unwrap_or(LinkError::Closed),
+            },
+            Some(ev) = events.recv() => stack.event(ev),
+            _ = wake.notified() => {}
+            _ = tokio::time::sleep(delay) => {}
+            ended = &mut reader => return ended.unwrap_or(LinkError::Closed),
+        }
+        // Take everything that is already here before polling once.
+        while let Ok(f) = frames.try_recv() {
+            stack.inbound(f);
+        }
+        while let Ok(ev) = events.try_recv() {
+            stack.event(ev);
+        }
+        stack.poll();
+        if let Err(e) = link::write_frames(&mut wr, stack.dev.tx.drain(..)).await {
+            return e;
+        }
+        while stack.tasks.try_join_next().is_some() {}
+    }
+}
+
+impl Stack {
+    fn flows(&self) -> usize {
+        self.tcp.len() + self.dialing.len() + self.udp.len()
+    }
+
+    fn names_for(&self, ip: Ipv4Addr) -> Vec<String> {
+        self.shared.pins.lock().unwrap_or_else(|p| p.into_inner()).names(ip, Instant::now())
+    }
+
+    /// The policy's answer for a new flow, logged when it is no.
+    fn decide(&self, proto: Proto, dst: SocketAddrV4) -> Result<(), DenyReason> {
+        let names = self.names_for(*dst.ip());
+        let dest = Dest { ip: IpAddr::V4(*dst.ip()), proto, port: dst.port(), names: &names };
+        let verdict = self.shared.policy().check(&dest, &self.shared.reach).map(|_| ()).and_then(|()| {
+            if self.flows() >= self.limits.max_flows {
+                Err(DenyReason::ConnectionLimit)
+            } else {
+                Ok(())
+            }
+        });
+        match &verdict {
+            Ok(()) => self.shared.log.flow_allowed(),
+            Err(reason) => self.shared.log.flow_denied(proto, dest.ip, dst.port(), names.first().cloned(), reason.clone()),
+        }
+        verdict
+    }
+
+    fn inbound(&mut self, frame: Vec<u8>) {
+        match packets::classify(&frame, GATEWAY_IP) {
+            Inbound::TcpSyn { src, dst } => self.syn(frame.clone(), src, dst),
+            Inbound::Udp { src, dst, payload } => {
+                let payload = payload.to_vec();
+                self.datagram(&frame, src, dst, payload)
+            }
+            Inbound::Ping { dst } => {
+                let names = self.names_for(dst);
+                let dest = Dest { ip: IpAddr::V4(dst), proto: Proto::Icmp, port: 0, names: &names };
+                if let Err(reason) = self.shared.policy().check(&dest, &self.shared.reach) {
+                    self.shared.log.flow_denied(Proto::Icmp, dest.ip, 0, None, reason);
+                }
+                // Echo is not relayed: the guest hears why at once instead of a timeout.
+                self.dev.tx.extend(packets::unreachable(&frame, Icmpv4DstUnreachable::CommProhibited));
+            }
+            Inbound::Other => self.dev.rx.push_back(frame),
+        }
+    }
+
+    fn syn(&mut self, frame: Vec<u8>, src: SocketAddrV4, dst: SocketAddrV4) {
+        let key = (src, dst);
+        if self.tcp.contains_key(&key) {
+            // A retransmitted SYN: the connection's socket answers it.
+            self.dev.rx.push_back(frame);
+            return;
+        }
+        if self.dialing.contains_key(&key) {
+            return;
+        }
+        if dst.port() == 53 {
+            // DNS over TCP, to whatever address: the stack's own server.
+            let (ours, theirs) = tokio::io::duplex(64 * 1024);
+            let shared = self.shared.clone();
+            self.tasks.spawn(serve_dns_tcp(theirs, shared));
+            self.open(key, frame, ours);
+            return;
+        }
+        if *dst.ip() == GATEWAY_IP {
+            self.dev.tx.extend(packets::refuse_syn(&frame));
+            return;
+        }
+        if self.decide(Proto::Tcp, dst).is_err() {
+            self.dev.tx.extend(packets::refuse_syn(&frame));
+            return;
+        }
+        let route = match self.shared.seam.route(SocketAddr::V4(dst), Proto::Tcp) {
+            Ok(r) => r,
+            Err(e) => {
+                self.shared.log.flow_denied(Proto::Tcp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::DialFailed { error: e.0 });
+                self.dev.tx.extend(packets::refuse_syn(&frame));
+                return;
+            }
+        };
+        self.dialing.insert(key, frame);
+        let events = self.events.clone();
+        let timeout = self.limits.dial_timeout;
+        self.tasks.spawn(async move {
+            let result = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(route)).await {
+                Ok(Ok(s)) => Ok(s),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
+            };
+            let _ = events.send(Event::Dialed { key, result });
+        });
+    }
+
+    /// Opens the guest's side of an allowed connection and replays its SYN into it.
+    fn open<S>(&mut self, key: FlowKey, syn: Vec<u8>, upstream: S)
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
+    {
+        let (_, dst) = key;
+        let mut socket = tcp::new_socket();
+        if socket.listen(IpListenEndpoint { addr: Some(IpAddress::Ipv4(*dst.ip())), port: dst.port() }).is_err() {
+            self.dev.tx.extend(packets::refuse_syn(&syn));
+            return;
+        }
+        let handle = self.sockets.add(socket);
+        let (flow, pump) = tcp::start(handle, upstream, self.wake.clone());
+        self.tasks.spawn(pump);
+        self.tcp.insert(key, flow);
+        // First in line, so no other SYN to the same address reaches the listener.
+        self.dev.rx.push_front(syn);
+    }
+
+    fn event(&mut self, ev: Event) {
+        match ev {
+            Event::Dialed { key, result } => {
+                let Some(syn) = self.dialing.remove(&key) else { return };
+                match result {
+                    Ok(stream) => {
+                        let _ = stream.set_nodelay(true);
+                        self.open(key, syn, stream)
+                    }
+                    Err(error) => {
+                        let (_, dst) = key;
+                        self.shared.log.flow_denied(Proto::Tcp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::DialFailed { error });
+                        self.dev.tx.extend(packets::refuse_syn(&syn));
+                    }
+                }
+            }
+            Event::Datagram { from, to, payload } => {
+                self.dev.tx.extend(packets::udp_to_guest(from, to, &payload, MTU));
+            }
+        }
+    }
+
+    fn datagram(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, payload: Vec<u8>) {
+        if dst.port() == 53 {
+            let shared = self.shared.clone();
+            let events = self.events.clone();
+            self.tasks.spawn(async move {
+                if let Some(answer) = shared.answer_dns(&payload).await {
+                    let _ = events.send(Event::Datagram { from: dst, to: src, payload: answer });
+                }
+            });
+            return;
+        }
+        if self.udp.send(src, dst, &payload) {
+            return;
+        }
+        if self.decide(Proto::Udp, dst).is_err() {
+            self.dev.tx.extend(packets::unreachable(frame, Icmpv4DstUnreachable::PortUnreachable));
+            return;
+        }
+        match self.shared.seam.route(SocketAddr::V4(dst), Proto::Udp) {
+            Ok(route) => {
+                if let Err(e) = self.udp.open(src, dst, route, &payload, &mut self.tasks, self.events.clone()) {
+                    self.shared.log.flow_denied(Proto::Udp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::DialFailed { error: e.to_string() });
+                    self.dev.tx.extend(packets::unreachable(frame, Icmpv4DstUnreachable::PortUnreachable));
+                }
+            }
+            Err(e) => {
+                self.shared.log.flow_denied(Proto::Udp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::DialFailed { error: e.0 });
+                self.dev.tx.extend(packets::unreachable(frame, Icmpv4DstUnreachable::PortUnreachable));
+            }
+        }
+    }
+
+    /// Lets smoltcp run and moves data until nothing more moves.
+    fn poll(&mut self) {
+        for _ in 0..64 {
+            let now = smol_now(self.epoch);
+            let changed = self.iface.poll(now, &mut self.dev, &mut self.sockets);
+            let mut moved = false;
+            let mut done = Vec::new();
+            for (key, flow) in self.tcp.iter_mut() {
+                let (m, alive) = flow.service(&mut self.sockets);
+                moved |= m;
+                if !alive {
+                    done.push(*key);
+                }
+            }
+            for key in done {
+                if let Some(flow) = self.tcp.remove(&key) {
+                    self.sockets.remove(flow.handle);
+                }
+            }
+            if changed == smoltcp::iface::PollResult::None && !moved && self.dev.rx.is_empty() {
+                break;
+            }
+        }
+        self.udp.expire(Instant::now());
+    }
+}
+
+/// DNS over TCP: two-byte length, message, both ways.
+async fn serve_dns_tcp(mut conn: tokio::io::DuplexStream, shared: Arc<Shared>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let Ok(len) = conn.read_u16().await else { return };
+        let mut query = vec![0; usize::from(len)];
+        if conn.read_exact(&mut query).await.is_err() {
+            return;
+        }
+        let Some(answer) = shared.answer_dns(&query).await else { return };
+        let Ok(len) = u16::try_from(answer.len()) else { return };
+        if conn.write_u16(len).await.is_err() || conn.write_all(&answer).await.is_err() {
+            return;
+        }
+    }
+}
