@@ -56,8 +56,13 @@ pub fn boot() -> Result<(), BootError> {
         let _ = std::os::unix::fs::symlink(target, link);
     }
     set_hostname("hutch");
-    if let Err(e) = loopback_up() {
+    if let Err(e) = crate::net::loopback_up() {
         eprintln!("hutch-agent: cannot bring up lo: {e}");
+    }
+    if crate::net::has_nic() {
+        if let Err(e) = crate::net::configure_nic() {
+            eprintln!("hutch-agent: cannot configure the network: {e}");
+        }
     }
     Ok(())
 }
@@ -188,37 +193,6 @@ pub fn power_off() {
         let _ = nix::sys::reboot::reboot(nix::sys::reboot::RebootMode::RB_AUTOBOOT);
     }
     std::process::exit(0);
-}
-
-fn loopback_up() -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let sock = std::net::UdpSocket::bind("0.0.0.0:0").or_else(|_| {
-        // lo is down, so binding an address fails; any AF_INET socket serves for the ioctl.
-        nix::sys::socket::socket(
-            nix::sys::socket::AddressFamily::Inet,
-            nix::sys::socket::SockType::Datagram,
-            nix::sys::socket::SockFlag::SOCK_CLOEXEC,
-            None,
-        )
-        .map(std::net::UdpSocket::from)
-        .map_err(std::io::Error::from)
-    })?;
-    // SAFETY: ifreq is plain old data; zeroed is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
-    }
-    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own, on an open socket.
-    unsafe {
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS as _, &mut req) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-        if libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS as _, &req) < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
 }
 
 fn cpu_times() -> Option<(u64, u64)> {

@@ -11,6 +11,7 @@ mod channel;
 mod fs;
 mod guest;
 mod http;
+mod net;
 mod process;
 mod state;
 

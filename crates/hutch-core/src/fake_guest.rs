@@ -224,6 +224,7 @@ mod tests {
             incoming: None,
             die_with_parent: true,
             agent_channel: "t".into(),
+            nic: None,
         }
     }
 

@@ -31,6 +31,10 @@ pub struct SandboxOptions {
     pub metadata: BTreeMap<String, String>,
     /// Boot the kernel instead of restoring the template's memory snapshot.
     pub cold: bool,
+    /// Where the sandbox may connect (none unless given).
+    pub network: hutch_net::Settings,
+    /// The operator's network settings and the seam every stack reaches the world by.
+    pub net_env: std::sync::Arc<hutch_net::Environment>,
 }
 
 impl Default for SandboxOptions {
@@ -45,6 +49,8 @@ impl Default for SandboxOptions {
             access_token: None,
             metadata: BTreeMap::new(),
             cold: false,
+            network: hutch_net::Settings::default(),
+            net_env: std::sync::Arc::new(hutch_net::Environment::default()),
         }
     }
 }
@@ -75,6 +81,8 @@ pub enum CreateError {
     TemplateSnapshot(#[source] Box<crate::template_snapshot::TemplateSnapshotError>),
     #[error("the sandbox's record")]
     Record(#[source] crate::record::RecordError),
+    #[error("connecting the sandbox's network stack to its VM's NIC")]
+    Net(#[source] std::io::Error),
     /// A resumed guest ran and then failed: its saved state is gone with it.
     #[error("the resumed guest ran, then failed, so its saved state no longer matches its disk")]
     RanThenFailed(#[source] Box<CreateError>),
@@ -131,6 +139,28 @@ pub struct VmRecord {
     pub spec: VmSpec,
     /// The snapshot whose disk layer this sandbox's overlay stacks on.
     pub base_snapshot: Option<PathBuf>,
+    /// Where the sandbox may connect (nowhere in records from before networking).
+    #[serde(default)]
+    pub network: hutch_net::Settings,
+}
+
+/// The network settings in the record of the sandbox in `dir` (paused, or a fork's
+/// parent).
+pub fn recorded_network(dir: &Path) -> Result<hutch_net::Settings, CreateError> {
+    Ok(read_record(dir).map_err(CreateError::Record)?.0.network)
+}
+
+/// Replaces the network settings in the record of the paused sandbox in `dir`: its
+/// stack follows them when it resumes.
+pub fn record_network(dir: &Path, settings: hutch_net::Settings) -> Result<(), CreateError> {
+    let (mut record, _) = read_record(dir).map_err(CreateError::Record)?;
+    record.network = settings;
+    write_record(dir, &record)
+}
+
+/// The NIC of every VM hutch starts now (the stack on its host end: hutch-net).
+pub fn guest_nic() -> hutch_vmm::Nic {
+    hutch_vmm::Nic { mac: hutch_proto::net::GUEST_MAC, mtu: hutch_proto::net::MTU as u32 }
 }
 
 pub const VM_RECORD: &str = "vm.json";
@@ -205,6 +235,8 @@ pub struct Sandbox {
     agent: AgentClient,
     boot_time: Duration,
     record: VmRecord,
+    /// The sandbox's network stack while its VM runs with a NIC.
+    net: Option<hutch_net::NetHandle>,
     started: StartKind,
     /// Paused: the directory holds the sandbox's state and must outlive this value.
     keep_dir: bool,
@@ -319,9 +351,11 @@ impl Sandbox {
             incoming: launch.incoming,
             die_with_parent: opts.die_with_parent,
             agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
+            // A restored guest has a NIC only if its snapshot's VM had one.
+            nic: launch.seed.map_or(true, |s| s.manifest.nic).then(guest_nic),
         };
-        let record = VmRecord { spec, base_snapshot: launch.base_snapshot };
-        let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
+        let record = VmRecord { spec, base_snapshot: launch.base_snapshot, network: opts.network.clone() };
+        let (mut vm, agent, net) = start_vm(backend, &record.spec, &record.network, opts, started).await?;
         let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, record.spec.incoming.is_some()).await?;
         if launch.kind == StartKind::Cold {
             if let Some(port) = artifacts.template.ready_port() {
@@ -331,7 +365,7 @@ impl Sandbox {
         write_record(&dir, &record)?;
         let mut guard = guard;
         guard.0 = None;
-        Ok(Sandbox { id, dir, vm: Some(vm), agent, boot_time: started.elapsed(), record, started: launch.kind, keep_dir: false })
+        Ok(Sandbox { id, dir, vm: Some(vm), agent, boot_time: started.elapsed(), record, net, started: launch.kind, keep_dir: false })
     }
 
     /// Brings back a paused sandbox from its directory: same id, memory, processes
@@ -344,6 +378,7 @@ impl Sandbox {
         record.spec.die_with_parent = opts.die_with_parent;
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
         let mut vm = backend.start(&record.spec).await.map_err(CreateError::Start)?;
+        let net = start_net(&record.spec, &record.network, &opts.net_env).await?;
         vm.load().await.map_err(CreateError::Restore)?;
         if let Err(e) = vm.resume().await {
             // `cont` failed, or only its answer was lost: a guest QEMU still holds
@@ -370,7 +405,7 @@ impl Sandbox {
         let agent = ran.map_err(|e| CreateError::RanThenFailed(Box::new(e)))?;
         // A reboot cut short between marking the disk and dropping the state leaves both.
         let _ = std::fs::remove_file(dir.join(PAUSED_DISK));
-        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Resumed, keep_dir: false })
+        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, net, started: StartKind::Resumed, keep_dir: false })
     }
 
     /// Takes over the sandbox an earlier server left running in `dir`: the VM runs on
@@ -378,7 +413,13 @@ impl Sandbox {
     /// server stopped for a save it never finished (a pause or snapshot cut short) runs
     /// again when `resume_stopped`; otherwise (a resume cut short: the paused files are
     /// the truth) such a VM is killed and `NeverRan` returned.
-    pub async fn adopt(dir: &Path, backend: &dyn VmBackend, access_token: Option<&str>, resume_stopped: bool) -> Result<Sandbox, AdoptError> {
+    pub async fn adopt(
+        dir: &Path,
+        backend: &dyn VmBackend,
+        access_token: Option<&str>,
+        resume_stopped: bool,
+        net_env: &std::sync::Arc<hutch_net::Environment>,
+    ) -> Result<Sandbox, AdoptError> {
         let started = Instant::now();
         let (mut record, id) = read_record(dir).map_err(AdoptError::Record)?;
         let pid = std::fs::read_to_string(dir.join("qemu.pid")).ok().and_then(|p| p.trim().parse().ok()).ok_or(AdoptError::NoPid)?;
@@ -398,6 +439,9 @@ impl Sandbox {
         }
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| AdoptError::Agent(CreateError::Dir(dir.to_path_buf(), e)))?;
         let agent = connect_restored(vm.as_mut(), ADOPT_AGENT_WAIT, started).await.map_err(AdoptError::Agent)?;
+        // The dead server's stack went with it (its flows reset in the guest); QEMU
+        // listens again for this one's.
+        let net = start_net(&record.spec, &record.network, net_env).await.map_err(AdoptError::Agent)?;
         // It runs: whatever a cut-short pause or resume left is stale.
         for stale in [PAUSED_STATE, SAVING_STATE, PAUSED_DISK] {
             let _ = std::fs::remove_file(dir.join(stale));
@@ -406,7 +450,7 @@ impl Sandbox {
             write_record(dir, &record).map_err(AdoptError::Agent)?;
         }
         let agent = agent.with_token(access_token);
-        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Adopted, keep_dir: false })
+        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, net, started: StartKind::Adopted, keep_dir: false })
     }
 
     /// Lets go of the sandbox and leaves its VM running (a server shutting down): the
@@ -457,6 +501,7 @@ impl Sandbox {
             tracing::warn!(sandbox = %self.id, "stopping the paused VM: {e}");
         }
         self.vm = None;
+        self.net = None;
         Ok(())
     }
 
@@ -481,6 +526,7 @@ impl Sandbox {
                 tracing::warn!(sandbox = %self.id, "stopping the paused VM: {e}");
             }
         }
+        self.net = None;
         Ok(())
     }
 
@@ -503,17 +549,19 @@ impl Sandbox {
         record.spec.memory = Memory::Anonymous;
         record.spec.incoming = None;
         record.spec.die_with_parent = opts.die_with_parent;
+        // A new boot: the NIC too, whatever the paused VM had.
+        record.spec.nic = Some(guest_nic());
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(file)?;
         // The VM's record before the VM: an adopter must find the kernel it runs.
         write_record(dir, &record)?;
-        let (mut vm, agent) = start_vm(backend, &record.spec, opts.boot_timeout, started).await?;
+        let (mut vm, agent, net) = start_vm(backend, &record.spec, &record.network, opts, started).await?;
         let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, false).await?;
         if let Some(port) = artifacts.template.ready_port() {
             wait_for_port(&agent, port, opts.boot_timeout, started, dir).await?;
         }
         // Running from here on: a crash before this leaves it paused (see `adopt`).
         let _ = std::fs::remove_file(dir.join(PAUSED_DISK));
-        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, started: StartKind::Cold, keep_dir: false })
+        Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, net, started: StartKind::Cold, keep_dir: false })
     }
 
     /// Whether the VM runs and its agent answers; why not, if not. Asked after an
@@ -566,6 +614,7 @@ impl Sandbox {
             created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
             source_sandbox: Some(self.id.to_string()),
             base: self.record.base_snapshot.clone(),
+            nic: self.record.spec.nic.is_some(),
         };
         MemorySnapshot::write_manifest(dir, &manifest)?;
         Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })
@@ -591,6 +640,29 @@ impl Sandbox {
 
     pub fn cpus(&self) -> u32 {
         self.record.spec.cpus
+    }
+
+    /// The sandbox's network settings.
+    pub fn network(&self) -> &hutch_net::Settings {
+        &self.record.network
+    }
+
+    /// What the sandbox's stack refused, and its counters (None without a stack).
+    pub fn net_log(&self) -> Option<hutch_net::LogView> {
+        self.net.as_ref().map(|n| n.log())
+    }
+
+    /// Replaces the sandbox's network settings: its stack follows them at once (open
+    /// connections stay), and they are kept for resumes and adoptions.
+    pub fn set_network(&mut self, settings: hutch_net::Settings) -> Result<(), CreateError> {
+        let mut record = self.record.clone();
+        record.network = settings;
+        write_record(&self.dir, &record)?;
+        if let Some(net) = &self.net {
+            net.set_policy(record.network.policy.clone());
+        }
+        self.record = record;
+        Ok(())
     }
 
     pub fn memory_mib(&self) -> u32 {
@@ -724,8 +796,17 @@ fn write_record(dir: &Path, record: &VmRecord) -> Result<(), CreateError> {
 }
 
 /// Starts QEMU and gets an agent session: after a boot, or after loading saved state.
-async fn start_vm(backend: &dyn VmBackend, spec: &VmSpec, limit: Duration, started: Instant) -> Result<(Box<dyn VmHandle>, AgentClient), CreateError> {
+async fn start_vm(
+    backend: &dyn VmBackend,
+    spec: &VmSpec,
+    network: &hutch_net::Settings,
+    opts: &SandboxOptions,
+    started: Instant,
+) -> Result<(Box<dyn VmHandle>, AgentClient, Option<hutch_net::NetHandle>), CreateError> {
+    let limit = opts.boot_timeout;
     let mut vm = backend.start(spec).await.map_err(CreateError::Start)?;
+    // Connected before the guest runs, so its first packets find the stack.
+    let net = start_net(spec, network, &opts.net_env).await?;
     let agent = if spec.incoming.is_some() {
         vm.load().await.map_err(CreateError::Restore)?;
         vm.resume().await.map_err(CreateError::Restore)?;
@@ -733,7 +814,19 @@ async fn start_vm(backend: &dyn VmBackend, spec: &VmSpec, limit: Duration, start
     } else {
         wait_for_agent(vm.as_mut(), limit, started).await?
     };
-    Ok((vm, agent))
+    Ok((vm, agent, net))
+}
+
+/// Starts the sandbox's network stack on its VM's NIC (none without one). QEMU's
+/// netdev listens on a socket hutch bound before starting it, so the connection is
+/// queued at once and QEMU takes it when it is ready (after an adoption: once it has
+/// seen the dead server's connection end).
+async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env: &hutch_net::Environment) -> Result<Option<hutch_net::NetHandle>, CreateError> {
+    if spec.nic.is_none() {
+        return Ok(None);
+    }
+    let link = tokio::net::UnixStream::connect(spec.net_socket()).await.map_err(CreateError::Net)?;
+    Ok(Some(hutch_net::NetHandle::start(link, settings.policy.clone(), env.reach.clone(), env.seam.clone(), env.limits.clone())))
 }
 
 /// Connects to the agent and initializes the guest, retrying on a fresh session when

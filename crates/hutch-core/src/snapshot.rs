@@ -39,6 +39,10 @@ pub struct Manifest {
     /// this one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<PathBuf>,
+    /// The saved VM has a NIC, so its restores get one too (false in manifests from
+    /// before sandboxes had networks).
+    #[serde(default)]
+    pub nic: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -148,6 +152,7 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
         incoming: Some(Incoming { state: dir.join("state"), ignore_shared: false }),
         die_with_parent: true,
         agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
+        nic: snapshot.manifest.nic.then(crate::sandbox::guest_nic),
     };
     let result = async {
         let mut vm = backend.start(&spec).await.map_err(|e| SaveError::Vm(SnapshotError::Migration { what: "load", detail: e.to_string() }))?;

@@ -106,6 +106,8 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions, b
         // The flags the snapshot's kernel booted with (the rate aside, hashed above).
         &hutch_vmm::qemu::kernel_cmdline(hutch_vmm::clock::FALLBACK_TSC_KHZ),
         &warm_up_id(artifacts),
+        // The devices the saved VM has (a state loads only into the same set).
+        "nic:virtio-net-device",
     ] {
         h.update(part.as_bytes());
         h.update([0]);
@@ -248,6 +250,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         incoming: None,
         die_with_parent: true,
         agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
+        nic: Some(crate::sandbox::guest_nic()),
     };
     let mut vm = backend.start(&spec).await.map_err(|e| TemplateSnapshotError::Boot(CreateError::Start(e)))?;
     let agent = wait_for_agent(vm.as_mut(), opts.boot_timeout, started).await.map_err(TemplateSnapshotError::Boot)?;
@@ -265,7 +268,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
     vm.stop(Duration::from_secs(5)).await.map_err(TemplateSnapshotError::Stop)?;
     // QEMU's files are not part of the snapshot; the boot's console is (restored
     // sandboxes start their console with it).
-    for f in ["qemu.log", "qemu.pid", "agent.sock", "qmp.sock"] {
+    for f in ["qemu.log", "qemu.pid", "agent.sock", "qmp.sock", "net.sock"] {
         let _ = std::fs::remove_file(dir.join(f));
     }
     let manifest = Manifest {
@@ -277,6 +280,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
         source_sandbox: None,
         base: None,
+        nic: true,
     };
     MemorySnapshot::write_manifest(dir, &manifest)?;
     Ok(manifest)

@@ -16,3 +16,5 @@ pub use ranges::{Group, HostAddrs};
 pub use rules::{Policy, Reach, Rule, RuleError};
 pub use seam::Seam;
 pub use stack::{Limits, LinkState, NetHandle};
+pub mod settings;
+pub use settings::{E2bSettings, Environment, Settings};

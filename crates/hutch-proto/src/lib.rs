@@ -11,6 +11,7 @@ pub mod b64;
 pub mod connect;
 pub mod envelope;
 pub mod filesystem;
+pub mod net;
 pub mod process;
 pub mod signal;
 

@@ -20,9 +20,13 @@ pub struct NewSandbox {
     pub env_vars: Option<BTreeMap<String, String>>,
     #[serde(default)]
     pub secure: Option<bool>,
-    /// Accepted for compatibility; sandboxes have no network yet either way.
+    /// E2B's switch: true is the public internet and DNS (the SDKs send true unless
+    /// told otherwise), false or absent is no egress.
     #[serde(default, rename = "allow_internet_access")]
     pub allow_internet_access: Option<bool>,
+    /// hutch's own: egress rules (`allow@public:tcp:443`, …), instead of E2B's fields.
+    #[serde(default)]
+    pub egress: Option<Vec<String>>,
     #[serde(default)]
     pub auto_pause: Option<bool>,
     #[serde(default)]
@@ -34,7 +38,46 @@ pub struct NewSandbox {
     #[serde(default)]
     pub cold: Option<bool>,
     #[serde(default)]
-    pub network: Option<NetworkConfig>,
+    pub network: Option<hutch_net::e2b::E2bNetwork>,
+}
+
+/// E2B's `SandboxNetworkUpdateConfig` (`PUT /sandboxes/{id}/network`): it replaces the
+/// whole configuration; what it leaves out is cleared.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkUpdate {
+    #[serde(default, alias = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(flatten)]
+    pub network: hutch_net::e2b::E2bNetwork,
+    /// hutch's own rules, instead of E2B's fields.
+    #[serde(default)]
+    pub egress: Option<Vec<String>>,
+}
+
+/// A sandbox's network as `GET /sandboxes/{id}/network` shows it: the rules in force,
+/// what the client set, and what the stack refused.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkView {
+    pub egress: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<hutch_net::e2b::E2bNetwork>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log: Option<hutch_net::LogView>,
+}
+
+impl NetworkView {
+    pub fn new(settings: &hutch_net::Settings, log: Option<hutch_net::LogView>) -> NetworkView {
+        NetworkView {
+            egress: settings.policy.rules.iter().map(|r| r.to_string()).collect(),
+            allow_internet_access: settings.e2b.as_ref().and_then(|e| e.allow_internet_access),
+            network: settings.e2b.as_ref().and_then(|e| e.network.clone()),
+            log,
+        }
+    }
 }
 
 /// E2B's `SandboxAutoResumeConfig`: traffic to the paused sandbox resumes it.
@@ -42,14 +85,6 @@ pub struct NewSandbox {
 pub struct AutoResume {
     #[serde(default)]
     pub enabled: bool,
-}
-
-/// E2B's `SandboxNetworkConfig`; only `allowPublicTraffic` is acted on so far.
-#[derive(Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NetworkConfig {
-    #[serde(default)]
-    pub allow_public_traffic: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -182,9 +217,27 @@ pub struct SandboxDetail {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traffic_access_token: Option<String>,
     pub allow_internet_access: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<hutch_net::e2b::E2bNetwork>,
+    /// hutch's own: the egress rules in force.
+    pub egress: Vec<String>,
     /// What a paused sandbox's pause kept: `full` or `filesystem`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<&'static str>,
+}
+
+impl SandboxDetail {
+    /// With the sandbox's network settings.
+    pub fn with_network(mut self, settings: &hutch_net::Settings) -> SandboxDetail {
+        let e2b = settings.e2b.as_ref();
+        self.allow_internet_access = match e2b.and_then(|e| e.allow_internet_access) {
+            Some(v) => v,
+            None => settings.policy.rules.iter().any(|r| r.action == hutch_net::rules::Action::Allow),
+        };
+        self.network = e2b.and_then(|e| e.network.clone());
+        self.egress = settings.policy.rules.iter().map(|r| r.to_string()).collect();
+        self
+    }
 }
 
 impl From<&SandboxRow> for SandboxDetail {
@@ -206,6 +259,8 @@ impl From<&SandboxRow> for SandboxDetail {
             envd_access_token: r.envd_token.clone(),
             traffic_access_token: r.traffic_token.clone(),
             allow_internet_access: false,
+            network: None,
+            egress: Vec::new(),
             pause_mode: r.pause_mode.map(|m| m.as_str()),
         }
     }

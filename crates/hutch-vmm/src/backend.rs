@@ -50,6 +50,18 @@ pub struct VmSpec {
     /// protocol is the caller's business; the VMM only wires the port to `agent_socket`).
     #[serde(default = "default_agent_channel")]
     pub agent_channel: String,
+    /// A NIC whose host end is `net_socket`, where QEMU's stream netdev listens for
+    /// the sandbox's network stack. False in records from before sandboxes had one
+    /// (their saved states have no NIC to load into).
+    #[serde(default)]
+    pub nic: Option<Nic>,
+}
+
+/// The guest's NIC: its MAC and MTU (the stack on the host end must agree on both).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Nic {
+    pub mac: [u8; 6],
+    pub mtu: u32,
 }
 
 /// The channel of records from before it was kept.
@@ -70,6 +82,10 @@ impl VmSpec {
     }
     pub fn console_log(&self) -> PathBuf {
         self.dir.join("console.log")
+    }
+    /// Where QEMU's stream netdev listens for the network stack (with `nic`).
+    pub fn net_socket(&self) -> PathBuf {
+        self.dir.join("net.sock")
     }
 }
 

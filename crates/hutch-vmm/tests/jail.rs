@@ -24,6 +24,7 @@ fn spec(home: &Path) -> VmSpec {
         incoming: None,
         die_with_parent: true,
         agent_channel: "hutch.agent".into(),
+        nic: None,
     }
 }
 

@@ -144,6 +144,7 @@ async fn bare_boot(local: &Local, backend: &QemuBackend) -> anyhow::Result<Durat
         incoming: None,
         die_with_parent: true,
         agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
+        nic: None,
     };
     let started = Instant::now();
     let mut vm = hutch_vmm::VmBackend::start(backend, &spec).await?;

@@ -126,6 +126,7 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
         incoming: Some(incoming),
         die_with_parent: true,
         agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
+        nic: None,
     };
     let started = Instant::now();
     let mut vm = hutch_vmm::VmBackend::start(backend, &spec).await?;

@@ -25,6 +25,10 @@ pub struct RunArgs {
     /// Boot the guest kernel instead of restoring the template's memory snapshot.
     #[arg(long)]
     pub cold: bool,
+    /// Where the sandbox may connect: `none`, `public` (the internet, nothing private),
+    /// or egress rules separated by commas (`allow@public:tcp:443,allow@*.pypi.org`).
+    #[arg(long, default_value = "none", value_parser = parse_policy)]
+    pub net: hutch_net::Policy,
     #[command(flatten)]
     pub exec: ExecFlags,
 }
@@ -51,13 +55,20 @@ pub async fn ensure_snapshot(local: &Local, opts: &SandboxOptions) -> anyhow::Re
     Ok(snapshot)
 }
 
+pub fn parse_policy(text: &str) -> Result<hutch_net::Policy, String> {
+    hutch_net::Policy::parse(text).map_err(|e| e.to_string())
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     let local = Local::prepare(&args.template, args.accel).await?;
+    let net_env = hutch_net::Environment::from_env(Vec::new()).map_err(anyhow::Error::msg)?;
     let opts = SandboxOptions {
         cpus: args.cpus,
         memory: args.memory.unwrap_or_else(|| MemMib::of_template(&args.template)),
         accel: local.accel.accel,
         cold: args.cold,
+        network: hutch_net::Settings::native(args.net.clone()),
+        net_env: std::sync::Arc::new(net_env),
         ..SandboxOptions::default()
     };
     if !args.cold {

@@ -33,6 +33,10 @@ pub struct ServeArgs {
     /// Seconds a sandbox lives when the request names no timeout.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
+    /// A protected address group sandboxes' rules may reach (private, loopback,
+    /// link-local, metadata, host); repeat for more. None is by default.
+    #[arg(long = "net-open", value_parser = parse_group)]
+    pub net_open: Vec<hutch_net::Group>,
     /// Seconds no sandbox outlives, whatever timeouts ask.
     #[arg(long, default_value_t = 86_400)]
     pub max_lifetime: u64,
@@ -87,6 +91,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         memory: args.memory,
         pool: args.pool.iter().cloned().collect(),
         quota: KeyQuota { running: args.key_max_running, paused: args.key_max_paused, snapshots: args.key_max_snapshots },
+        net_env: std::sync::Arc::new(hutch_net::Environment::from_env(args.net_open.clone()).map_err(anyhow::Error::msg)?),
     };
     let pooled: usize = config.pool.values().sum();
     anyhow::ensure!(
@@ -118,5 +123,13 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {},
         _ = term.recv() => {},
+    }
+}
+
+fn parse_group(name: &str) -> Result<hutch_net::Group, String> {
+    match hutch_net::Group::from_name(name) {
+        Some(g) if hutch_net::Group::PROTECTED.contains(&g) => Ok(g),
+        Some(g) => Err(format!("{} is not a protected group; rules reach it without --net-open", g.name())),
+        None => Err(format!("unknown group {name}; the protected groups are private, loopback, link-local, metadata and host")),
     }
 }

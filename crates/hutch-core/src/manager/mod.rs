@@ -44,6 +44,8 @@ pub struct ManagerConfig {
     pub pool: BTreeMap<String, usize>,
     /// What one API key may hold.
     pub quota: KeyQuota,
+    /// The operator's network settings every sandbox's stack shares.
+    pub net_env: Arc<hutch_net::Environment>,
 }
 
 impl Default for ManagerConfig {
@@ -57,6 +59,7 @@ impl Default for ManagerConfig {
             memory: None,
             pool: BTreeMap::new(),
             quota: KeyQuota::default(),
+            net_env: Arc::new(hutch_net::Environment::default()),
         }
     }
 }
@@ -81,6 +84,8 @@ pub struct CreateSpec {
     /// Ports take traffic only with the sandbox's traffic token (E2B's
     /// `allowPublicTraffic: false`).
     pub private_ports: bool,
+    /// Where the sandbox may connect; nowhere when absent.
+    pub network: Option<hutch_net::Settings>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -446,6 +451,7 @@ impl SandboxManager {
             metadata: metadata.clone(),
             // A server's VMs outlive it: the next server adopts them.
             die_with_parent: false,
+            net_env: self.config.net_env.clone(),
             ..SandboxOptions::default()
         }
     }
@@ -462,10 +468,16 @@ impl SandboxManager {
         let token = spec.secure.then(hex_token);
         let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
         opts.cold = spec.cold;
+        opts.network = spec.network.clone().unwrap_or_default();
         let named = self.store.snapshot(key_id, &template).await?;
         self.quota_running(key_id, 1)?;
         if named.is_none() && !spec.cold {
-            if let Some((sandbox, slot)) = self.take_pooled(&canonical(&template), &opts).await {
+            if let Some((mut sandbox, slot)) = self.take_pooled(&canonical(&template), &opts).await {
+                // Pooled sandboxes wait with no egress; this one's settings apply now.
+                if let Err(e) = sandbox.set_network(opts.network.clone()) {
+                    let _ = sandbox.destroy().await;
+                    return Err(ManagerError::Create(e));
+                }
                 let artifacts = self.prepare(&template).await?;
                 let row = self.register(key_id, &template, &artifacts, sandbox, spec, token, timeout).await;
                 drop(slot);
@@ -613,6 +625,38 @@ impl SandboxManager {
         self.prune_snapshot_files().await;
         self.fill_pools();
         Ok(true)
+    }
+
+    /// Replaces the sandbox's network settings (E2B's `PUT /sandboxes/{id}/network`):
+    /// a running sandbox's stack follows them at once and keeps open connections; a
+    /// paused one's take effect when it resumes.
+    pub async fn set_network(&self, key_id: &str, id: &str, settings: hutch_net::Settings) -> Result<(), ManagerError> {
+        let live = self.find(key_id, id)?;
+        let dir = lock(&live.row).dir.clone();
+        self.in_owner(&live, move |_, _, o| {
+            Box::pin(async move {
+                match o.sandbox.as_mut() {
+                    Some(sandbox) => sandbox.set_network(settings),
+                    None => crate::sandbox::record_network(Path::new(&dir), settings),
+                }
+                .map_err(|e| ManagerError::Internal(format!("keeping the network settings: {}", hutch_proto::error_chain(&e))))
+            })
+        })
+        .await
+    }
+
+    /// The sandbox's network settings, read from its record (written whole by a
+    /// rename), so reading never waits for an operation in the owner.
+    pub fn network(&self, key_id: &str, id: &str) -> Result<hutch_net::Settings, ManagerError> {
+        let live = self.find(key_id, id)?;
+        let dir = lock(&live.row).dir.clone();
+        crate::sandbox::recorded_network(Path::new(&dir)).map_err(|e| ManagerError::Internal(format!("reading the network settings: {}", hutch_proto::error_chain(&e))))
+    }
+
+    /// What the sandbox's stack refused, and its counters (None while paused).
+    pub async fn network_log(&self, key_id: &str, id: &str) -> Result<Option<hutch_net::LogView>, ManagerError> {
+        let live = self.find(key_id, id)?;
+        self.in_owner(&live, move |_, _, o| Box::pin(async move { Ok(o.sandbox.as_ref().and_then(Sandbox::net_log)) })).await
     }
 
     /// Sets the sandbox to end `secs` from now (within the maximum lifetime).

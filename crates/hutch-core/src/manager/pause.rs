@@ -54,7 +54,7 @@ impl SandboxManager {
         for mut row in self.store.sandboxes().await? {
             let dir = Path::new(&row.dir).to_path_buf();
             let was_paused = row.state == "paused";
-            match Sandbox::adopt(&dir, self.backend.as_ref(), row.envd_token.as_deref(), !was_paused).await {
+            match Sandbox::adopt(&dir, self.backend.as_ref(), row.envd_token.as_deref(), !was_paused, &self.config.net_env).await {
                 Ok(sandbox) => {
                     tracing::info!(sandbox = %row.id, "running sandbox from an earlier server run: adopted, its VM and processes ran on");
                     row.state = "running".into();

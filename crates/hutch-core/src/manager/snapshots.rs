@@ -307,7 +307,10 @@ impl SandboxManager {
     async fn start_fork(&self, key_id: &str, source: &SandboxRow, artifacts: &Artifacts, snap: &MemorySnapshot, timeout: Option<u64>) -> Result<SandboxRow, ManagerError> {
         let _slot = self.reserve_slot()?;
         let token = source.envd_token.as_ref().map(|_| hex_token());
-        let opts = self.options(&source.template, &source.env_vars, &source.metadata, token.clone());
+        let mut opts = self.options(&source.template, &source.env_vars, &source.metadata, token.clone());
+        // A fork may reach what its parent may.
+        let network = crate::sandbox::recorded_network(std::path::Path::new(&source.dir)).map_err(ManagerError::Create)?;
+        opts.network = network.clone();
         let sandbox = Sandbox::from_snapshot(&self.home, artifacts, self.backend.as_ref(), snap, &opts).await.map_err(ManagerError::Create)?;
         let spec = CreateSpec {
             template: source.template.clone(),
@@ -320,6 +323,7 @@ impl SandboxManager {
             auto_pause_mode: if source.auto_pause_memory { crate::sandbox::PauseMode::Full } else { crate::sandbox::PauseMode::Filesystem },
             cold: false,
             private_ports: source.traffic_token.is_some(),
+            network: Some(network),
         };
         let timeout = Duration::from_secs(timeout.unwrap_or(self.config.default_timeout.as_secs()));
         self.register(key_id, &source.template, artifacts, sandbox, spec, token, timeout).await
@@ -375,6 +379,7 @@ fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Resu
         created_at: now_rfc3339(),
         source_sandbox: Some(id.to_string()),
         base: record.base_snapshot,
+        nic: record.spec.nic.is_some(),
     };
     MemorySnapshot::write_manifest(dir, &manifest).map_err(|e| ManagerError::Internal(e.to_string()))?;
     Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })

@@ -29,17 +29,7 @@ use tokio::net::UnixStream;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinSet;
 
-/// Every sandbox sees the same network (each has its own stack), so template
-/// snapshots and their clones stay valid: guest 198.18.0.2/30, gateway and DNS .1,
-/// in RFC 2544's benchmarking range, which is never a real destination.
-pub const GUEST_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 2);
-pub const GATEWAY_IP: Ipv4Addr = Ipv4Addr::new(198, 18, 0, 1);
-pub const PREFIX_LEN: u8 = 30;
-pub const GUEST_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x68, 0x75, 0x02];
-pub const GATEWAY_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x68, 0x75, 0x01];
-/// The guest's IP MTU (QEMU's `host_mtu`): large frames are the stream netdev's main
-/// throughput lever, and 65 520 + 14 stays under QEMU's 69 632-byte frame buffer.
-pub const MTU: usize = 65_520;
+pub use hutch_proto::net::{GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, MTU, PREFIX_LEN};
 
 /// The operator's limits for one sandbox's stack.
 #[derive(Debug, Clone)]
@@ -112,7 +102,11 @@ impl NetHandle {
             let shared = shared.clone();
             async move {
                 let why = run(link, shared.clone(), limits).await;
-                tracing::warn!("sandbox network link ended: {why}");
+                // QEMU closes the link when its VM ends; anything else is a fault.
+                match why {
+                    LinkError::Closed => tracing::debug!("sandbox network link ended: {why}"),
+                    _ => tracing::warn!("sandbox network link failed: {why}"),
+                }
                 *shared.link.lock().unwrap_or_else(|p| p.into_inner()) = LinkState::Lost(why.to_string());
             }
         });

@@ -87,6 +87,9 @@ impl TcpFlow {
     pub fn service(&mut self, sockets: &mut SocketSet<'_>) -> (bool, bool) {
         let socket = sockets.get_mut::<tcp::Socket>(self.handle);
         let mut moved = false;
+        // Until the handshake is done the socket neither sends nor receives, which is
+        // not the guest closing.
+        let handshaking = matches!(socket.state(), tcp::State::Listen | tcp::State::SynReceived);
         // Guest → upstream.
         while socket.can_recv() {
             let Some(tx) = &self.to_upstream else { break };
@@ -104,12 +107,11 @@ impl TcpFlow {
             }
         }
         // The guest half-closed: so does the upstream, once its data is through.
-        if self.to_upstream.is_some() && !socket.may_recv() && socket.recv_queue() == 0 {
+        if !handshaking && self.to_upstream.is_some() && !socket.may_recv() && socket.recv_queue() == 0 {
             self.to_upstream = None;
             moved = true;
         }
         // Upstream → guest (a server may speak first: its bytes wait for the handshake).
-        let handshaking = matches!(socket.state(), tcp::State::Listen | tcp::State::SynReceived);
         while !handshaking {
             if self.pending.is_empty() {
                 match self.from_upstream.try_recv() {

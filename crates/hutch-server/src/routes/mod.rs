@@ -8,7 +8,7 @@ mod sandboxes;
 use crate::error::ApiError;
 use crate::AppState;
 use axum::http::StatusCode;
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::Router;
 
 pub fn rest() -> Router<AppState> {
@@ -20,6 +20,7 @@ pub fn rest() -> Router<AppState> {
         .route("/v2/sandboxes", post(sandboxes::create_v2).get(listing::list_v2))
         .route("/sandboxes/{id}", get(sandboxes::get_one).delete(sandboxes::kill))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/network", put(sandboxes::update_network).get(sandboxes::network))
         .route("/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/sandboxes/{id}/metrics", get(sandboxes::metrics))

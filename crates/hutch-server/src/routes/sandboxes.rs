@@ -2,7 +2,7 @@
 
 use super::body::JsonBody;
 use crate::auth::KeyId;
-use crate::dto::{ConnectBody, ForkBody, NewSandbox, PauseBody, Sandbox, SandboxDetail, SandboxMetric, SnapshotBody, SnapshotInfo, TimeoutBody};
+use crate::dto::{ConnectBody, ForkBody, NetworkUpdate, NetworkView, NewSandbox, PauseBody, Sandbox, SandboxDetail, SandboxMetric, SnapshotBody, SnapshotInfo, TimeoutBody};
 use crate::error::ApiError;
 use crate::query::pairs;
 use crate::AppState;
@@ -28,9 +28,7 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
     if body.template_id.trim().is_empty() {
         return Err(ApiError::bad_request("templateID must not be empty"));
     }
-    if body.allow_internet_access == Some(true) {
-        tracing::info!("allow_internet_access requested: sandboxes have no network in this version");
-    }
+    let network = network_settings(body.allow_internet_access, body.network.clone(), body.egress.clone())?;
     if body.auto_resume.as_ref().is_some_and(|a| a.enabled) && body.auto_pause != Some(true) {
         return Err(ApiError::bad_request("autoResume needs autoPause: a sandbox that is killed at its timeout has nothing to resume"));
     }
@@ -55,6 +53,7 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         auto_pause_mode: if auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem },
         cold: body.cold.unwrap_or(false),
         private_ports: body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false),
+        network: Some(network),
     };
     let row = state.manager.create(&key.0, spec).await?;
     Ok((StatusCode::CREATED, Json(Sandbox::from(&row))).into_response())
@@ -72,7 +71,46 @@ pub async fn create_v2(State(state): State<AppState>, key: KeyId, JsonBody(body)
 }
 
 pub async fn get_one(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<SandboxDetail>, ApiError> {
-    Ok(Json(SandboxDetail::from(&state.manager.get(&key.0, &id)?)))
+    let row = state.manager.get(&key.0, &id)?;
+    let settings = state.manager.network(&key.0, &id)?;
+    Ok(Json(SandboxDetail::from(&row).with_network(&settings)))
+}
+
+/// The settings for E2B's fields or hutch's own `egress` rules (not both); a bad
+/// entry is a 400 naming its field.
+fn network_settings(
+    allow_internet_access: Option<bool>,
+    network: Option<hutch_net::e2b::E2bNetwork>,
+    egress: Option<Vec<String>>,
+) -> Result<hutch_net::Settings, ApiError> {
+    match egress {
+        Some(rules) => {
+            let e2b_too = allow_internet_access.is_some() || network.as_ref().is_some_and(|n| n.allow_out.is_some() || n.deny_out.is_some());
+            if e2b_too {
+                return Err(ApiError::bad_request("egress: give hutch's egress rules or E2B's allow_internet_access/allowOut/denyOut, not both"));
+            }
+            let parsed = rules.iter().map(|r| hutch_net::Rule::parse(r)).collect::<Result<Vec<_>, _>>().map_err(|e| ApiError::bad_request(format!("egress: {e}")))?;
+            let policy = hutch_net::Policy::new(parsed).map_err(|e| ApiError::bad_request(format!("egress: {}", e.reason)))?;
+            Ok(hutch_net::Settings { policy, e2b: network.map(|n| hutch_net::E2bSettings { allow_internet_access: None, network: Some(n) }) })
+        }
+        None => hutch_net::Settings::from_e2b(allow_internet_access, network).map_err(|e| ApiError::bad_request(e.to_string())),
+    }
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces the sandbox's whole network configuration
+/// (E2B's `update_network`); the stack follows it at once, open connections stay.
+pub async fn update_network(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, JsonBody(body): JsonBody<NetworkUpdate>) -> Result<StatusCode, ApiError> {
+    let settings = network_settings(body.allow_internet_access, Some(body.network), body.egress)?;
+    state.manager.set_network(&key.0, &id, settings).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /sandboxes/{id}/network` (hutch's own): the rules in force, E2B's settings as
+/// given, and the stack's denials.
+pub async fn network(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<NetworkView>, ApiError> {
+    let settings = state.manager.network(&key.0, &id)?;
+    let log = state.manager.network_log(&key.0, &id).await?;
+    Ok(Json(NetworkView::new(&settings, log)))
 }
 
 pub async fn kill(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {

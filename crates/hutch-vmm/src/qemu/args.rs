@@ -23,6 +23,8 @@ pub const SECCOMP: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,re
 pub const CONSOLE_FD: i32 = 3;
 pub const QMP_FD: i32 = 4;
 pub const AGENT_FD: i32 = 5;
+/// The listening socket of the NIC's stream netdev, when the VM has one.
+pub const NET_FD: i32 = 6;
 
 pub fn kernel_cmdline(tsc_khz: u32) -> String {
     format!("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz={tsc_khz} tsc=reliable lpj=6000000")
@@ -63,6 +65,15 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     push(&["-device", "virtio-serial-device"]);
     push(&["-chardev", &format!("socket,id=agent,fd={AGENT_FD},server=on,wait=off")]);
     push(&["-device", &format!("virtserialport,chardev=agent,name={}", spec.agent_channel)]);
+    if let Some(nic) = &spec.nic {
+        // The stream netdev serves on a socket hutch bound: the sandbox's stack
+        // connects as its client, and after a hutch restart the next one reconnects
+        // (QEMU listens again once a client leaves). 4-byte length + Ethernet frame,
+        // no vnet header, so no offloads; host_mtu lets the guest send 64 KiB frames.
+        push(&["-netdev", &format!("stream,id=net0,server=on,addr.type=fd,addr.str={NET_FD}")]);
+        let mac = nic.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+        push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac},host_mtu={}", nic.mtu)]);
+    }
     push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off")]);
     push(&["-mon", "chardev=qmp,mode=control"]);
     a
@@ -113,6 +124,7 @@ mod tests {
             incoming: Some(crate::backend::Incoming { state: "/snap/state".into(), ignore_shared: true }),
             die_with_parent: true,
             agent_channel: "hutch.agent".into(),
+            nic: Some(crate::backend::Nic { mac: [0x52, 0x54, 0, 1, 2, 3], mtu: 65520 }),
         };
         let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
         let joined = line.join(" ");
@@ -125,6 +137,8 @@ mod tests {
         assert!(joined.contains("microvm,accel=tcg,memory-backend=mem0"));
         assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));
         assert!(joined.contains("-incoming defer"));
+        assert!(joined.contains("-netdev stream,id=net0,server=on,addr.type=fd,addr.str=6"));
+        assert!(joined.contains("-device virtio-net-device,netdev=net0,mac=52:54:00:01:02:03,host_mtu=65520"));
     }
 
     #[test]

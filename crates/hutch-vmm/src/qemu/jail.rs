@@ -537,6 +537,7 @@ mod tests {
             incoming: None,
             die_with_parent: true,
             agent_channel: "hutch.agent".into(),
+            nic: None,
         }
     }
 

@@ -111,9 +111,9 @@ fn stderr_of(spec: &VmSpec) -> String {
 
 impl QemuVm {
     pub async fn start(binary: &str, spec: &VmSpec, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, StartError> {
-        use super::args::{AGENT_FD, CONSOLE_FD, QMP_FD};
+        use super::args::{AGENT_FD, CONSOLE_FD, NET_FD, QMP_FD};
         use std::os::fd::AsRawFd;
-        for sock in [spec.agent_socket(), spec.qmp_socket(), spec.console_socket()] {
+        for sock in [spec.agent_socket(), spec.qmp_socket(), spec.console_socket(), spec.net_socket()] {
             if sock.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(StartError::PathTooLong(sock.display().to_string()));
             }
@@ -125,8 +125,15 @@ impl QemuVm {
         let console_qemu = listen_at(&spec.console_socket()).map_err(StartError::Spawn)?;
         let qmp_listener = listen_at(&spec.qmp_socket()).map_err(StartError::Spawn)?;
         let agent_listener = listen_at(&spec.agent_socket()).map_err(StartError::Spawn)?;
+        let net_listener = match spec.nic {
+            Some(_) => Some(listen_at(&spec.net_socket()).map_err(StartError::Spawn)?),
+            None => None,
+        };
         // Every source sits at 10 or above, so no dup2 below overwrites another's source.
-        let handed = [(console_qemu.as_raw_fd(), CONSOLE_FD), (qmp_listener.as_raw_fd(), QMP_FD), (agent_listener.as_raw_fd(), AGENT_FD)];
+        let mut handed = vec![(console_qemu.as_raw_fd(), CONSOLE_FD), (qmp_listener.as_raw_fd(), QMP_FD), (agent_listener.as_raw_fd(), AGENT_FD)];
+        if let Some(net) = &net_listener {
+            handed.push((net.as_raw_fd(), NET_FD));
+        }
         let mut prepared = match jail {
             Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(StartError::Jail)?),
             None => None,
@@ -149,7 +156,7 @@ impl QemuVm {
         // fork; it touches no other memory of the parent and allocates nothing.
         unsafe {
             cmd.pre_exec(move || {
-                for (from, to) in handed {
+                for &(from, to) in handed.iter() {
                     if libc::dup2(from, to) < 0 {
                         return Err(std::io::Error::last_os_error());
                     }
@@ -182,7 +189,7 @@ impl QemuVm {
             _ => StartError::Spawn(e),
         })?;
         // QEMU holds its own copies; once it exits, nobody listens on its sockets.
-        drop((console_qemu, qmp_listener, agent_listener));
+        drop((console_qemu, qmp_listener, agent_listener, net_listener));
         let (group, lease) = prepared.map(|p| (p.group, p.lease)).unwrap_or_default();
         let mut vm = QemuVm { spec: spec.clone(), process: Process::Child(child), released: false, qmp: None, exit: None, group, lease };
         // Queued in the listener's backlog at once, so QEMU takes it as it starts,

@@ -1,0 +1,94 @@
+//! The guest's interfaces: `lo`, and the NIC when the VM has one (its host end is the
+//! sandbox's own stack, see hutch-net). Addresses are fixed (`hutch_proto::net`), so
+//! they are set here at boot and stay right in every clone of a memory snapshot.
+
+use hutch_proto::net::{GATEWAY_IP, GUEST_IFACE, GUEST_IP, NETMASK};
+use std::net::Ipv4Addr;
+use std::os::fd::AsRawFd;
+
+fn control_socket() -> std::io::Result<std::net::UdpSocket> {
+    // With lo down, binding an address fails; any AF_INET socket serves for the ioctls.
+    nix::sys::socket::socket(nix::sys::socket::AddressFamily::Inet, nix::sys::socket::SockType::Datagram, nix::sys::socket::SockFlag::SOCK_CLOEXEC, None)
+        .map(std::net::UdpSocket::from)
+        .map_err(std::io::Error::from)
+}
+
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(name.bytes().chain(std::iter::once(0))) {
+        *dst = src as libc::c_char;
+    }
+    req
+}
+
+fn sockaddr(ip: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in { sin_family: libc::AF_INET as libc::sa_family_t, sin_port: 0, sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() }, sin_zero: [0; 8] };
+    // SAFETY: sockaddr_in and sockaddr are both 16 bytes; the kernel reads the family
+    // and interprets the rest as sockaddr_in.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+fn ioctl(sock: &std::net::UdpSocket, request: u64, arg: *mut libc::c_void, what: &str) -> std::io::Result<()> {
+    // SAFETY: every caller passes a pointer to an ifreq or rtentry it owns, matching
+    // `request`; the socket is open.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), request as _, arg) } < 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(std::io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+fn set_up(sock: &std::net::UdpSocket, name: &str) -> std::io::Result<()> {
+    let mut req = ifreq(name);
+    ioctl(sock, libc::SIOCGIFFLAGS, (&mut req as *mut libc::ifreq).cast(), "reading the flags")?;
+    // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
+    unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
+    ioctl(sock, libc::SIOCSIFFLAGS, (&mut req as *mut libc::ifreq).cast(), "setting it up")
+}
+
+pub fn loopback_up() -> std::io::Result<()> {
+    set_up(&control_socket()?, "lo")
+}
+
+/// Whether the VM has a NIC.
+pub fn has_nic() -> bool {
+    std::path::Path::new(&format!("/sys/class/net/{GUEST_IFACE}")).exists()
+}
+
+/// Address, route and resolver for the NIC; IPv6 off on it (the stack is IPv4 only,
+/// and a v6 address would make programs try it first).
+pub fn configure_nic() -> std::io::Result<()> {
+    let _ = std::fs::write(format!("/proc/sys/net/ipv6/conf/{GUEST_IFACE}/disable_ipv6"), "1");
+    let sock = control_socket()?;
+    let mut req = ifreq(GUEST_IFACE);
+    req.ifr_ifru.ifru_addr = sockaddr(GUEST_IP);
+    ioctl(&sock, libc::SIOCSIFADDR, (&mut req as *mut libc::ifreq).cast(), "setting the address")?;
+    let mut req = ifreq(GUEST_IFACE);
+    req.ifr_ifru.ifru_netmask = sockaddr(NETMASK);
+    ioctl(&sock, libc::SIOCSIFNETMASK, (&mut req as *mut libc::ifreq).cast(), "setting the netmask")?;
+    set_up(&sock, GUEST_IFACE)?;
+    // SAFETY: rtentry is plain old data; zeroed is a valid value.
+    let mut route: libc::rtentry = unsafe { std::mem::zeroed() };
+    route.rt_dst = sockaddr(Ipv4Addr::UNSPECIFIED);
+    route.rt_genmask = sockaddr(Ipv4Addr::UNSPECIFIED);
+    route.rt_gateway = sockaddr(GATEWAY_IP);
+    route.rt_flags = (libc::RTF_UP | libc::RTF_GATEWAY) as libc::c_ushort;
+    match ioctl(&sock, libc::SIOCADDRT, (&mut route as *mut libc::rtentry).cast(), "adding the default route") {
+        Err(e) if e.raw_os_error() != Some(libc::EEXIST) && e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    write_resolv_conf()
+}
+
+/// Points the resolver at the gateway, replacing whatever the image had (a symlink to
+/// systemd-resolved's stub, a build host's servers).
+fn write_resolv_conf() -> std::io::Result<()> {
+    let path = std::path::Path::new("/etc/resolv.conf");
+    let want = format!("# written by hutch: the sandbox's DNS server\nnameserver {GATEWAY_IP}\noptions edns0\n");
+    if std::fs::read_to_string(path).is_ok_and(|t| t == want) && !path.is_symlink() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(path);
+    std::fs::write(path, want)
+}

@@ -1,0 +1,68 @@
+//! A sandbox's network settings as hutch keeps them (in its VM record), and the
+//! process-wide environment every stack of one hutch shares.
+
+use crate::e2b::{self, E2bNetwork, E2bNetworkError};
+use crate::ranges::{Group, HostAddrs};
+use crate::rules::{Policy, Reach};
+use crate::seam::Seam;
+use crate::stack::Limits;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// What a sandbox may reach, and (for E2B clients) the settings it came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    pub policy: Policy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2b: Option<E2bSettings>,
+}
+
+/// E2B's fields as the client sent them, shown back as they were.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct E2bSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_internet_access: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<E2bNetwork>,
+}
+
+impl Settings {
+    pub fn native(policy: Policy) -> Settings {
+        Settings { policy, e2b: None }
+    }
+
+    /// From E2B's `allow_internet_access` and `network` (on create or update).
+    pub fn from_e2b(allow_internet_access: Option<bool>, network: Option<E2bNetwork>) -> Result<Settings, E2bNetworkError> {
+        let policy = e2b::policy(allow_internet_access, network.as_ref())?;
+        Ok(Settings { policy, e2b: Some(E2bSettings { allow_internet_access, network }) })
+    }
+}
+
+/// The operator's network settings, shared by every sandbox's stack.
+#[derive(Clone)]
+pub struct Environment {
+    pub reach: Reach,
+    pub seam: Arc<dyn Seam>,
+    pub limits: Limits,
+}
+
+impl std::fmt::Debug for Environment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Environment").field("open", &self.reach.open).field("limits", &self.limits).finish_non_exhaustive()
+    }
+}
+
+impl Default for Environment {
+    /// The real world through this host's resolver, nothing protected opened.
+    fn default() -> Self {
+        Environment { reach: Reach { open: Vec::new(), host: HostAddrs::of_this_machine() }, seam: Arc::new(crate::seam::Direct), limits: Limits::default() }
+    }
+}
+
+impl Environment {
+    /// The environment for this process: `HUTCH_NET_TEST_MAP` selects the test seam;
+    /// `open` lists protected groups the operator lets rules reach.
+    pub fn from_env(open: Vec<Group>) -> Result<Environment, String> {
+        Ok(Environment { reach: Reach { open, host: HostAddrs::of_this_machine() }, seam: crate::seam::from_env()?, limits: Limits::default() })
+    }
+}
