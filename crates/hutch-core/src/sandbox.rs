@@ -378,7 +378,6 @@ impl Sandbox {
         record.spec.die_with_parent = opts.die_with_parent;
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
         let mut vm = backend.start(&record.spec).await.map_err(CreateError::Start)?;
-        let net = start_net(&record.spec, &record.network, &opts.net_env).await?;
         vm.load().await.map_err(CreateError::Restore)?;
         if let Err(e) = vm.resume().await {
             // `cont` failed, or only its answer was lost: a guest QEMU still holds
@@ -396,13 +395,14 @@ impl Sandbox {
         let ran = async {
             let agent = connect_restored(vm.as_mut(), opts.boot_timeout, started).await?;
             let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true).await?;
+            let net = start_net(&record.spec, &record.network, &opts.net_env).await?;
             record.spec.incoming = None;
             write_record(dir, &record)?;
-            Ok(agent)
+            Ok((agent, net))
         }
         .await;
         let _ = std::fs::remove_file(dir.join(PAUSED_STATE));
-        let agent = ran.map_err(|e| CreateError::RanThenFailed(Box::new(e)))?;
+        let (agent, net) = ran.map_err(|e| CreateError::RanThenFailed(Box::new(e)))?;
         // A reboot cut short between marking the disk and dropping the state leaves both.
         let _ = std::fs::remove_file(dir.join(PAUSED_DISK));
         Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, net, started: StartKind::Resumed, keep_dir: false })
@@ -805,8 +805,6 @@ async fn start_vm(
 ) -> Result<(Box<dyn VmHandle>, AgentClient, Option<hutch_net::NetHandle>), CreateError> {
     let limit = opts.boot_timeout;
     let mut vm = backend.start(spec).await.map_err(CreateError::Start)?;
-    // Connected before the guest runs, so its first packets find the stack.
-    let net = start_net(spec, network, &opts.net_env).await?;
     let agent = if spec.incoming.is_some() {
         vm.load().await.map_err(CreateError::Restore)?;
         vm.resume().await.map_err(CreateError::Restore)?;
@@ -814,6 +812,11 @@ async fn start_vm(
     } else {
         wait_for_agent(vm.as_mut(), limit, started).await?
     };
+    // Only now: a stack connected while a restored guest loads and takes its first
+    // agent session stalled that session (measured: the first /init timed out after
+    // 10 s in most restores, none once the stack connects after it). The guest's
+    // packets until now are dropped, as on a cable not yet plugged in.
+    let net = start_net(spec, network, &opts.net_env).await?;
     Ok((vm, agent, net))
 }
 
