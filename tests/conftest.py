@@ -113,9 +113,9 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
-def launch(home: Path, port: int, *extra: str) -> subprocess.Popen:
+def launch(home: Path, port: int, *extra: str, env_extra: dict | None = None) -> subprocess.Popen:
     """Starts `hutch serve` on `home` and waits until it answers."""
-    env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
+    env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY, **(env_extra or {}))
     log = open(home / "serve.log", "a")
     proc = subprocess.Popen(
         [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", os.environ.get("HUTCH_TEST_MAX", "3"), "--accel", "tcg", *extra],
@@ -149,10 +149,20 @@ def new_home(prefix: str) -> Path:
 
 
 @pytest.fixture(scope="session")
-def server():
+def net_world(tmp_path_factory):
+    """Loopback stand-ins for the internet, and the map the server's stacks dial by
+    (tests/networld.py): no sandbox traffic leaves this machine."""
+    from networld import NetWorld
+    world = NetWorld(tmp_path_factory.mktemp("networld"))
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="session")
+def server(net_world):
     home = new_home("hutch-serve-")
     port = free_port()
-    proc = launch(home, port)
+    proc = launch(home, port, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map)})
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, HUTCH_API_URL=url, HUTCH_API_KEY=API_KEY)
     yield Server(url, home, proc)

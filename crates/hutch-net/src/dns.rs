@@ -172,7 +172,7 @@ mod tests {
 
     async fn ask(policy: &str, name: &str, t: RecordType, pins: &Mutex<Pins>, log: &NetLog) -> Message {
         let policy = Policy::parse(policy).expect("policy");
-        let reach = Reach { open: vec![], host: HostAddrs::default() };
+        let reach = Reach { open: vec![], also_public: vec![], host: HostAddrs::default() };
         let seam = seam();
         let cx = DnsContext { policy: &policy, reach: &reach, seam: &seam, pins, log };
         let bytes = answer(&query(name, t), &cx).await.expect("an answer");

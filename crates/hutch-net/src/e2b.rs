@@ -26,6 +26,8 @@ pub struct E2bNetwork {
     pub rules: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress_proxy: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
 }
 
 /// A setting E2B's API would refuse, or one hutch does not do: `field` is the JSON
@@ -79,6 +81,9 @@ pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> 
     let net = net.unwrap_or(&empty);
     if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(bad("network.egressProxy", "hutch does not send sandbox traffic through an egress proxy; leave egressProxy out"));
+    }
+    if net.dns_servers.as_ref().is_some_and(|d| !d.is_empty()) {
+        return Err(bad("network.dnsServers", "hutch's gateway answers the sandbox's DNS itself (so name rules and rebinding protection hold); leave dnsServers out"));
     }
     if net.rules.as_ref().is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())) {
         return Err(bad("network.rules", "hutch does not rewrite request headers at the network boundary yet; leave rules out"));

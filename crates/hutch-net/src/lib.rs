@@ -12,6 +12,7 @@ pub mod seam;
 pub mod stack;
 
 pub use log::{LogView, NetLog};
+pub use ipnet::IpNet;
 pub use ranges::{Group, HostAddrs};
 pub use rules::{Policy, Reach, Rule, RuleError};
 pub use seam::Seam;

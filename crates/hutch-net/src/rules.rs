@@ -139,7 +139,7 @@ impl Rule {
         Ok(Rule { action, target, proto, ports })
     }
 
-    fn matches(&self, dest: &Dest<'_>, host: &HostAddrs) -> bool {
+    fn matches(&self, dest: &Dest<'_>, reach: &Reach) -> bool {
         if self.proto.is_some_and(|p| p != dest.proto) {
             return false;
         }
@@ -150,7 +150,8 @@ impl Rule {
         }
         match &self.target {
             Target::Any => true,
-            Target::Group(g) => g.contains(dest.ip, host),
+            Target::Group(Group::Public) => Group::Public.contains(dest.ip, &reach.host) || reach.also_public.iter().any(|n| n.contains(&dest.ip)),
+            Target::Group(g) => g.contains(dest.ip, &reach.host),
             Target::Net(n) => n.contains(&dest.ip),
             Target::Name(p) => dest.names.iter().any(|n| p.matches(n)),
         }
@@ -365,11 +366,13 @@ impl fmt::Display for DenyReason {
     }
 }
 
-/// The operator's side: which protected groups rules may reach, and this host's
-/// addresses (the `host` group).
+/// The operator's side: which protected groups rules may reach, ranges this
+/// deployment counts as public although IANA reserves them (a package mirror at a
+/// documentation address, say), and this host's addresses (the `host` group).
 #[derive(Debug, Clone, Default)]
 pub struct Reach {
     pub open: Vec<Group>,
+    pub also_public: Vec<IpNet>,
     pub host: HostAddrs,
 }
 
@@ -419,7 +422,7 @@ impl Policy {
         if let Some(group) = reach.closed_group(dest.ip) {
             return Err(DenyReason::Protected { group });
         }
-        match self.rules.iter().position(|r| r.matches(dest, &reach.host)) {
+        match self.rules.iter().position(|r| r.matches(dest, reach)) {
             Some(i) if self.rules[i].action == Action::Allow => Ok(i),
             Some(i) => Err(DenyReason::Rule { index: i, rule: self.rules[i].to_string() }),
             None => Err(DenyReason::NoRule),
@@ -522,6 +525,9 @@ mod tests {
         assert_eq!(p.check(&dest("93.184.216.34", Proto::Udp, 443, &[]), &reach), Err(DenyReason::NoRule));
         // 203.0.113/24 is documentation space, not public: only the deny rule names it.
         assert!(matches!(p.check(&dest("203.0.113.5", Proto::Tcp, 22, &[]), &reach), Err(DenyReason::Rule { index: 0, .. })));
+        assert_eq!(p.check(&dest("203.0.113.5", Proto::Tcp, 80, &[]), &reach), Err(DenyReason::NoRule));
+        let mirror = Reach { also_public: vec!["203.0.113.0/24".parse().expect("net")], ..Reach::default() };
+        assert_eq!(p.check(&dest("203.0.113.5", Proto::Tcp, 80, &[]), &mirror), Ok(1));
         let names = vec!["dns.example.com".to_string()];
         assert_eq!(p.check(&dest("192.0.2.1", Proto::Udp, 53, &names), &reach), Ok(2));
         assert_eq!(Policy::none().check(&dest("93.184.216.34", Proto::Tcp, 80, &[]), &reach), Err(DenyReason::NoRule));
@@ -530,7 +536,7 @@ mod tests {
     #[test]
     fn protected_groups_stay_closed_whatever_the_rules_say_unless_the_operator_opens_them() {
         let p = Policy::parse("allow@*").expect("parse");
-        let mut reach = Reach { open: vec![], host: HostAddrs::new(vec!["93.184.216.34".parse().expect("ip")]) };
+        let mut reach = Reach { open: vec![], also_public: vec![], host: HostAddrs::new(vec!["93.184.216.34".parse().expect("ip")]) };
         for (ip, group) in [("10.1.1.1", Group::Private), ("127.0.0.1", Group::Loopback), ("169.254.169.254", Group::LinkLocal), ("93.184.216.34", Group::Host)] {
             assert_eq!(p.check(&dest(ip, Proto::Tcp, 80, &[]), &reach), Err(DenyReason::Protected { group }), "{ip}");
         }

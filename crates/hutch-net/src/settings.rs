@@ -55,14 +55,15 @@ impl std::fmt::Debug for Environment {
 impl Default for Environment {
     /// The real world through this host's resolver, nothing protected opened.
     fn default() -> Self {
-        Environment { reach: Reach { open: Vec::new(), host: HostAddrs::of_this_machine() }, seam: Arc::new(crate::seam::Direct), limits: Limits::default() }
+        Environment { reach: Reach { open: Vec::new(), also_public: Vec::new(), host: HostAddrs::of_this_machine() }, seam: Arc::new(crate::seam::Direct), limits: Limits::default() }
     }
 }
 
 impl Environment {
     /// The environment for this process: `HUTCH_NET_TEST_MAP` selects the test seam;
-    /// `open` lists protected groups the operator lets rules reach.
-    pub fn from_env(open: Vec<Group>) -> Result<Environment, String> {
-        Ok(Environment { reach: Reach { open, host: HostAddrs::of_this_machine() }, seam: crate::seam::from_env()?, limits: Limits::default() })
+    /// `open` lists protected groups the operator lets rules reach, `also_public`
+    /// reserved ranges this deployment counts as public.
+    pub fn from_env(open: Vec<Group>, also_public: Vec<ipnet::IpNet>) -> Result<Environment, String> {
+        Ok(Environment { reach: Reach { open, also_public, host: HostAddrs::of_this_machine() }, seam: crate::seam::from_env()?, limits: Limits::default() })
     }
 }

@@ -65,11 +65,14 @@ pub struct CreateOptions {
     pub auto_pause: bool,
     /// Boot the kernel instead of restoring the template's memory snapshot.
     pub cold: bool,
+    /// Egress rules (`allow@public`, `allow@*.pypi.org:tcp:443`, …); no egress when
+    /// empty.
+    pub egress: Vec<String>,
 }
 
 impl Default for CreateOptions {
     fn default() -> Self {
-        CreateOptions { template: None, timeout: None, metadata: BTreeMap::new(), envs: BTreeMap::new(), secure: true, auto_pause: false, cold: false }
+        CreateOptions { template: None, timeout: None, metadata: BTreeMap::new(), envs: BTreeMap::new(), secure: true, auto_pause: false, cold: false, egress: Vec::new() }
     }
 }
 
@@ -211,6 +214,7 @@ impl Api {
             "secure": opts.secure,
             "autoPause": opts.auto_pause,
             "cold": opts.cold,
+            "egress": opts.egress,
         });
         if let Some(t) = opts.timeout {
             body["timeout"] = t.into();
@@ -266,6 +270,19 @@ impl Api {
 
     pub async fn info(&self, id: &str) -> Result<SandboxInfo, ApiError> {
         let (_, _, bytes) = self.call(Method::GET, &format!("/sandboxes/{}", enc(id)), None).await?;
+        Self::json(&bytes)
+    }
+
+    /// Replaces the sandbox's egress rules; open connections stay, new ones follow them.
+    pub async fn update_network(&self, id: &str, egress: &[String]) -> Result<(), ApiError> {
+        self.call(Method::PUT, &format!("/sandboxes/{}/network", enc(id)), Some(serde_json::json!({ "egress": egress }))).await?;
+        Ok(())
+    }
+
+    /// The sandbox's rules in force, and what its network refused (`GET
+    /// /sandboxes/{id}/network`).
+    pub async fn network(&self, id: &str) -> Result<serde_json::Value, ApiError> {
+        let (_, _, bytes) = self.call(Method::GET, &format!("/sandboxes/{}/network", enc(id)), None).await?;
         Self::json(&bytes)
     }
 

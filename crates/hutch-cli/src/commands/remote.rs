@@ -36,7 +36,13 @@ pub enum RemoteCommand {
         /// Boot the kernel instead of restoring the template's memory snapshot.
         #[arg(long)]
         cold: bool,
+        /// Where it may connect: `none`, `public`, or egress rules separated by commas.
+        #[arg(long, default_value = "none", value_parser = super::run::parse_policy)]
+        net: hutch_net::Policy,
     },
+    /// A sandbox's network: replace its egress rules, or see what it was refused.
+    #[command(subcommand)]
+    Net(NetCommand),
     /// Pause sandboxes: memory, processes and files are saved and the VM stops.
     Pause {
         #[arg(required = true)]
@@ -98,6 +104,57 @@ pub enum RemoteCommand {
     Timeout { id: String, secs: u64 },
 }
 
+#[derive(Subcommand, Debug)]
+pub enum NetCommand {
+    /// Replace the sandbox's egress rules (`none`, `public`, or rules separated by
+    /// commas); open connections stay.
+    Update {
+        id: String,
+        #[arg(value_parser = super::run::parse_policy)]
+        rules: hutch_net::Policy,
+    },
+    /// The rules in force, counters, and the latest connections and names refused.
+    Log {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn rule_strings(policy: &hutch_net::Policy) -> Vec<String> {
+    policy.rules.iter().map(|r| r.to_string()).collect()
+}
+
+async fn net(api: &Api, cmd: NetCommand) -> anyhow::Result<()> {
+    match cmd {
+        NetCommand::Update { id, rules } => api.update_network(&id, &rule_strings(&rules)).await?,
+        NetCommand::Log { id, json } => {
+            let view = api.network(&id).await?;
+            if json {
+                crate::outln!("{}", serde_json::to_string_pretty(&view)?);
+                return Ok(());
+            }
+            let rules: Vec<&str> = view["egress"].as_array().into_iter().flatten().filter_map(|r| r.as_str()).collect();
+            crate::outln!("rules: {}", if rules.is_empty() { "none (no egress)".to_string() } else { rules.join(",") });
+            let c = &view["log"]["counters"];
+            if c.is_object() {
+                crate::outln!("connections: {} allowed, {} refused; names: {} resolved, {} refused", c["flows_allowed"], c["flows_denied"], c["names_resolved"], c["names_denied"]);
+            } else {
+                crate::outln!("(paused: no counters until it runs)");
+            }
+            for d in view["log"]["denials"].as_array().into_iter().flatten() {
+                let what = match (d["name"].as_str(), d["ip"].as_str()) {
+                    (Some(n), None) => n.to_string(),
+                    (n, Some(ip)) => format!("{ip}:{}{}", d["port"], n.map(|n| format!(" ({n})")).unwrap_or_default()),
+                    _ => "?".into(),
+                };
+                crate::outln!("{} {:<4} {what}: {}", d["at_ms"], d["proto"].as_str().unwrap_or("?"), d["message"].as_str().unwrap_or(""));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn api(server: &Server) -> anyhow::Result<Api> {
     Ok(Api::from_env(Some(&server.api_url), None)?)
 }
@@ -105,7 +162,8 @@ fn api(server: &Server) -> anyhow::Result<Api> {
 pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
     let api = api(&server)?;
     match cmd {
-        RemoteCommand::Create { template, timeout, metadata, envs, auto_pause, cold } => {
+        RemoteCommand::Net(cmd) => net(&api, cmd).await?,
+        RemoteCommand::Create { template, timeout, metadata, envs, auto_pause, cold, net } => {
             let opts = CreateOptions {
                 template: Some(template),
                 timeout,
@@ -114,6 +172,7 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
                 secure: true,
                 auto_pause,
                 cold,
+                egress: rule_strings(&net),
             };
             crate::outln!("{}", api.create(&opts).await?.id);
         }

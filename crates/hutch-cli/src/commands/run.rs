@@ -61,7 +61,7 @@ pub fn parse_policy(text: &str) -> Result<hutch_net::Policy, String> {
 
 pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     let local = Local::prepare(&args.template, args.accel).await?;
-    let net_env = hutch_net::Environment::from_env(Vec::new()).map_err(anyhow::Error::msg)?;
+    let net_env = hutch_net::Environment::from_env(Vec::new(), Vec::new()).map_err(anyhow::Error::msg)?;
     let opts = SandboxOptions {
         cpus: args.cpus,
         memory: args.memory.unwrap_or_else(|| MemMib::of_template(&args.template)),

@@ -37,6 +37,14 @@ pub struct ServeArgs {
     /// link-local, metadata, host); repeat for more. None is by default.
     #[arg(long = "net-open", value_parser = parse_group)]
     pub net_open: Vec<hutch_net::Group>,
+    /// A reserved range this deployment counts as `public` (a package mirror at a
+    /// documentation address, say); repeat for more.
+    #[arg(long = "net-public", value_name = "CIDR")]
+    pub net_public: Vec<hutch_net::IpNet>,
+    /// What an E2B-style create that does not mention allow_internet_access (the
+    /// newest official SDKs' default) gets: `public` as on E2B, or `none`.
+    #[arg(long, default_value = "public", value_parser = ["public", "none"])]
+    pub egress_default: String,
     /// Seconds no sandbox outlives, whatever timeouts ask.
     #[arg(long, default_value_t = 86_400)]
     pub max_lifetime: u64,
@@ -91,7 +99,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         memory: args.memory,
         pool: args.pool.iter().cloned().collect(),
         quota: KeyQuota { running: args.key_max_running, paused: args.key_max_paused, snapshots: args.key_max_snapshots },
-        net_env: std::sync::Arc::new(hutch_net::Environment::from_env(args.net_open.clone()).map_err(anyhow::Error::msg)?),
+        net_env: std::sync::Arc::new(hutch_net::Environment::from_env(args.net_open.clone(), args.net_public.clone()).map_err(anyhow::Error::msg)?),
+        internet_by_default: args.egress_default == "public",
     };
     let pooled: usize = config.pool.values().sum();
     anyhow::ensure!(

@@ -46,6 +46,9 @@ pub struct ManagerConfig {
     pub quota: KeyQuota,
     /// The operator's network settings every sandbox's stack shares.
     pub net_env: Arc<hutch_net::Environment>,
+    /// Whether an E2B create that says nothing of `allow_internet_access` gets the
+    /// public internet, as on E2B (its newest SDKs leave the field out by default).
+    pub internet_by_default: bool,
 }
 
 impl Default for ManagerConfig {
@@ -60,6 +63,7 @@ impl Default for ManagerConfig {
             pool: BTreeMap::new(),
             quota: KeyQuota::default(),
             net_env: Arc::new(hutch_net::Environment::default()),
+            internet_by_default: true,
         }
     }
 }

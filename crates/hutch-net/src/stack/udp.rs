@@ -12,7 +12,9 @@ use tokio::sync::mpsc;
 use tokio::task::{AbortHandle, JoinSet};
 
 struct UdpFlow {
-    socket: Arc<UdpSocket>,
+    /// Sends go through the std socket: tokio's `try_send` refuses until its reactor
+    /// has seen the socket writable, which loses a new flow's first datagram.
+    sender: std::net::UdpSocket,
     last: Instant,
     reader: AbortHandle,
 }
@@ -38,7 +40,7 @@ impl UdpFlows {
             Some(flow) => {
                 flow.last = Instant::now();
                 // A full socket buffer drops the datagram, as a network would.
-                let _ = flow.socket.try_send(payload);
+                let _ = flow.sender.send(payload);
                 true
             }
             None => false,
@@ -59,8 +61,9 @@ impl UdpFlows {
         let std_socket = std::net::UdpSocket::bind(bind)?;
         std_socket.connect(route)?;
         std_socket.set_nonblocking(true)?;
+        let sender = std_socket.try_clone()?;
+        let _ = sender.send(first);
         let socket = Arc::new(UdpSocket::from_std(std_socket)?);
-        let _ = socket.try_send(first);
         let reader = tasks.spawn({
             let socket = socket.clone();
             async move {
@@ -72,7 +75,7 @@ impl UdpFlows {
                 }
             }
         });
-        self.flows.insert((src, dst), UdpFlow { socket, last: Instant::now(), reader });
+        self.flows.insert((src, dst), UdpFlow { sender, last: Instant::now(), reader });
         Ok(())
     }
 

@@ -28,7 +28,14 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
     if body.template_id.trim().is_empty() {
         return Err(ApiError::bad_request("templateID must not be empty"));
     }
-    let network = network_settings(body.allow_internet_access, body.network.clone(), body.egress.clone())?;
+    // E2B's API opens the internet unless told otherwise, and its newest SDKs rely on
+    // that (they send allow_internet_access only when set); `hutch serve
+    // --egress-default none` makes silence mean no egress.
+    let internet = match (body.allow_internet_access, &body.egress) {
+        (None, None) => Some(state.manager.config().internet_by_default),
+        (given, _) => given,
+    };
+    let network = network_settings(internet, body.network.clone(), body.egress.clone())?;
     if body.auto_resume.as_ref().is_some_and(|a| a.enabled) && body.auto_pause != Some(true) {
         return Err(ApiError::bad_request("autoResume needs autoPause: a sandbox that is killed at its timeout has nothing to resume"));
     }
@@ -100,7 +107,11 @@ fn network_settings(
 /// `PUT /sandboxes/{id}/network`: replaces the sandbox's whole network configuration
 /// (E2B's `update_network`); the stack follows it at once, open connections stay.
 pub async fn update_network(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, JsonBody(body): JsonBody<NetworkUpdate>) -> Result<StatusCode, ApiError> {
-    let settings = network_settings(body.allow_internet_access, Some(body.network), body.egress)?;
+    // E2B's update replaces every rule, and what no rule denies is allowed there: an
+    // update that leaves allow_internet_access out opens the internet (its SDKs never
+    // send it), as a create with it true does.
+    let internet = body.allow_internet_access.or(Some(true)).filter(|_| body.egress.is_none());
+    let settings = network_settings(internet, Some(body.network), body.egress)?;
     state.manager.set_network(&key.0, &id, settings).await?;
     Ok(StatusCode::NO_CONTENT)
 }

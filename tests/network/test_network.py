@@ -1,0 +1,240 @@
+"""Sandbox networking through the official e2b SDK and hutch's REST API: DNS, TCP (with
+half-close), UDP, denials, live policy updates, pause/resume and fork. Every destination
+is a loopback listener behind the server's test map (tests/networld.py); the map's
+violations file shows every dial or lookup the stack tried outside it."""
+
+import ipaddress
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox
+from conftest import API_KEY, free_port, launch, new_home, stop
+from networld import API, HTTP_BODY, WEB
+
+# Runs inside the guest: each check prints one JSON result; errors are the errno name
+# (ECONNREFUSED is the stack's RST: a dropped SYN would time out instead) and how long
+# the guest waited for it.
+PROBE = r'''
+import errno, json, socket, sys, time, urllib.request
+
+def timed(f):
+    t = time.monotonic()
+    try:
+        return {"ok": f(), "ms": round((time.monotonic() - t) * 1000)}
+    except OSError as e:
+        name = errno.errorcode.get(e.errno) if e.errno else None
+        return {"err": name or type(e).__name__ + ": " + str(e), "ms": round((time.monotonic() - t) * 1000)}
+
+def resolve(name):
+    return sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET, socket.SOCK_STREAM)})
+
+def http(url):
+    return urllib.request.urlopen(url, timeout=10).read().decode()
+
+def echo(host, port, data):
+    with socket.create_connection((host, port), timeout=5) as s:
+        s.sendall(data.encode())
+        s.shutdown(socket.SHUT_WR)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out.decode()
+
+def udp(host, port, data):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5)
+        s.connect((host, port))
+        s.send(data.encode())
+        return s.recv(65536).decode()
+
+def connect(host, port):
+    with socket.create_connection((host, port), timeout=5):
+        return "connected"
+
+checks = json.loads(sys.argv[1])
+print(json.dumps([timed(lambda c=c: globals()[c[0]](*c[1:])) for c in checks]))
+'''
+
+
+def probe(sbx, *checks):
+    sbx.files.write("/tmp/probe.py", PROBE)
+    arg = json.dumps([list(c) for c in checks]).replace("'", "'\\''")
+    out = sbx.commands.run(f"python3 /tmp/probe.py '{arg}'", timeout=120).stdout
+    return json.loads(out)
+
+
+def refused(result):
+    # A refusal the guest hears at once (the RST or ICMP of the stack), not a timeout.
+    return result.get("err") == "ECONNREFUSED" and result["ms"] < 1000
+
+
+def test_default_sdk_sandbox_reaches_the_internet_and_nothing_private(server, net_world):
+    before = net_world.violation_lines()
+    sbx = Sandbox.create("base")
+    try:
+        r = probe(
+            sbx,
+            ("resolve", "example.test"),
+            ("http", "http://example.test/"),
+            ("echo", "example.test", 7, "half-closed"),
+            ("udp", WEB, 7, "ping"),
+            ("resolve", "rebind.example.test"),
+            ("resolve", "metadata.example.test"),
+            ("connect", "10.0.0.1", 80),
+            ("connect", "169.254.169.254", 80),
+            ("connect", "198.18.0.1", 22),
+            ("udp", "192.168.1.1", 9, "x"),
+        )
+        assert all("ok" in x for x in r[:4]), r[3]
+        assert r[0]["ok"] == [WEB]
+        assert r[1]["ok"] == HTTP_BODY.decode()
+        assert r[2]["ok"] == "echo:half-closed", "the upstream must see the guest's FIN and still answer"
+        assert r[3]["ok"] == "udp:ping"
+        # Public names pointing at loopback or the metadata service do not resolve.
+        assert r[4].get("err") and r[5].get("err"), r[4:6]
+        for denial in r[6:10]:
+            assert refused(denial), denial
+        # Denials are decided before any dial: the seam saw none of them.
+        assert net_world.violation_lines() == before
+        info = server.api().get(f"/sandboxes/{sbx.sandbox_id}").json()
+        assert info["allowInternetAccess"] is True and info["egress"] == ["allow@public"]
+        log = server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]
+        assert log["counters"]["flows_denied"] >= 4 and log["counters"]["names_denied"] >= 2
+        messages = {d["message"] for d in log["denials"]}
+        assert "private addresses are never reachable from sandboxes" in messages
+        assert any("resolves to a loopback address" in m for m in messages)
+    finally:
+        sbx.kill()
+
+
+def test_allow_internet_access_false_resolves_and_reaches_nothing(server, net_world):
+    before = net_world.violation_lines()
+    sbx = Sandbox.create("base", allow_internet_access=False)
+    try:
+        r = probe(sbx, ("resolve", "example.test"), ("connect", WEB, 80), ("udp", WEB, 7, "x"))
+        assert r[0].get("err"), r[0]
+        assert refused(r[1]) and refused(r[2]), r
+        assert net_world.violation_lines() == before
+        assert server.api().get(f"/sandboxes/{sbx.sandbox_id}").json()["allowInternetAccess"] is False
+    finally:
+        sbx.kill()
+
+
+def test_allow_out_names_beat_deny_out_all_traffic(server, net_world):
+    sbx = Sandbox.create("base", network={"allow_out": ["api.example.test"], "deny_out": ["0.0.0.0/0"]})
+    try:
+        r = probe(sbx, ("http", "http://api.example.test/"), ("resolve", "example.test"), ("connect", WEB, 80))
+        assert r[0]["ok"] == HTTP_BODY.decode()
+        # Other names still resolve (E2B's domains are checked on the connection), but
+        # 0.0.0.0/0 in denyOut refuses their connections.
+        assert r[1]["ok"] == [WEB]
+        assert refused(r[2]), r[2]
+        info = server.api().get(f"/sandboxes/{sbx.sandbox_id}").json()
+        assert info["network"] == {"allowOut": ["api.example.test"], "denyOut": ["0.0.0.0/0"]}
+    finally:
+        sbx.kill()
+
+
+def test_update_network_takes_effect_live_and_keeps_open_connections(server, net_world):
+    sbx = Sandbox.create("base")
+    try:
+        # A connection opened before the update, used after it.
+        sbx.files.write("/tmp/held.py", "import socket,sys,time\n"
+                        "s=socket.create_connection(('%s',7)); s.sendall(b'before')\n"
+                        "open('/tmp/held.ready','w').close()\n"
+                        "while not __import__('os').path.exists('/tmp/held.go'): time.sleep(0.05)\n"
+                        "s.sendall(b'+after'); s.shutdown(socket.SHUT_WR); print(s.recv(100).decode())\n" % WEB)
+        held = sbx.commands.run("python3 /tmp/held.py", background=True)
+        sbx.commands.run("while [ ! -e /tmp/held.ready ]; do sleep 0.05; done", timeout=60)
+        sbx.update_network({"deny_out": ["0.0.0.0/0"]})
+        r = probe(sbx, ("connect", WEB, 80))
+        assert refused(r[0]), r[0]
+        sbx.commands.run("touch /tmp/held.go")
+        assert held.wait().stdout.strip() == "echo:before+after"
+        sbx.update_network({})
+        assert probe(sbx, ("http", "http://example.test/"))[0]["ok"] == HTTP_BODY.decode()
+    finally:
+        sbx.kill()
+
+
+def test_networking_survives_pause_resume_and_fork(server, net_world):
+    sbx = Sandbox.create("base", network={"allow_out": ["example.test"], "deny_out": ["0.0.0.0/0"]})
+    child = None
+    try:
+        assert sbx.pause() is True
+        back = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        r = probe(back, ("http", "http://example.test/"), ("http", "http://api.example.test/"))
+        assert r[0]["ok"] == HTTP_BODY.decode()
+        assert r[1].get("err") or "refused" in str(r[1]), r[1]
+        forked = server.api().post(f"/sandboxes/{sbx.sandbox_id}/fork", json={"count": 1}).json()
+        child = Sandbox.connect(forked[0]["sandbox"]["sandboxID"])
+        r = probe(child, ("http", "http://example.test/"), ("connect", API, 80))
+        assert r[0]["ok"] == HTTP_BODY.decode()
+        assert refused(r[1]), r[1]
+    finally:
+        if child:
+            child.kill()
+        sbx.kill()
+
+
+@pytest.mark.parametrize("body, field, words", [
+    ({"network": {"allowOut": ["example.com"]}}, "network.allowOut", "you must include 'ALL_TRAFFIC' in deny out"),
+    ({"network": {"denyOut": ["example.com"]}}, "network.denyOut", "denyOut takes only those"),
+    ({"network": {"allowOut": ["10.0.0.1/8"], "denyOut": ["0.0.0.0/0"]}}, "network.allowOut", "host bits set; did you mean 10.0.0.0/8?"),
+    ({"network": {"allowOut": ["a.*.example.com"], "denyOut": ["0.0.0.0/0"]}}, "network.allowOut", "wildcard"),
+    ({"network": {"allowOut": ["bücher.de"], "denyOut": ["0.0.0.0/0"]}}, "network.allowOut", "punycode"),
+    ({"network": {"egressProxy": {"address": "socks5://127.0.0.1:1080"}}}, "network.egressProxy", "egress proxy"),
+    ({"egress": ["allow@public:tcp:0"]}, "egress", "port 0"),
+    ({"egress": ["allow@public:tcp:90-80"]}, "egress", "runs backwards"),
+    ({"egress": ["allow@privte"]}, "egress", "did you mean `private`?"),
+    ({"egress": ["allow@example.com:443"]}, "egress", "is a port, not a protocol"),
+    ({"egress": ["allow@public"] * 1025}, "egress", "at most 1024 rules"),
+])
+def test_bad_network_settings_are_400_naming_the_field(server, body, field, words):
+    r = server.api().post("/v2/sandboxes", json={"templateID": "base", **body})
+    assert r.status_code == 400, r.text
+    message = r.json()["message"]
+    assert message.startswith(field) and words in message, message
+
+
+def test_pip_download_from_the_package_index_with_sdk_defaults(tmp_path):
+    """The one test whose sandbox reaches the real internet: the package index this
+    machine may use, through a server with no test map and the host's resolver."""
+    home = new_home("hutch-net-pip-")
+    port = free_port()
+    # Where this machine's resolver puts the index: on the build machines a mirror at
+    # an address IANA reserves, which `public` leaves out, so the operator adds it.
+    extra = []
+    for name in ("pypi.org", "files.pythonhosted.org"):
+        for addr in {a[4][0] for a in socket.getaddrinfo(name, 443, socket.AF_INET)}:
+            if not ipaddress.ip_address(addr).is_global:
+                extra += ["--net-public", f"{addr}/32"]
+    proc = launch(home, port, *extra)
+    url = f"http://127.0.0.1:{port}"
+    saved = {k: os.environ.get(k) for k in ("E2B_API_URL", "E2B_SANDBOX_URL")}
+    os.environ.update(E2B_API_URL=url, E2B_SANDBOX_URL=url)
+    try:
+        sbx = Sandbox.create("base")
+        try:
+            # The host's pip settings and the CA bundle they name (the mirror's
+            # certificate is signed by this machine's own CA).
+            pip_conf = Path("/etc/pip.conf")
+            if pip_conf.exists():
+                sbx.files.write("/etc/pip.conf", pip_conf.read_text(), user="root")
+                for line in pip_conf.read_text().splitlines():
+                    key, _, value = line.partition("=")
+                    if key.strip() == "cert":
+                        sbx.files.write(value.strip(), Path(value.strip()).read_bytes(), user="root")
+            r = sbx.commands.run("python3 -m pip download --no-deps --disable-pip-version-check -d /tmp/dl six==1.16.0 && ls /tmp/dl", timeout=300)
+            assert "six-1.16.0-py2.py3-none-any.whl" in r.stdout
+        finally:
+            sbx.kill()
+    finally:
+        for k, v in saved.items():
+            os.environ[k] = v
+        stop(proc)
+        subprocess.run(["rm", "-rf", str(home)])
