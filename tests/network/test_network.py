@@ -103,7 +103,7 @@ def test_default_sdk_sandbox_reaches_the_internet_and_nothing_private(server, ne
         info = server.api().get(f"/sandboxes/{sbx.sandbox_id}").json()
         assert info["allowInternetAccess"] is True and info["egress"] == ["allow@public"]
         log = server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]
-        assert log["counters"]["flows_denied"] >= 4 and log["counters"]["names_denied"] >= 2
+        assert log["counters"]["flows_denied"] >= 3 and log["counters"]["names_denied"] >= 2
         messages = {d["message"] for d in log["denials"]}
         assert "private addresses are never reachable from sandboxes" in messages
         assert any("resolves to a loopback address" in m for m in messages)
@@ -238,3 +238,23 @@ def test_pip_download_from_the_package_index_with_sdk_defaults(tmp_path):
             os.environ[k] = v
         stop(proc)
         subprocess.run(["rm", "-rf", str(home)])
+
+
+def test_hutch_sdk_egress_rules_and_live_update(server, net_world):
+    """hutch's own SDK: no egress unless asked, hutch's rule strings, update_network and
+    the denial log."""
+    from hutch import Sandbox as HutchSandbox
+    with HutchSandbox.create() as closed:
+        assert refused(probe(closed, ("connect", WEB, 80))[0])
+        assert closed.network()["egress"] == []
+    with HutchSandbox.create(egress=["allow@example.test:tcp:80"]) as s:
+        r = probe(s, ("http", "http://example.test/"), ("echo", "example.test", 7, "x"), ("connect", API, 80))
+        assert r[0]["ok"] == HTTP_BODY.decode()
+        assert refused(r[1]) and refused(r[2]), r
+        s.update_network(["allow@public:tcp:7"])
+        r = probe(s, ("echo", "example.test", 7, "y"), ("http", "http://example.test/"))
+        assert r[0]["ok"] == "echo:y"
+        assert "err" in r[1] or "Connection refused" in str(r[1]), r[1]
+        view = s.network()
+        assert view["egress"] == ["allow@public:tcp:7"]
+        assert any(d["proto"] == "tcp" and d["port"] == 80 and "no rule allows it" == d["message"] for d in view["log"]["denials"])

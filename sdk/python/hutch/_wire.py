@@ -84,10 +84,12 @@ class SnapshotInfo:
         )
 
 
-def new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold) -> Dict[str, Any]:
+def new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress=None) -> Dict[str, Any]:
     body: Dict[str, Any] = {
         "templateID": template, "metadata": metadata or {}, "envVars": envs or {}, "secure": secure,
         "autoPause": auto_pause, "cold": cold,
+        # hutch's own clients say where the sandbox may connect: nowhere unless told.
+        "egress": list(egress or []),
     }
     if timeout is not None:
         body["timeout"] = timeout

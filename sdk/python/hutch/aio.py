@@ -55,9 +55,10 @@ class AsyncSandbox:
 
     @classmethod
     async def create(cls, template: str = "base", timeout: Optional[int] = None, metadata=None, envs=None, secure: bool = True,
-                     api_url=None, api_key=None, request_timeout=None, auto_pause: bool = False, cold: bool = False) -> "AsyncSandbox":
+                     api_url=None, api_key=None, request_timeout=None, auto_pause: bool = False, cold: bool = False,
+                     egress: Optional[List[str]] = None) -> "AsyncSandbox":
         api = _AsyncApi(Config.resolve(api_url, api_key, request_timeout))
-        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold)
+        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress)
         return cls((await api.rest("POST", "/v2/sandboxes", json=body)).json(), api)
 
     @classmethod
@@ -123,6 +124,14 @@ class AsyncSandbox:
             return False
 
     kill = _Hybrid(_kill_by_id, _kill)
+
+    async def update_network(self, egress: List[str]) -> None:
+        """Replaces the sandbox's egress rules; open connections stay, new ones follow them."""
+        await self._api.rest("PUT", f"/sandboxes/{quote(self.sandbox_id)}/network", json={"egress": list(egress)})
+
+    async def network(self) -> Dict[str, Any]:
+        """The rules in force, and what the sandbox's network refused (counters, latest denials)."""
+        return (await self._api.rest("GET", f"/sandboxes/{quote(self.sandbox_id)}/network")).json()
 
     async def set_timeout(self, timeout: int) -> None:
         await self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/timeout", json={"timeout": timeout})

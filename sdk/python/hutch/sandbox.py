@@ -69,12 +69,15 @@ class Sandbox:
         request_timeout: Optional[float] = None,
         auto_pause: bool = False,
         cold: bool = False,
+        egress: Optional[List[str]] = None,
     ) -> "Sandbox":
         """A new sandbox of `template` (a template name, or a snapshot's id or name).
         `auto_pause` pauses it instead of killing it at the timeout; `cold` boots the
-        kernel instead of restoring the template's memory snapshot."""
+        kernel instead of restoring the template's memory snapshot. `egress` lists where
+        it may connect (`["allow@public"]`, `["allow@*.pypi.org:tcp:443"]`): nowhere
+        when left out."""
         api = _Api(Config.resolve(api_url, api_key, request_timeout))
-        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold)
+        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress)
         return cls(api.rest("POST", "/v2/sandboxes", json=body).json(), api)
 
     @classmethod
@@ -191,6 +194,14 @@ class Sandbox:
             return False
 
     kill = _Hybrid(_kill_by_id, _kill)
+
+    def update_network(self, egress: List[str]) -> None:
+        """Replaces the sandbox's egress rules; open connections stay, new ones follow them."""
+        self._api.rest("PUT", f"/sandboxes/{quote(self.sandbox_id)}/network", json={"egress": list(egress)})
+
+    def network(self) -> Dict[str, Any]:
+        """The rules in force, and what the sandbox's network refused (counters, latest denials)."""
+        return (self._api.rest("GET", f"/sandboxes/{quote(self.sandbox_id)}/network")).json()
 
     def set_timeout(self, timeout: int) -> None:
         self._api.rest("POST", f"/sandboxes/{quote(self.sandbox_id)}/timeout", json={"timeout": timeout})
