@@ -107,7 +107,7 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions, b
         &hutch_vmm::qemu::kernel_cmdline(hutch_vmm::clock::FALLBACK_TSC_KHZ),
         &warm_up_id(artifacts),
         // The devices the saved VM has (a state loads only into the same set).
-        "nic:virtio-net-device",
+        &format!("nic:virtio-net-device,{}", hutch_vmm::qemu::NIC_QUIRKS),
     ] {
         h.update(part.as_bytes());
         h.update([0]);

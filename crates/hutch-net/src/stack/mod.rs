@@ -11,6 +11,8 @@ mod link;
 mod packets;
 mod tcp;
 mod udp;
+#[cfg(test)]
+mod tests;
 
 pub use link::{LinkError, MAX_FRAME};
 

@@ -26,6 +26,12 @@ pub const AGENT_FD: i32 = 5;
 /// The listening socket of the NIC's stream netdev, when the VM has one.
 pub const NET_FD: i32 = 6;
 
+/// NIC properties that differ from QEMU's defaults. `guest_announce=off`: after an
+/// incoming migration QEMU asks a guest that offers it to announce itself (config
+/// interrupts, control-queue acks, gratuitous ARPs) for half a second; the guest's
+/// address never moves here, so nothing needs announcing.
+pub const NIC_QUIRKS: &str = "guest_announce=off";
+
 pub fn kernel_cmdline(tsc_khz: u32) -> String {
     format!("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz={tsc_khz} tsc=reliable lpj=6000000")
 }
@@ -72,7 +78,7 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
         // no vnet header, so no offloads; host_mtu lets the guest send 64 KiB frames.
         push(&["-netdev", &format!("stream,id=net0,server=on,addr.type=fd,addr.str={NET_FD}")]);
         let mac = nic.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
-        push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac},host_mtu={}", nic.mtu)]);
+        push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac},host_mtu={},{NIC_QUIRKS}", nic.mtu)]);
     }
     push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off")]);
     push(&["-mon", "chardev=qmp,mode=control"]);
@@ -138,7 +144,7 @@ mod tests {
         assert!(joined.contains("memory-backend-file,id=mem0,size=512M,mem-path=/snap/mem,share=off"));
         assert!(joined.contains("-incoming defer"));
         assert!(joined.contains("-netdev stream,id=net0,server=on,addr.type=fd,addr.str=6"));
-        assert!(joined.contains("-device virtio-net-device,netdev=net0,mac=52:54:00:01:02:03,host_mtu=65520"));
+        assert!(joined.contains("-device virtio-net-device,netdev=net0,mac=52:54:00:01:02:03,host_mtu=65520,guest_announce=off"));
     }
 
     #[test]
