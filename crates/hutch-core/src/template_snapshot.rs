@@ -233,7 +233,11 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
 async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions, dir: &Path) -> Result<Manifest, TemplateSnapshotError> {
     let started = Instant::now();
     let disk = dir.join("disk.qcow2");
-    hutch_vmm::disk::create_overlay(&artifacts.template.image(), &disk)
+    // The image's real path: a home whose `templates` is a link to a shared one (the
+    // tests' homes) would otherwise write its own, short-lived path into a snapshot
+    // every home shares, and every later sandbox of it would lose its backing file.
+    let image = std::fs::canonicalize(artifacts.template.image()).unwrap_or_else(|_| artifacts.template.image());
+    hutch_vmm::disk::create_overlay(&image, &disk)
         .await
         .map_err(|e| TemplateSnapshotError::Boot(CreateError::Disk(e)))?;
     let spec = VmSpec {
@@ -242,7 +246,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         kernel: artifacts.kernel.vmlinuz(),
         initrd: artifacts.initramfs.clone(),
         disk: disk.clone(),
-        base: Some(artifacts.template.image()),
+        base: Some(image.clone()),
         cpus: opts.cpus,
         memory_mib: opts.memory.get(),
         accel: opts.accel,

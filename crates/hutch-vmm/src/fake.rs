@@ -114,6 +114,9 @@ struct FakeVm {
     factory: Option<Arc<dyn FakeGuest>>,
     guest: Option<Box<dyn RunningGuest>>,
     run: Run,
+    /// The NIC's listening socket, as QEMU's stream netdev holds it: a stack's
+    /// connection waits in its backlog, and ends with the VM.
+    nic: Option<std::os::unix::net::UnixListener>,
 }
 
 #[async_trait::async_trait]
@@ -132,6 +135,13 @@ impl VmBackend for FakeBackend {
             return Err(StartError::Exited { status: "exit status: 1".into(), stderr: msg });
         }
         lock(&self.started).push(spec.clone());
+        let nic = match spec.nic {
+            Some(_) => {
+                let _ = std::fs::remove_file(spec.net_socket());
+                Some(std::os::unix::net::UnixListener::bind(spec.net_socket()).map_err(StartError::Spawn)?)
+            }
+            None => None,
+        };
         let mut vm = FakeVm {
             spec: spec.clone(),
             stopped: self.stopped.clone(),
@@ -141,6 +151,7 @@ impl VmBackend for FakeBackend {
             factory: self.guest.clone(),
             guest: None,
             run: Run::Incoming,
+            nic,
         };
         if spec.incoming.is_none() {
             vm.guest = vm.factory.as_ref().map(|f| f.run(spec, None));
@@ -164,6 +175,7 @@ impl FakeVm {
         if !matches!(self.run, Run::Ended) {
             self.run = Run::Ended;
             self.guest = None;
+            self.nic = None;
             lock(&self.stopped).push(self.spec.id.clone());
         }
     }

@@ -33,10 +33,16 @@ use tokio::task::JoinSet;
 
 pub use hutch_proto::net::{GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, MTU, PREFIX_LEN};
 
+/// Helper results waiting for the stack's loop.
+const EVENTS_QUEUED: usize = 1024;
+/// DNS questions a sandbox may have in flight at once.
+const DNS_IN_FLIGHT: usize = 32;
+
 /// The operator's limits for one sandbox's stack.
 #[derive(Debug, Clone)]
 pub struct Limits {
-    /// TCP connections and UDP flows open at once.
+    /// TCP connections and UDP flows open at once. With 2 × 256 KiB of socket buffer
+    /// per connection, 256 bounds a sandbox's stack at about 128 MiB.
     pub max_flows: usize,
     pub dial_timeout: Duration,
     pub udp_idle: Duration,
@@ -44,7 +50,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_flows: 512, dial_timeout: Duration::from_secs(10), udp_idle: Duration::from_secs(60) }
+        Limits { max_flows: 256, dial_timeout: Duration::from_secs(10), udp_idle: Duration::from_secs(60) }
     }
 }
 
@@ -152,7 +158,9 @@ struct Stack {
     dialing: HashMap<FlowKey, Vec<u8>>,
     udp: udp::UdpFlows,
     tasks: JoinSet<()>,
-    events: mpsc::UnboundedSender<Event>,
+    events: mpsc::Sender<Event>,
+    /// DNS questions being answered: a guest cannot queue unbounded host lookups.
+    dns_slots: Arc<tokio::sync::Semaphore>,
     wake: Arc<Notify>,
     epoch: Instant,
 }
@@ -164,7 +172,9 @@ fn smol_now(epoch: Instant) -> smoltcp::time::Instant {
 async fn run(link: UnixStream, shared: Arc<Shared>, limits: Limits) -> LinkError {
     let (rd, mut wr) = link.into_split();
     let (frames_tx, mut frames) = mpsc::channel(256);
-    let (events_tx, mut events) = mpsc::unbounded_channel();
+    // Bounded: a dial's result waits for room, a datagram finding none is dropped
+    // (UDP's own rules), so an upstream flooding a flow costs the host no memory.
+    let (events_tx, mut events) = mpsc::channel(EVENTS_QUEUED);
     let mut reader = tokio::spawn(link::read_frames(rd, frames_tx));
     let epoch = Instant::now();
     let mut dev = device::Queues { rx: Default::default(), tx: Default::default(), frame_mtu: MTU + 14 };
@@ -188,6 +198,7 @@ async fn run(link: UnixStream, shared: Arc<Shared>, limits: Limits) -> LinkError
         udp: udp::UdpFlows::new(limits.udp_idle),
         tasks: JoinSet::new(),
         events: events_tx,
+        dns_slots: Arc::new(tokio::sync::Semaphore::new(DNS_IN_FLIGHT)),
         wake: Arc::new(Notify::new()),
         epoch,
     };
@@ -309,7 +320,7 @@ impl Stack {
                 Ok(Err(e)) => Err(e.to_string()),
                 Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
             };
-            let _ = events.send(Event::Dialed { key, result });
+            let _ = events.send(Event::Dialed { key, result }).await;
         });
     }
 
@@ -356,12 +367,15 @@ impl Stack {
 
     fn datagram(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, payload: Vec<u8>) {
         if dst.port() == 53 {
+            // More questions than slots are dropped: the guest's resolver asks again.
+            let Ok(slot) = self.dns_slots.clone().try_acquire_owned() else { return };
             let shared = self.shared.clone();
             let events = self.events.clone();
             self.tasks.spawn(async move {
                 if let Some(answer) = shared.answer_dns(&payload).await {
-                    let _ = events.send(Event::Datagram { from: dst, to: src, payload: answer });
+                    let _ = events.try_send(Event::Datagram { from: dst, to: src, payload: answer });
                 }
+                drop(slot);
             });
             return;
         }

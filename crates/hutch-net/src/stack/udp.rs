@@ -55,7 +55,7 @@ impl UdpFlows {
         route: SocketAddr,
         first: &[u8],
         tasks: &mut JoinSet<()>,
-        events: mpsc::UnboundedSender<Event>,
+        events: mpsc::Sender<Event>,
     ) -> std::io::Result<()> {
         let bind: SocketAddr = if route.is_ipv4() { "0.0.0.0:0".parse().map_err(std::io::Error::other)? } else { "[::]:0".parse().map_err(std::io::Error::other)? };
         let std_socket = std::net::UdpSocket::bind(bind)?;
@@ -69,8 +69,10 @@ impl UdpFlows {
             async move {
                 let mut buf = vec![0; 65_536];
                 while let Ok(n) = socket.recv(&mut buf).await {
-                    if events.send(Event::Datagram { from: dst, to: src, payload: buf[..n].to_vec() }).is_err() {
-                        return;
+                    match events.try_send(Event::Datagram { from: dst, to: src, payload: buf[..n].to_vec() }) {
+                        // A full queue drops the datagram, as a congested network would.
+                        Ok(()) | Err(mpsc::error::TrySendError::Full(_)) => {}
+                        Err(mpsc::error::TrySendError::Closed(_)) => return,
                     }
                 }
             }
