@@ -3,10 +3,9 @@
 //! addresses, denied addresses, then the internet if it is allowed, so allow beats deny.
 //! Its `*.x` means names below x, not x itself; `*` means every name.
 
-use crate::rules::{normalize_name, Action, NamePattern, Policy, Rule, Target};
+use crate::rules::{normalize_name, parse_cidr, Action, NamePattern, Policy, Rule, Target};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
-use std::net::IpAddr;
 
 /// What an E2B client sent, kept to show it back (`GET /sandboxes/{id}`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -47,17 +46,7 @@ fn bad(field: &'static str, message: impl Into<String>) -> E2bNetworkError {
 pub const ALL_TRAFFIC: &str = "0.0.0.0/0";
 
 fn parse_net(field: &'static str, entry: &str) -> Option<Result<IpNet, E2bNetworkError>> {
-    if let Ok(ip) = entry.parse::<IpAddr>() {
-        return Some(Ok(IpNet::from(ip)));
-    }
-    if !entry.contains('/') {
-        return None;
-    }
-    Some(match entry.parse::<IpNet>() {
-        Ok(net) if net.trunc() == net => Ok(net),
-        Ok(net) => Err(bad(field, format!("`{entry}` has host bits set; did you mean {}?", net.trunc()))),
-        Err(_) => Err(bad(field, format!("`{entry}` is not a CIDR block"))),
-    })
+    parse_cidr(entry).map(|r| r.map_err(|reason| bad(field, reason)))
 }
 
 fn name_rule(entry: &str) -> Result<Rule, E2bNetworkError> {

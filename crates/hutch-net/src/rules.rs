@@ -242,18 +242,26 @@ fn edit_distance(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// An address or a CIDR block without host bits; None when `t` is neither an address
+/// nor has a `/` (a name, say). The error is the sentence for the client.
+pub(crate) fn parse_cidr(t: &str) -> Option<Result<IpNet, String>> {
+    if let Ok(ip) = t.parse::<IpAddr>() {
+        return Some(Ok(IpNet::from(ip)));
+    }
+    if !t.contains('/') {
+        return None;
+    }
+    Some(match t.parse::<IpNet>() {
+        Ok(net) if net.trunc() == net => Ok(net),
+        Ok(net) => Err(format!("`{t}` has host bits set; did you mean {}?", net.trunc())),
+        Err(_) => Err(format!("`{t}` is not a CIDR block")),
+    })
+}
+
 fn parse_net(rule: &str, t: &str, v6: bool) -> Result<Target, RuleError> {
-    let net: IpNet = if t.contains('/') {
-        t.parse().map_err(|_| fail(rule, format!("`{t}` is not a CIDR block")))?
-    } else {
-        let ip: IpAddr = t.parse().map_err(|_| fail(rule, format!("`{t}` is not an IP address")))?;
-        IpNet::from(ip)
-    };
+    let net = parse_cidr(t).unwrap_or_else(|| Err(format!("`{t}` is not an IP address"))).map_err(|reason| fail(rule, reason))?;
     if v6 != matches!(net, IpNet::V6(_)) {
         return Err(fail(rule, format!("`{t}` is not an IPv6 address; only IPv6 goes in brackets")));
-    }
-    if net.trunc() != net {
-        return Err(fail(rule, format!("`{t}` has host bits set; did you mean {}?", net.trunc())));
     }
     Ok(Target::Net(net))
 }
@@ -452,13 +460,19 @@ impl Policy {
     }
 }
 
+impl Policy {
+    /// Each rule as its text (`allow@public:tcp:443`).
+    pub fn texts(&self) -> Vec<String> {
+        self.rules.iter().map(Rule::to_string).collect()
+    }
+}
+
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.rules.is_empty() {
             return write!(f, "none");
         }
-        let list: Vec<String> = self.rules.iter().map(Rule::to_string).collect();
-        write!(f, "{}", list.join(","))
+        write!(f, "{}", self.texts().join(","))
     }
 }
 

@@ -72,7 +72,7 @@ pub struct NetworkView {
 impl NetworkView {
     pub fn new(settings: &hutch_net::Settings, log: Option<hutch_net::LogView>) -> NetworkView {
         NetworkView {
-            egress: settings.policy.rules.iter().map(|r| r.to_string()).collect(),
+            egress: settings.policy.texts(),
             allow_internet_access: settings.e2b.as_ref().and_then(|e| e.allow_internet_access),
             network: settings.e2b.as_ref().and_then(|e| e.network.clone()),
             log,
@@ -235,7 +235,7 @@ impl SandboxDetail {
             None => settings.policy.rules.iter().any(|r| r.action == hutch_net::rules::Action::Allow),
         };
         self.network = e2b.and_then(|e| e.network.clone());
-        self.egress = settings.policy.rules.iter().map(|r| r.to_string()).collect();
+        self.egress = settings.policy.texts();
         self
     }
 }

@@ -121,13 +121,9 @@ pub enum NetCommand {
     },
 }
 
-fn rule_strings(policy: &hutch_net::Policy) -> Vec<String> {
-    policy.rules.iter().map(|r| r.to_string()).collect()
-}
-
 async fn net(api: &Api, cmd: NetCommand) -> anyhow::Result<()> {
     match cmd {
-        NetCommand::Update { id, rules } => api.update_network(&id, &rule_strings(&rules)).await?,
+        NetCommand::Update { id, rules } => api.update_network(&id, &rules.texts()).await?,
         NetCommand::Log { id, json } => {
             let view = api.network(&id).await?;
             if json {
@@ -172,7 +168,7 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
                 secure: true,
                 auto_pause,
                 cold,
-                egress: rule_strings(&net),
+                egress: net.texts(),
             };
             crate::outln!("{}", api.create(&opts).await?.id);
         }

@@ -61,7 +61,7 @@ pub struct Shared {
     pub seam: Arc<dyn Seam>,
     pins: Mutex<Pins>,
     pub log: NetLog,
-    link: Mutex<LinkState>,
+    link: tokio::sync::watch::Sender<LinkState>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl NetHandle {
             seam,
             pins: Mutex::new(Pins::default()),
             log: NetLog::default(),
-            link: Mutex::new(LinkState::Up),
+            link: tokio::sync::watch::Sender::new(LinkState::Up),
         });
         let task = tokio::spawn({
             let shared = shared.clone();
@@ -115,7 +115,7 @@ impl NetHandle {
                     LinkError::Closed => tracing::debug!("sandbox network link ended: {why}"),
                     _ => tracing::warn!("sandbox network link failed: {why}"),
                 }
-                *shared.link.lock().unwrap_or_else(|p| p.into_inner()) = LinkState::Lost(why.to_string());
+                shared.link.send_replace(LinkState::Lost(why.to_string()));
             }
         });
         NetHandle { shared, task }
@@ -135,7 +135,16 @@ impl NetHandle {
     }
 
     pub fn link(&self) -> LinkState {
-        self.shared.link.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared.link.borrow().clone()
+    }
+
+    /// Waits until the link is lost; why it was.
+    pub async fn link_lost(&self) -> String {
+        let mut rx = self.shared.link.subscribe();
+        match rx.wait_for(|s| *s != LinkState::Up).await.map(|s| s.clone()) {
+            Ok(LinkState::Lost(why)) => why,
+            _ => "the stack ended".into(),
+        }
     }
 }
 
@@ -259,7 +268,7 @@ impl Stack {
 
     fn inbound(&mut self, frame: Vec<u8>) {
         match packets::classify(&frame, GATEWAY_IP) {
-            Inbound::TcpSyn { src, dst } => self.syn(frame.clone(), src, dst),
+            Inbound::TcpSyn { src, dst } => self.syn(frame, src, dst),
             Inbound::Udp { src, dst, payload } => {
                 let payload = payload.to_vec();
                 self.datagram(&frame, src, dst, payload)

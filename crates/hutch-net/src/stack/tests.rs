@@ -150,10 +150,7 @@ async fn a_bad_frame_length_from_qemu_ends_the_link() {
     let (ours, mut theirs) = UnixStream::pair().expect("socketpair");
     let handle = NetHandle::start(ours, Policy::none(), Reach::default(), Arc::new(TestMap::default()), Limits::default());
     theirs.write_all(&70_000u32.to_be_bytes()).await.expect("write");
-    let deadline = Instant::now() + DEADLINE;
-    while handle.link() == LinkState::Up && Instant::now() < deadline {
-        tokio::task::yield_now().await;
-        tokio::time::sleep(Duration::from_millis(5)).await; // poll interval of a deadline-bounded wait
-    }
-    assert_eq!(handle.link(), LinkState::Lost("QEMU sent a frame of 70000 bytes, which no Ethernet frame on this link can be".into()));
+    let why = tokio::time::timeout(DEADLINE, handle.link_lost()).await.expect("the link ended within the deadline");
+    assert_eq!(why, "QEMU sent a frame of 70000 bytes, which no Ethernet frame on this link can be");
+    assert_eq!(handle.link(), LinkState::Lost(why));
 }
