@@ -311,6 +311,38 @@ def test_one_key_cannot_take_the_whole_server(tmp_path):
     shutil.rmtree(home, ignore_errors=True)
 
 
+HOST_ECHO = """
+import http.server
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = self.headers.get("Host", "").encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("0.0.0.0", 8006), Echo).serve_forever()
+"""
+
+
+def test_mask_request_host_is_the_host_header_a_port_sees(server):
+    sbx = Sandbox.create("base", network={"mask_request_host": "app.internal:${PORT}"})
+    plain = Sandbox.create("base")
+    try:
+        for s in (sbx, plain):
+            s.files.write("/tmp/host_echo.py", HOST_ECHO)
+            s.commands.run("python3 /tmp/host_echo.py", background=True)
+        got = port_answer(server, {"Host": f"8006-{sbx.sandbox_id}.sandbox.test"}, "/", "the Host echo on port 8006")
+        assert got.text == "app.internal:8006"
+        # Without the setting the guest sees the client's own Host.
+        client_host = f"8006-{plain.sandbox_id}.sandbox.test"
+        assert port_answer(server, {"Host": client_host}, "/", "the unmasked Host echo").text == client_host
+    finally:
+        sbx.kill()
+        plain.kill()
+    bad = server.api().post("/v2/sandboxes", json={"templateID": "base", "network": {"maskRequestHost": "a b"}})
+    assert bad.status_code == 400 and bad.json()["message"].startswith("network.maskRequestHost"), bad.text
+
+
 def test_private_ports_need_the_traffic_token(server):
     sbx = Sandbox.create("base", network={"allow_public_traffic": False})
     try:

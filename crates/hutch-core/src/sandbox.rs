@@ -160,7 +160,7 @@ pub fn record_network(dir: &Path, settings: hutch_net::Settings) -> Result<(), C
 
 /// The NIC of every VM hutch starts now (the stack on its host end: hutch-net).
 pub fn guest_nic() -> hutch_vmm::Nic {
-    hutch_vmm::Nic { mac: hutch_proto::net::GUEST_MAC, mtu: hutch_proto::net::MTU as u32 }
+    hutch_vmm::Nic { mac: hutch_proto::net::GUEST_MAC, mtu: hutch_proto::net::MTU as u32, host_end: hutch_vmm::NicHostEnd::Stream }
 }
 
 pub const VM_RECORD: &str = "vm.json";

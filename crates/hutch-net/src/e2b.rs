@@ -63,6 +63,28 @@ fn name_rule(entry: &str) -> Result<Rule, E2bNetworkError> {
     Ok(Rule { action: Action::Allow, target: Target::Name(pattern), proto: None, ports: None })
 }
 
+/// `maskRequestHost` must make a Host header: a host name or address with an optional
+/// port, where `${PORT}` stands for the sandbox port the request is for.
+fn check_request_host(mask: &str) -> Result<(), E2bNetworkError> {
+    let host = mask.replace(PORT_PLACEHOLDER, "1");
+    let fits = !host.is_empty() && host.len() <= 261 && host.chars().all(|c| c.is_ascii_alphanumeric() || ".-_:[]".contains(c));
+    if fits {
+        Ok(())
+    } else {
+        Err(bad("network.maskRequestHost", format!("`{mask}` is not a host with an optional port (letters, digits, `.-_:[]` and `${{PORT}}`), e.g. `localhost:${{PORT}}`")))
+    }
+}
+
+/// What E2B's `maskRequestHost` replaces with the port a proxied request is for.
+pub const PORT_PLACEHOLDER: &str = "${PORT}";
+
+impl E2bNetwork {
+    /// The Host header the proxy sends to `port`, when `maskRequestHost` is set.
+    pub fn request_host(&self, port: u16) -> Option<String> {
+        self.mask_request_host.as_ref().map(|m| m.replace(PORT_PLACEHOLDER, &port.to_string()))
+    }
+}
+
 /// The rules for E2B's settings. `allow_internet_access` absent means no egress: the
 /// official SDKs always send it (true unless told otherwise).
 pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> Result<Policy, E2bNetworkError> {
@@ -76,6 +98,9 @@ pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> 
     }
     if net.rules.as_ref().is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())) {
         return Err(bad("network.rules", "hutch does not rewrite request headers at the network boundary yet; leave rules out"));
+    }
+    if let Some(mask) = &net.mask_request_host {
+        check_request_host(mask)?;
     }
     let mut names = Vec::new();
     let mut allowed = Vec::new();
@@ -114,6 +139,17 @@ mod tests {
             allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
             deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
             ..Default::default()
+        }
+    }
+
+    #[test]
+    fn mask_request_host_becomes_a_host_header_per_port() {
+        let mask = |m: &str| E2bNetwork { mask_request_host: Some(m.into()), ..Default::default() };
+        assert_eq!(mask("localhost:${PORT}").request_host(8080).as_deref(), Some("localhost:8080"));
+        assert!(policy(Some(true), Some(&mask("app.internal"))).is_ok());
+        for bad_host in ["", "a b", "x/y", "user@host", "host\r\nX-Injected: 1"] {
+            let err = policy(Some(true), Some(&mask(bad_host))).unwrap_err();
+            assert_eq!(err.field, "network.maskRequestHost", "{bad_host:?}");
         }
     }
 

@@ -39,6 +39,9 @@ pub struct Counters {
 pub struct LogView {
     pub counters: Counters,
     pub denials: Vec<Denial>,
+    /// Why the link to QEMU ended, once it has: the guest has no network from then on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub link_lost: Option<String>,
 }
 
 /// Shared between a sandbox's stack and whoever reports on it.

@@ -180,7 +180,8 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
                 return (StatusCode::FORBIDDEN, Json(body)).into_response();
             }
         }
-        return tunnel(agent, target, req).await;
+        let host = state.manager.request_host(&target.sandbox, target.port);
+        return tunnel(agent, target, req, host).await;
     }
     let (parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
@@ -219,7 +220,8 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
 const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// HTTP/1.1 over a tunnel to the guest port; upgrades (WebSocket) are spliced through.
-async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request) -> Response {
+/// `host` replaces the client's Host header (E2B's `maskRequestHost`).
+async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request, host: Option<String>) -> Response {
     let io = match agent.tunnel(target.port).await {
         Ok(io) => io,
         Err(_) => return port_closed(&target.sandbox, target.port),
@@ -249,6 +251,9 @@ async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request
     // hutch's credentials.
     for name in HUTCH_CREDENTIALS {
         upstream.headers_mut().remove(*name);
+    }
+    if let Some(value) = host.and_then(|h| http::HeaderValue::from_str(&h).ok()) {
+        upstream.headers_mut().insert(http::header::HOST, value);
     }
     if !wants_upgrade {
         for name in HOP_BY_HOP.iter().filter(|n| **n != "host") {

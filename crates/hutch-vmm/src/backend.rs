@@ -62,6 +62,29 @@ pub struct VmSpec {
 pub struct Nic {
     pub mac: [u8; 6],
     pub mtu: u32,
+    /// What is on the host end (records from before it was kept: the stream netdev).
+    #[serde(default)]
+    pub host_end: NicHostEnd,
+}
+
+/// The NIC's host end.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NicHostEnd {
+    /// QEMU's stream netdev listens on `net_socket`, and whoever connects carries the
+    /// guest's frames: hutch's stack for every sandbox (or passt, in the benchmark).
+    #[default]
+    Stream,
+    /// QEMU's own user-mode network (libslirp) with these `-netdev user` options: the
+    /// reference in the network benchmark, never a sandbox's network (it has no policy,
+    /// and a confined QEMU has no network namespace to reach anything from).
+    QemuUser { options: String },
+}
+
+impl Nic {
+    /// Whether QEMU needs the listening socket at `net_socket`.
+    pub fn listens(&self) -> bool {
+        self.host_end == NicHostEnd::Stream
+    }
 }
 
 /// The channel of records from before it was kept.

@@ -135,12 +135,12 @@ impl VmBackend for FakeBackend {
             return Err(StartError::Exited { status: "exit status: 1".into(), stderr: msg });
         }
         lock(&self.started).push(spec.clone());
-        let nic = match spec.nic {
-            Some(_) => {
+        let nic = match &spec.nic {
+            Some(nic) if nic.listens() => {
                 let _ = std::fs::remove_file(spec.net_socket());
                 Some(std::os::unix::net::UnixListener::bind(spec.net_socket()).map_err(StartError::Spawn)?)
             }
-            None => None,
+            _ => None,
         };
         let mut vm = FakeVm {
             spec: spec.clone(),

@@ -15,4 +15,4 @@ pub mod qemu;
 pub mod qmp;
 
 pub use accel::{Accel, AccelChoice};
-pub use backend::{AdoptError, Incoming, Memory, Nic, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
+pub use backend::{AdoptError, Incoming, Memory, Nic, NicHostEnd, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};

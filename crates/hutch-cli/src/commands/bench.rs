@@ -19,8 +19,9 @@ pub struct BenchArgs {
     pub accel: AccelChoice,
     /// What to measure: `boot` (cold boot and exec against a bare QEMU boot),
     /// `snapshots` (start paths, pause/resume, memory, throughput) or `start` (the
-    /// start paths alone).
-    #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots", "start"])]
+    /// start paths alone) or `net` (iperf3 and TCP connects through hutch's stack,
+    /// passt and QEMU's user-mode network; needs HUTCH_JAIL=off, iperf3 and passt).
+    #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots", "start", "net"])]
     pub suite: String,
 }
 
@@ -46,6 +47,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
     let local = Local::prepare("base", args.accel).await?;
     let runs = args.runs as usize;
     eprintln!("hutch bench: {runs} runs each, accel {} ({})", local.accel.accel.as_str(), local.accel.why);
+    if args.suite == "net" {
+        super::bench_net::run(&local, runs).await?;
+        return Ok(0);
+    }
     if args.suite == "snapshots" || args.suite == "start" {
         super::bench_snapshots::run(&local, runs, args.suite == "start").await?;
         return Ok(0);

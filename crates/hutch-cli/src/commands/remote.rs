@@ -138,6 +138,9 @@ async fn net(api: &Api, cmd: NetCommand) -> anyhow::Result<()> {
             } else {
                 crate::outln!("(paused: no counters until it runs)");
             }
+            if let Some(why) = view["log"]["link_lost"].as_str() {
+                crate::outln!("link to the VM lost, the sandbox has no network: {why}");
+            }
             for d in view["log"]["denials"].as_array().into_iter().flatten() {
                 let what = match (d["name"].as_str(), d["ip"].as_str()) {
                     (Some(n), None) => n.to_string(),

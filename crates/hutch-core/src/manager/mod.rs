@@ -692,6 +692,14 @@ impl SandboxManager {
 
     /// The token port traffic to sandbox `id` must carry, if its ports are private
     /// (None too when there is no such sandbox: the proxy answers that itself).
+    /// The Host header the data proxy sends to the sandbox's `port` (E2B's
+    /// `maskRequestHost`), read from its record; None keeps the client's.
+    pub fn request_host(&self, id: &str, port: u16) -> Option<String> {
+        let dir = lock(&self.live).get(id).map(|l| lock(&l.row).dir.clone())?;
+        let settings = crate::sandbox::recorded_network(Path::new(&dir)).ok()?;
+        settings.e2b?.network?.request_host(port)
+    }
+
     pub fn traffic_token(&self, id: &str) -> Option<String> {
         lock(&self.live).get(id).and_then(|l| lock(&l.row).traffic_token.clone())
     }

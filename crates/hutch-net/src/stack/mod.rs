@@ -131,7 +131,11 @@ impl NetHandle {
     }
 
     pub fn log(&self) -> LogView {
-        self.shared.log.view()
+        let mut view = self.shared.log.view();
+        if let LinkState::Lost(why) = self.link() {
+            view.link_lost = Some(why);
+        }
+        view
     }
 
     pub fn link(&self) -> LinkState {

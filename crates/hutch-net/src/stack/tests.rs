@@ -152,5 +152,7 @@ async fn a_bad_frame_length_from_qemu_ends_the_link() {
     theirs.write_all(&70_000u32.to_be_bytes()).await.expect("write");
     let why = tokio::time::timeout(DEADLINE, handle.link_lost()).await.expect("the link ended within the deadline");
     assert_eq!(why, "QEMU sent a frame of 70000 bytes, which no Ethernet frame on this link can be");
+    // Reported where denials are (GET /sandboxes/{id}/network, `hutch net log`).
+    assert_eq!(handle.log().link_lost.as_deref(), Some(why.as_str()));
     assert_eq!(handle.link(), LinkState::Lost(why));
 }

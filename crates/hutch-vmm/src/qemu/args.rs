@@ -76,7 +76,11 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
         // connects as its client, and after a hutch restart the next one reconnects
         // (QEMU listens again once a client leaves). 4-byte length + Ethernet frame,
         // no vnet header, so no offloads; host_mtu lets the guest send 64 KiB frames.
-        push(&["-netdev", &format!("stream,id=net0,server=on,addr.type=fd,addr.str={NET_FD}")]);
+        let netdev = match &nic.host_end {
+            crate::backend::NicHostEnd::Stream => format!("stream,id=net0,server=on,addr.type=fd,addr.str={NET_FD}"),
+            crate::backend::NicHostEnd::QemuUser { options } => format!("user,id=net0,{options}"),
+        };
+        push(&["-netdev", &netdev]);
         let mac = nic.mac.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
         push(&["-device", &format!("virtio-net-device,netdev=net0,mac={mac},host_mtu={},{NIC_QUIRKS}", nic.mtu)]);
     }
@@ -130,7 +134,7 @@ mod tests {
             incoming: Some(crate::backend::Incoming { state: "/snap/state".into(), ignore_shared: true }),
             die_with_parent: true,
             agent_channel: "hutch.agent".into(),
-            nic: Some(crate::backend::Nic { mac: [0x52, 0x54, 0, 1, 2, 3], mtu: 65520 }),
+            nic: Some(crate::backend::Nic { mac: [0x52, 0x54, 0, 1, 2, 3], mtu: 65520, host_end: Default::default() }),
         };
         let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
         let joined = line.join(" ");

@@ -125,9 +125,9 @@ impl QemuVm {
         let console_qemu = listen_at(&spec.console_socket()).map_err(StartError::Spawn)?;
         let qmp_listener = listen_at(&spec.qmp_socket()).map_err(StartError::Spawn)?;
         let agent_listener = listen_at(&spec.agent_socket()).map_err(StartError::Spawn)?;
-        let net_listener = match spec.nic {
-            Some(_) => Some(listen_at(&spec.net_socket()).map_err(StartError::Spawn)?),
-            None => None,
+        let net_listener = match &spec.nic {
+            Some(nic) if nic.listens() => Some(listen_at(&spec.net_socket()).map_err(StartError::Spawn)?),
+            _ => None,
         };
         // Every source sits at 10 or above, so no dup2 below overwrites another's source.
         let mut handed = vec![(console_qemu.as_raw_fd(), CONSOLE_FD), (qmp_listener.as_raw_fd(), QMP_FD), (agent_listener.as_raw_fd(), AGENT_FD)];
