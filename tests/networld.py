@@ -63,6 +63,8 @@ class NetWorld:
         self.map.write_text(json.dumps({
             "tcp": {f"{WEB}:80": at(self.web), f"{WEB}:7": at(self.echo), f"{API}:80": at(self.web)},
             "udp": {f"{WEB}:7": at(self.udp)},
+            # The host's loopback answers echo itself.
+            "icmp": {WEB: "127.0.0.1"},
             "names": {
                 "example.test": [WEB],
                 "api.example.test": [API],

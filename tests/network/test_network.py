@@ -55,6 +55,28 @@ def connect(host, port):
     with socket.create_connection((host, port), timeout=5):
         return "connected"
 
+def ping(host, data):
+    # A raw socket (root): the echo request as ping sends it; the answer is the reply's
+    # data, or the type/code of an ICMP error ("3/13": administratively prohibited).
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP) as s:
+        s.settimeout(5)
+        body = data.encode()
+        header = bytes([8, 0, 0, 0, 0x12, 0x34, 0, 1])
+        total = sum(int.from_bytes((header + body + b"\0")[i:i + 2], "big") for i in range(0, len(header + body), 2))
+        while total >> 16:
+            total = (total & 0xFFFF) + (total >> 16)
+        packet = header[:2] + (~total & 0xFFFF).to_bytes(2, "big") + header[4:] + body
+        s.sendto(packet, (host, 0))
+        while True:
+            reply, (src, _) = s.recvfrom(65536)
+            icmp = reply[(reply[0] & 0x0F) * 4:]
+            if src != host:
+                continue
+            if icmp[0] == 0 and icmp[4:6] == b"\x12\x34":
+                return icmp[8:].decode()
+            if icmp[0] == 3:
+                return f"3/{icmp[1]}"
+
 checks = json.loads(sys.argv[1])
 print(json.dumps([timed(lambda c=c: globals()[c[0]](*c[1:])) for c in checks]))
 '''
@@ -107,6 +129,23 @@ def test_default_sdk_sandbox_reaches_the_internet_and_nothing_private(server, ne
         messages = {d["message"] for d in log["denials"]}
         assert "private addresses are never reachable from sandboxes" in messages
         assert any("resolves to a loopback address" in m for m in messages)
+    finally:
+        sbx.kill()
+
+
+def test_ping_is_answered_where_rules_allow_icmp_and_refused_elsewhere(server, net_world):
+    before = net_world.violation_lines()
+    sbx = Sandbox.create("base")
+    try:
+        sbx.update_network({"allow_out": [WEB], "deny_out": ["0.0.0.0/0"]})
+        sbx.files.write("/tmp/probe.py", PROBE)
+        arg = json.dumps([["ping", WEB, "hutch ping"], ["ping", API, "x"]])
+        r = json.loads(sbx.commands.run(f"python3 /tmp/probe.py '{arg}'", user="root", timeout=120).stdout)
+        # The echo went out from the host (to the test map's loopback) and came back.
+        assert r[0].get("ok") == "hutch ping", r[0]
+        # Not allowed: "administratively prohibited" at once, not a timeout.
+        assert r[1].get("ok") == "3/13" and r[1]["ms"] < 1000, r[1]
+        assert net_world.violation_lines() == before
     finally:
         sbx.kill()
 

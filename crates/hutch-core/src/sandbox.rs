@@ -352,7 +352,7 @@ impl Sandbox {
             die_with_parent: opts.die_with_parent,
             agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
             // A restored guest has a NIC only if its snapshot's VM had one.
-            nic: launch.seed.map_or(true, |s| s.manifest.nic).then(guest_nic),
+            nic: launch.seed.is_none_or(|s| s.manifest.nic).then(guest_nic),
         };
         let record = VmRecord { spec, base_snapshot: launch.base_snapshot, network: opts.network.clone() };
         let (mut vm, agent, net) = start_vm(backend, &record.spec, &record.network, opts, started).await?;

@@ -70,7 +70,8 @@ impl Seam for Direct {
 
 /// The test seam's map, read from the JSON file `HUTCH_NET_TEST_MAP` names:
 /// `{"tcp": {"203.0.113.5:80": "127.0.0.1:4000"}, "udp": {…},
-///   "names": {"example.test": ["203.0.113.5"]}, "violations": "/tmp/x"}`.
+///   "names": {"example.test": ["203.0.113.5"]}, "icmp": {"203.0.113.5": "127.0.0.1"},
+///   "violations": "/tmp/x"}`.
 #[derive(Debug, Default, Deserialize)]
 pub struct TestMapFile {
     #[serde(default)]
@@ -79,6 +80,9 @@ pub struct TestMapFile {
     pub udp: HashMap<SocketAddr, SocketAddr>,
     #[serde(default)]
     pub names: HashMap<String, Vec<Ipv4Addr>>,
+    /// Where echo requests to an address go (ICMP has no ports).
+    #[serde(default)]
+    pub icmp: HashMap<Ipv4Addr, Ipv4Addr>,
     /// Every refused dial or lookup is appended here, one line each.
     pub violations: Option<PathBuf>,
 }
@@ -127,7 +131,16 @@ impl Seam for TestMap {
         let table = match proto {
             Proto::Tcp => &self.map.tcp,
             Proto::Udp => &self.map.udp,
-            Proto::Icmp => return Err(RouteError("ICMP is not relayed".into())),
+            Proto::Icmp => {
+                let to = match dst.ip() {
+                    std::net::IpAddr::V4(ip) => self.map.icmp.get(&ip).copied(),
+                    std::net::IpAddr::V6(_) => None,
+                };
+                return to.map(|ip| SocketAddr::from((ip, 0))).ok_or_else(|| {
+                    self.violation(format!("echo to unmapped {}", dst.ip()));
+                    RouteError(format!("{} is not in the test map", dst.ip()))
+                });
+            }
         };
         table.get(&dst).copied().ok_or_else(|| {
             self.violation(format!("dial of unmapped {} {dst}", proto.name()));

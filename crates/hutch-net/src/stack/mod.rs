@@ -7,6 +7,7 @@
 //! ends it and every flow.
 
 mod device;
+mod icmp;
 mod link;
 mod packets;
 mod tcp;
@@ -156,6 +157,9 @@ impl NetHandle {
 enum Event {
     Dialed { key: FlowKey, result: Result<tokio::net::TcpStream, String> },
     Datagram { from: SocketAddrV4, to: SocketAddrV4, payload: Vec<u8> },
+    /// A frame the stack wrote for the guest off its own task (an echo's reply, or the
+    /// refusal of one the host could not send).
+    Frame(Vec<u8>),
 }
 
 type FlowKey = (SocketAddrV4, SocketAddrV4);
@@ -174,6 +178,8 @@ struct Stack {
     events: mpsc::Sender<Event>,
     /// DNS questions being answered: a guest cannot queue unbounded host lookups.
     dns_slots: Arc<tokio::sync::Semaphore>,
+    /// Echo requests waiting for replies, bounded like DNS questions.
+    echo_slots: Arc<tokio::sync::Semaphore>,
     wake: Arc<Notify>,
     epoch: Instant,
 }
@@ -212,6 +218,7 @@ async fn run(link: UnixStream, shared: Arc<Shared>, limits: Limits) -> LinkError
         tasks: JoinSet::new(),
         events: events_tx,
         dns_slots: Arc::new(tokio::sync::Semaphore::new(DNS_IN_FLIGHT)),
+        echo_slots: Arc::new(tokio::sync::Semaphore::new(DNS_IN_FLIGHT)),
         wake: Arc::new(Notify::new()),
         epoch,
     };
@@ -277,14 +284,9 @@ impl Stack {
                 let payload = payload.to_vec();
                 self.datagram(&frame, src, dst, payload)
             }
-            Inbound::Ping { dst } => {
-                let names = self.names_for(dst);
-                let dest = Dest { ip: IpAddr::V4(dst), proto: Proto::Icmp, port: 0, names: &names };
-                if let Err(reason) = self.shared.policy().check(&dest, &self.shared.reach) {
-                    self.shared.log.flow_denied(Proto::Icmp, dest.ip, 0, None, reason);
-                }
-                // Echo is not relayed: the guest hears why at once instead of a timeout.
-                self.dev.tx.extend(packets::unreachable(&frame, Icmpv4DstUnreachable::CommProhibited));
+            Inbound::Ping { src, dst, ident, seq, data } => {
+                let data = data.to_vec();
+                self.ping(&frame, src, dst, ident, seq, data)
             }
             Inbound::Other => self.dev.rx.push_back(frame),
         }
@@ -375,6 +377,7 @@ impl Stack {
             Event::Datagram { from, to, payload } => {
                 self.dev.tx.extend(packets::udp_to_guest(from, to, &payload, MTU));
             }
+            Event::Frame(frame) => self.dev.tx.push_back(frame),
         }
     }
 
@@ -411,6 +414,44 @@ impl Stack {
                 self.dev.tx.extend(packets::unreachable(frame, Icmpv4DstUnreachable::PortUnreachable));
             }
         }
+    }
+
+    /// An echo request: relayed when the policy allows ICMP to `dst`, else refused at once
+    /// ("administratively prohibited", so the guest hears why instead of a timeout).
+    fn ping(&mut self, frame: &[u8], guest: Ipv4Addr, dst: Ipv4Addr, ident: u16, seq: u16, data: Vec<u8>) {
+        let refusal = packets::unreachable(frame, Icmpv4DstUnreachable::CommProhibited);
+        if self.decide(Proto::Icmp, SocketAddrV4::new(dst, 0)).is_err() {
+            self.dev.tx.extend(refusal);
+            return;
+        }
+        let to = match self.shared.seam.route(SocketAddr::V4(SocketAddrV4::new(dst, 0)), Proto::Icmp) {
+            Ok(SocketAddr::V4(to)) => *to.ip(),
+            Ok(SocketAddr::V6(_)) => return,
+            Err(e) => {
+                self.shared.log.flow_denied(Proto::Icmp, IpAddr::V4(dst), 0, None, DenyReason::DialFailed { error: e.0 });
+                self.dev.tx.extend(refusal);
+                return;
+            }
+        };
+        // More echoes in flight than slots are dropped, as on a congested network.
+        let Ok(slot) = self.echo_slots.clone().try_acquire_owned() else { return };
+        let (shared, events) = (self.shared.clone(), self.events.clone());
+        self.tasks.spawn(async move {
+            let echo = icmp::Echo { to, ident, seq, data };
+            let sent = tokio::task::spawn_blocking(move || icmp::send_and_wait(&echo, icmp::ECHO_WAIT).map(|r| (r, echo))).await;
+            let reply = match sent {
+                Ok(Ok((Some(data), echo))) => packets::echo_reply(dst, guest, echo.ident, echo.seq, &data, MTU),
+                Ok(Ok((None, _))) | Err(_) => None,
+                Ok(Err(e)) => {
+                    shared.log.flow_denied(Proto::Icmp, IpAddr::V4(dst), 0, None, DenyReason::DialFailed { error: e.to_string() });
+                    refusal
+                }
+            };
+            if let Some(frame) = reply {
+                let _ = events.try_send(Event::Frame(frame));
+            }
+            drop(slot);
+        });
     }
 
     /// Lets smoltcp run and moves data until nothing more moves.

@@ -16,7 +16,7 @@ pub enum Inbound<'a> {
     TcpSyn { src: SocketAddrV4, dst: SocketAddrV4 },
     Udp { src: SocketAddrV4, dst: SocketAddrV4, payload: &'a [u8] },
     /// An ICMP echo request to `dst`.
-    Ping { dst: Ipv4Addr },
+    Ping { src: Ipv4Addr, dst: Ipv4Addr, ident: u16, seq: u16, data: &'a [u8] },
     /// Everything else (ARP, segments of open connections, pings to the gateway):
     /// smoltcp's.
     Other,
@@ -49,7 +49,10 @@ pub fn classify(frame: &[u8], gateway: Ipv4Addr) -> Inbound<'_> {
             Err(_) => Inbound::Other,
         },
         IpProtocol::Icmp if dst_ip != gateway => match Icmpv4Packet::new_checked(body) {
-            Ok(icmp) if icmp.msg_type() == smoltcp::wire::Icmpv4Message::EchoRequest => Inbound::Ping { dst: dst_ip },
+            // An echo's data follows its 8-byte header (new_checked saw that much).
+            Ok(icmp) if icmp.msg_type() == smoltcp::wire::Icmpv4Message::EchoRequest => {
+                Inbound::Ping { src: src_ip, dst: dst_ip, ident: icmp.echo_ident(), seq: icmp.echo_seq_no(), data: &body[8..] }
+            }
             _ => Inbound::Other,
         },
         _ => Inbound::Other,
@@ -106,6 +109,19 @@ pub fn udp_to_guest(src: SocketAddrV4, dst: SocketAddrV4, payload: &[u8], ip_mtu
     Some(ethernet(&repr, |body| {
         let mut packet = UdpPacket::new_unchecked(body);
         udp.emit(&mut packet, &(*src.ip()).into(), &(*dst.ip()).into(), payload.len(), |p| p.copy_from_slice(payload), &ChecksumCapabilities::default());
+    }))
+}
+
+/// An echo reply to the guest from the address it pinged; None when it would not fit.
+pub fn echo_reply(from: Ipv4Addr, to: Ipv4Addr, ident: u16, seq: u16, data: &[u8], ip_mtu: usize) -> Option<Vec<u8>> {
+    let icmp = Icmpv4Repr::EchoReply { ident, seq_no: seq, data };
+    if 20 + icmp.buffer_len() > ip_mtu {
+        return None;
+    }
+    let repr = Ipv4Repr { src_addr: from, dst_addr: to, next_header: IpProtocol::Icmp, payload_len: icmp.buffer_len(), hop_limit: 64 };
+    Some(ethernet(&repr, |body| {
+        let mut packet = Icmpv4Packet::new_unchecked(body);
+        icmp.emit(&mut packet, &ChecksumCapabilities::default());
     }))
 }
 

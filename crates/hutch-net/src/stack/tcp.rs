@@ -112,27 +112,29 @@ impl TcpFlow {
             moved = true;
         }
         // Upstream → guest (a server may speak first: its bytes wait for the handshake).
-        while !handshaking {
-            if self.pending.is_empty() {
-                match self.from_upstream.try_recv() {
-                    Ok(c) => self.pending = c,
-                    Err(mpsc::error::TryRecvError::Empty) => break,
-                    Err(mpsc::error::TryRecvError::Disconnected) => {
-                        self.upstream_done = true;
-                        break;
+        if !handshaking {
+            loop {
+                if self.pending.is_empty() {
+                    match self.from_upstream.try_recv() {
+                        Ok(c) => self.pending = c,
+                        Err(mpsc::error::TryRecvError::Empty) => break,
+                        Err(mpsc::error::TryRecvError::Disconnected) => {
+                            self.upstream_done = true;
+                            break;
+                        }
                     }
                 }
-            }
-            if !socket.may_send() {
-                // The guest is gone: nothing more can reach it.
-                self.pending.clear();
-                break;
-            }
-            match socket.send_slice(&self.pending) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    self.pending.advance(n);
-                    moved = true;
+                if !socket.may_send() {
+                    // The guest is gone: nothing more can reach it.
+                    self.pending.clear();
+                    break;
+                }
+                match socket.send_slice(&self.pending) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        self.pending.advance(n);
+                        moved = true;
+                    }
                 }
             }
         }

@@ -156,3 +156,55 @@ async fn a_bad_frame_length_from_qemu_ends_the_link() {
     assert_eq!(handle.log().link_lost.as_deref(), Some(why.as_str()));
     assert_eq!(handle.link(), LinkState::Lost(why));
 }
+
+/// An echo request from the guest to `dst`, as its kernel would frame it.
+fn echo_request(dst: Ipv4Addr, seq: u16) -> Vec<u8> {
+    use smoltcp::wire::{EthernetFrame, EthernetProtocol, EthernetRepr, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Packet, Ipv4Repr};
+    let icmp = Icmpv4Repr::EchoRequest { ident: 0x42, seq_no: seq, data: b"hutch ping" };
+    let ip = Ipv4Repr { src_addr: GUEST_IP, dst_addr: dst, next_header: IpProtocol::Icmp, payload_len: icmp.buffer_len(), hop_limit: 64 };
+    let eth = EthernetRepr { src_addr: EthernetAddress(GUEST_MAC), dst_addr: EthernetAddress(GATEWAY_MAC), ethertype: EthernetProtocol::Ipv4 };
+    let mut buf = vec![0; eth.buffer_len() + ip.buffer_len() + icmp.buffer_len()];
+    let mut frame = EthernetFrame::new_unchecked(&mut buf[..]);
+    eth.emit(&mut frame);
+    let mut packet = Ipv4Packet::new_unchecked(frame.payload_mut());
+    ip.emit(&mut packet, &smoltcp::phy::ChecksumCapabilities::default());
+    icmp.emit(&mut Icmpv4Packet::new_unchecked(packet.payload_mut()), &smoltcp::phy::ChecksumCapabilities::default());
+    buf
+}
+
+/// The ICMP message the stack sends the guest next: (from, type, seq or 0, data).
+async fn next_icmp(guest: &mut Guest) -> (Ipv4Addr, smoltcp::wire::Icmpv4Message, u16, Vec<u8>) {
+    use smoltcp::wire::{EthernetFrame, Icmpv4Packet, IpProtocol, Ipv4Packet};
+    loop {
+        let frame = tokio::time::timeout(DEADLINE, guest.frames.recv()).await.expect("a frame within the deadline").expect("link open");
+        let eth = EthernetFrame::new_checked(&frame[..]).expect("ethernet");
+        let Ok(ip) = Ipv4Packet::new_checked(eth.payload()) else { continue };
+        if ip.next_header() != IpProtocol::Icmp {
+            continue;
+        }
+        let icmp = Icmpv4Packet::new_checked(ip.payload()).expect("icmp");
+        let seq = if icmp.msg_type() == smoltcp::wire::Icmpv4Message::EchoReply { icmp.echo_seq_no() } else { 0 };
+        return (ip.src_addr(), icmp.msg_type(), seq, icmp.data().to_vec());
+    }
+}
+
+#[tokio::test]
+async fn echo_is_relayed_where_the_policy_allows_it_and_refused_elsewhere() {
+    const PINGED: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 9);
+    const NOT_ALLOWED: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let map = TestMapFile { icmp: [(PINGED, Ipv4Addr::LOCALHOST)].into(), violations: Some(dir.path().join("violations")), ..Default::default() };
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let handle = NetHandle::start(ours, Policy::parse(&format!("allow@{PINGED}")).expect("policy"), Reach::default(), Arc::new(TestMap::new(map)), Limits::default());
+    let mut guest = Guest::new(theirs);
+    link::write_frames(&mut guest.wr, [echo_request(PINGED, 1)].into_iter()).await.expect("write");
+    // The host's loopback answered; the guest hears it from the address it pinged.
+    assert_eq!(next_icmp(&mut guest).await, (PINGED, smoltcp::wire::Icmpv4Message::EchoReply, 1, b"hutch ping".to_vec()));
+    link::write_frames(&mut guest.wr, [echo_request(NOT_ALLOWED, 2)].into_iter()).await.expect("write");
+    let (from, kind, _, _) = next_icmp(&mut guest).await;
+    assert_eq!((from, kind), (NOT_ALLOWED, smoltcp::wire::Icmpv4Message::DstUnreachable));
+    let log = handle.log();
+    assert_eq!(log.denials.len(), 1);
+    assert_eq!(log.denials[0].message, "no rule allows it");
+    assert!(!dir.path().join("violations").exists(), "nothing unmapped was pinged");
+}
