@@ -8,6 +8,9 @@ import json
 import os
 import socket
 import subprocess
+import shutil
+
+import httpx
 from pathlib import Path
 
 import pytest
@@ -297,3 +300,36 @@ def test_hutch_sdk_egress_rules_and_live_update(server, net_world):
         view = s.network()
         assert view["egress"] == ["allow@public:tcp:7"]
         assert any(d["proto"] == "tcp" and d["port"] == 80 and "no rule allows it" == d["message"] for d in view["log"]["denials"])
+
+
+def test_an_adopted_sandbox_gets_a_fresh_stack_with_its_own_rules(net_world, monkeypatch):
+    """After `hutch serve` dies (SIGKILL), the next server adopts the running VM and
+    connects a new stack to its NIC: the same rules, working connections, a new log."""
+    import signal
+    home, port = new_home("hutch-net-adopt-"), free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {"HUTCH_NET_TEST_MAP": str(net_world.map)}
+    # The SDK's data plane goes by these too: this server's, never E2B's.
+    for name, value in (("E2B_API_URL", url), ("E2B_SANDBOX_URL", url), ("E2B_API_KEY", API_KEY)):
+        monkeypatch.setenv(name, value)
+    proc = launch(home, port, env_extra=env)
+    sid = None
+    try:
+        sbx = Sandbox.create("base", network={"allow_out": [WEB], "deny_out": ["0.0.0.0/0"]}, timeout=600)
+        sid = sbx.sandbox_id
+        assert probe(sbx, ("http", f"http://{WEB}/"))[0]["ok"] == HTTP_BODY.decode()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+        proc = launch(home, port, env_extra=env)
+        back = Sandbox.connect(sid)
+        r = probe(back, ("http", f"http://{WEB}/"), ("connect", API, 80))
+        assert r[0].get("ok") == HTTP_BODY.decode(), r[0]
+        assert refused(r[1]), r[1]
+        view = httpx.get(f"{url}/sandboxes/{sid}/network", headers={"X-API-Key": API_KEY}).json()
+        assert view["network"] == {"allowOut": [WEB], "denyOut": ["0.0.0.0/0"]}
+        assert view["log"]["counters"]["flows_denied"] == 1 and "link_lost" not in view["log"], view["log"]
+    finally:
+        if sid:
+            Sandbox.kill(sid)
+        stop(proc)
+    shutil.rmtree(home, ignore_errors=True)
