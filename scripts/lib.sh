@@ -113,6 +113,23 @@ ensure_host_packages() {
   echo "QEMU $(tool_version qemu-system-x86_64) (qemu-img $(tool_version qemu-img))" >&2
 }
 
+# What the tests need beyond hutch's own packages: Debian's OCI registry (the image pull
+# tests start their own on loopback), htpasswd for its login, and a static busybox (the
+# busybox-only image the template tests build and boot).
+TEST_PACKAGES=(docker-registry apache2-utils busybox-static)
+
+ensure_test_packages() {
+  command -v docker-registry >/dev/null 2>&1 && command -v htpasswd >/dev/null 2>&1 && [ -x /bin/busybox ] && return 0
+  [ "$(id -u)" = 0 ] || die "the tests need ${TEST_PACKAGES[*]}; run this as root so it can install them"
+  step "installing the tests' Debian packages: ${TEST_PACKAGES[*]}"
+  apt-get update -qq || die "apt-get update failed (see above)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-remove --no-install-recommends "${TEST_PACKAGES[@]}" >/dev/null \
+    || die "apt-get could not install ${TEST_PACKAGES[*]} (see above)"
+  # The package starts a system registry on :5000 where systemd runs; the tests start
+  # their own, so that one goes.
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
+}
+
 ensure_rust() {
   if ! command -v cargo >/dev/null 2>&1 && [ -f "$HOME/.cargo/env" ]; then
     # shellcheck disable=SC1091

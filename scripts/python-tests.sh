@@ -3,6 +3,7 @@
 # own Python SDK (sdk/python, used from the tree), REST error handling, the quickstart
 # example. The virtualenv is cached under $HUTCH_HOME.
 source "$(dirname "$0")/lib.sh"
+ensure_test_packages
 VENV="$HUTCH_HOME/cache/py-e2b-2.63.0-ci-2.11.5"
 if [ ! -x "$VENV/bin/pytest" ]; then
   step "installing the official e2b SDKs (e2b 2.63.0, e2b-code-interpreter 2.11.5) and pytest into $VENV"

@@ -2,6 +2,7 @@
 # Quick start, part 2: the whole test suite. Tests boot real microVMs.
 source "$(dirname "$0")/lib.sh"
 ensure_host_packages
+ensure_test_packages
 ensure_rust
 build
 step "preparing guest artifacts"

@@ -46,6 +46,9 @@ enum Command {
     /// Manage the API keys of `hutch serve`.
     #[command(subcommand)]
     Keys(commands::keys::KeysCommand),
+    /// Templates: build one from an OCI image, list them.
+    #[command(subcommand)]
+    Template(commands::template::TemplateCommand),
     #[command(flatten)]
     Remote(commands::remote::RemoteCommand),
 }
@@ -78,6 +81,7 @@ fn main() {
             Command::Bench(args) => commands::bench::run(args).await,
             Command::Serve(args) => commands::serve::run(args).await,
             Command::Keys(cmd) => commands::keys::run(cmd).await,
+            Command::Template(cmd) => commands::template::run(cmd).await,
             Command::Remote(cmd) => commands::remote::run(cli.server, cmd).await,
         }
     });

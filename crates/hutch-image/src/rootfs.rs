@@ -165,8 +165,19 @@ pub struct Template {
     /// The fingerprint of the recipe it was built from (empty: not built by a recipe).
     #[serde(default)]
     pub recipe: String,
+    /// The OCI image it was made from, with that image's defaults (None: a recipe's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<ImageSource>,
     #[serde(skip)]
     pub dir: PathBuf,
+}
+
+/// The OCI image a template was made from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageSource {
+    pub reference: String,
+    pub manifest_digest: String,
+    pub defaults: hutch_oci::ImageDefaults,
 }
 
 impl Template {
@@ -223,7 +234,7 @@ fn content_id(image: &Path) -> Result<String, TemplateError> {
 /// of its own, and the manifest naming it replaces the old one in one rename. Earlier
 /// builds stay where they are, for the overlays and snapshots stacked on them, until
 /// `prune_builds` finds nothing refers to them.
-fn install(home: &HutchHome, built: &Path, mut template: Template) -> Result<Template, TemplateError> {
+pub(crate) fn install(home: &HutchHome, built: &Path, mut template: Template) -> Result<Template, TemplateError> {
     let dir = home.template(&template.name);
     template.build_id = content_id(built)?;
     let relative = format!("{BUILDS}/{}/{IMAGE}", template.build_id);
@@ -392,7 +403,7 @@ impl BuildMode {
     }
 }
 
-fn nix_is_root() -> bool {
+pub(crate) fn nix_is_root() -> bool {
     std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0).unwrap_or(false)
 }
 
@@ -483,6 +494,7 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, m
         build_id: String::new(),
         image: String::new(),
         recipe: recipe.fingerprint(),
+        source: None,
         built_at,
         disk_size: DISK_SIZE,
         dir: PathBuf::new(),
@@ -532,7 +544,7 @@ mod build_tests {
     }
 
     fn manifest(name: &str) -> Template {
-        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), dir: PathBuf::new() }
+        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), source: None, dir: PathBuf::new() }
     }
 
     #[test]

@@ -9,3 +9,4 @@ pub mod run;
 pub mod serve;
 pub mod setup;
 pub mod snapshot;
+pub mod template;

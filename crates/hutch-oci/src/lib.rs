@@ -1,0 +1,17 @@
+//! OCI images for hutch templates: pulling an image from any registry into a blob cache
+//! shared by every image (each blob verified against its digest), and applying its
+//! layers to a root filesystem with the image spec's whiteouts.
+
+pub mod config;
+pub mod pull;
+pub mod store;
+pub mod unpack;
+
+pub use config::ImageDefaults;
+pub use store::{BlobStore, Digest};
+
+/// Installs the process's TLS provider (ring) for registry clients; later calls, and a
+/// provider already installed, are fine. Any `oci_client::Client` needs it first.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}

@@ -1,0 +1,243 @@
+//! Pulling an image: its manifest (from a multi-platform index, the linux/amd64 one),
+//! its config and its layers, each blob into the shared cache unless it is there
+//! already, layers in parallel, every byte checked against its digest.
+
+use crate::config::{ConfigError, ImageDefaults};
+use crate::store::{BadDigest, BlobStore, Digest, StoreError};
+use futures::{StreamExt, TryStreamExt};
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::OciDistributionError;
+use oci_client::manifest::{OciDescriptor, OciManifest};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Layers downloaded at once.
+const PARALLEL_LAYERS: usize = 4;
+
+/// How hutch reaches registries.
+#[derive(Debug, Clone, Default)]
+pub struct RegistryOptions {
+    /// `user:password` for basic auth (or a token exchange the registry asks for).
+    pub credentials: Option<(String, String)>,
+    /// Registries (`host:port`) spoken to over plain HTTP: loopback test registries.
+    pub insecure: Vec<String>,
+}
+
+/// What is pulled, and what is only found in the cache.
+#[derive(Debug, Clone)]
+pub struct PulledImage {
+    pub reference: String,
+    pub manifest_digest: Digest,
+    pub defaults: ImageDefaults,
+    /// Layer digests, lowest first.
+    pub layers: Vec<Digest>,
+    pub bytes_downloaded: u64,
+    pub layers_downloaded: usize,
+    pub layers_cached: usize,
+}
+
+/// How a pull shows progress: one line per layer as it starts and ends, bytes as they come.
+pub trait PullProgress: Send + Sync {
+    fn layer_started(&self, digest: &Digest, size: u64, cached: bool);
+    fn layer_bytes(&self, digest: &Digest, bytes: u64);
+    fn layer_done(&self, digest: &Digest);
+}
+
+/// No progress shown.
+pub struct Quiet;
+
+impl PullProgress for Quiet {
+    fn layer_started(&self, _: &Digest, _: u64, _: bool) {}
+    fn layer_bytes(&self, _: &Digest, _: u64) {}
+    fn layer_done(&self, _: &Digest) {}
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PullError {
+    #[error("`{reference}` is not an image reference ({reason}); write it as [REGISTRY/]NAME[:TAG][@DIGEST], e.g. debian:bookworm or localhost:5000/app:1")]
+    BadReference { reference: String, reason: String },
+    #[error("{reference} was not found in its registry (no such repository or tag); check the name and tag")]
+    NotFound { reference: String },
+    #[error("the registry refused {reference}: the credentials are missing or wrong; pass --registry-user/--registry-password (or HUTCH_REGISTRY_USER/HUTCH_REGISTRY_PASSWORD)")]
+    Unauthorized { reference: String },
+    #[error("the registry for {reference} could not be reached: {reason}")]
+    Unreachable { reference: String, reason: String },
+    #[error("{reference} has no linux/amd64 image; it is built for {available}")]
+    WrongPlatform { reference: String, available: String },
+    #[error("{reference}: {source}")]
+    Config { reference: String, #[source] source: ConfigError },
+    #[error("{reference}: a blob digest from the registry is not usable: {source}")]
+    Digest { reference: String, #[source] source: BadDigest },
+    #[error("{reference}: {source}")]
+    Store { reference: String, #[source] source: StoreError },
+    #[error("{reference}: the registry answered: {reason}")]
+    Registry { reference: String, reason: String },
+}
+
+pub struct Puller {
+    client: Client,
+    auth: RegistryAuth,
+    store: BlobStore,
+}
+
+impl Puller {
+    pub fn new(store: BlobStore, options: &RegistryOptions) -> Puller {
+        crate::install_tls_provider();
+        let config = ClientConfig {
+            protocol: if options.insecure.is_empty() { ClientProtocol::Https } else { ClientProtocol::HttpsExcept(options.insecure.clone()) },
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(60)),
+            ..Default::default()
+        };
+        let auth = match &options.credentials {
+            Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
+            None => RegistryAuth::Anonymous,
+        };
+        Puller { client: Client::new(config), auth, store }
+    }
+
+    pub fn store(&self) -> &BlobStore {
+        &self.store
+    }
+
+    pub async fn pull(&self, reference: &str, progress: Arc<dyn PullProgress>) -> Result<PulledImage, PullError> {
+        let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| PullError::BadReference { reference: reference.to_string(), reason: e.to_string() })?;
+        let name = image.whole();
+        let fail = |e: OciDistributionError| classify(&name, e);
+        let (manifest, digest) = self.client.pull_manifest(&image, &self.auth).await.map_err(fail)?;
+        let (manifest, digest) = match manifest {
+            OciManifest::Image(m) => (m, digest),
+            OciManifest::ImageIndex(index) => {
+                let entry = index.manifests.iter().find(|e| e.platform.as_ref().is_some_and(|p| p.os.to_string() == "linux" && p.architecture.to_string() == "amd64"));
+                let Some(entry) = entry else {
+                    let available: Vec<String> = index.manifests.iter().filter_map(|e| e.platform.as_ref().map(|p| format!("{}/{}", p.os, p.architecture))).collect();
+                    return Err(PullError::WrongPlatform { reference: name, available: if available.is_empty() { "no platform it names".into() } else { available.join(", ") } });
+                };
+                let pinned = image.clone_with_digest(entry.digest.clone());
+                match self.client.pull_manifest(&pinned, &self.auth).await.map_err(fail)? {
+                    (OciManifest::Image(m), d) => (m, d),
+                    (OciManifest::ImageIndex(_), _) => return Err(PullError::Registry { reference: name, reason: "an index points to another index".into() }),
+                }
+            }
+        };
+        let digest_of = |d: &str| Digest::parse(d).map_err(|source| PullError::Digest { reference: name.clone(), source });
+        let manifest_digest = digest_of(&digest)?;
+        let config_digest = digest_of(&manifest.config.digest)?;
+        self.fetch(&image, &manifest.config, &config_digest, None).await.map_err(|e| self.attach(&name, e))?;
+        let config = std::fs::read(self.store.path(&config_digest)).map_err(|source| PullError::Store { reference: name.clone(), source: StoreError::Io { path: self.store.path(&config_digest), source } })?;
+        let defaults = ImageDefaults::from_config(&config).map_err(|source| PullError::Config { reference: name.clone(), source })?;
+
+        let layers: Vec<(Digest, &OciDescriptor)> = manifest.layers.iter().map(|l| Ok((digest_of(&l.digest)?, l))).collect::<Result<_, PullError>>()?;
+        let mut cached = 0;
+        let mut wanted = Vec::new();
+        for (digest, descriptor) in &layers {
+            let have = self.store.has(digest);
+            progress.layer_started(digest, descriptor.size.max(0) as u64, have);
+            if have {
+                cached += 1;
+                progress.layer_done(digest);
+            } else if !wanted.iter().any(|(d, _)| d == digest) {
+                wanted.push((digest.clone(), *descriptor));
+            }
+        }
+        let downloaded: Vec<u64> = futures::stream::iter(wanted.iter().map(|(digest, descriptor)| {
+            let progress = progress.clone();
+            let image = &image;
+            async move {
+                let bytes = self.fetch(image, descriptor, digest, Some(progress.as_ref())).await?;
+                progress.layer_done(digest);
+                Ok::<u64, FetchError>(bytes)
+            }
+        }))
+        .buffer_unordered(PARALLEL_LAYERS)
+        .try_collect()
+        .await
+        .map_err(|e| self.attach(&name, e))?;
+        Ok(PulledImage {
+            reference: name,
+            manifest_digest,
+            defaults,
+            layers: layers.into_iter().map(|(d, _)| d).collect(),
+            bytes_downloaded: downloaded.iter().sum(),
+            layers_downloaded: downloaded.len(),
+            layers_cached: cached,
+        })
+    }
+
+    /// One blob into the cache (unless it is there); the bytes downloaded.
+    async fn fetch(&self, image: &Reference, descriptor: &OciDescriptor, digest: &Digest, progress: Option<&dyn PullProgress>) -> Result<u64, FetchError> {
+        if self.store.has(digest) {
+            return Ok(0);
+        }
+        let mut stream = self.client.pull_blob_stream(image, descriptor).await.map_err(FetchError::Registry)?;
+        let mut writer = self.store.writer(digest).await.map_err(FetchError::Store)?;
+        use tokio::io::AsyncWriteExt;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| FetchError::Transfer(e.to_string()))?;
+            writer.write_all(&chunk).await.map_err(|source| FetchError::Store(StoreError::Io { path: self.store.path(digest), source }))?;
+            if let Some(p) = progress {
+                p.layer_bytes(digest, chunk.len() as u64);
+            }
+        }
+        let written = writer.written();
+        writer.finish().await.map_err(FetchError::Store)?;
+        Ok(written)
+    }
+
+    fn attach(&self, reference: &str, e: FetchError) -> PullError {
+        match e {
+            FetchError::Registry(e) => classify(reference, e),
+            FetchError::Store(source) => PullError::Store { reference: reference.to_string(), source },
+            FetchError::Transfer(reason) => PullError::Unreachable { reference: reference.to_string(), reason: format!("the download broke off: {reason}") },
+        }
+    }
+}
+
+#[derive(Debug)]
+enum FetchError {
+    Registry(OciDistributionError),
+    Store(StoreError),
+    /// The download broke off midway.
+    Transfer(String),
+}
+
+/// A registry client's error as the one sentence the user needs.
+fn classify(reference: &str, e: OciDistributionError) -> PullError {
+    let reference = reference.to_string();
+    match e {
+        OciDistributionError::ImageManifestNotFoundError(_) => PullError::NotFound { reference },
+        OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => PullError::Unauthorized { reference },
+        OciDistributionError::RegistryError { envelope, .. } => {
+            let codes: Vec<String> = envelope.errors.iter().map(|e| format!("{:?}", e.code)).collect();
+            let text = codes.join(" ").to_uppercase();
+            if text.contains("UNKNOWN") || text.contains("NOTFOUND") {
+                PullError::NotFound { reference }
+            } else if text.contains("UNAUTHORIZED") || text.contains("DENIED") {
+                PullError::Unauthorized { reference }
+            } else {
+                PullError::Registry { reference, reason: envelope.errors.iter().map(|e| e.message.clone()).collect::<Vec<_>>().join("; ") }
+            }
+        }
+        OciDistributionError::ServerError { code: 404, .. } => PullError::NotFound { reference },
+        OciDistributionError::ServerError { code: 401 | 403, .. } => PullError::Unauthorized { reference },
+        OciDistributionError::DigestError(d) => PullError::Store {
+            reference,
+            source: StoreError::Io { path: Default::default(), source: std::io::Error::other(format!("the registry sent bytes that do not match their digest ({d}): tampered or corrupted")) },
+        },
+        OciDistributionError::RequestError(r) if r.is_connect() || r.is_timeout() => PullError::Unreachable { reference, reason: error_chain(&r) },
+        other => PullError::Registry { reference, reason: other.to_string() },
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}

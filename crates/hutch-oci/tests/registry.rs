@@ -1,0 +1,185 @@
+//! Pulls from Debian's `docker-registry` on loopback, started here (one open, one behind
+//! htpasswd), with images this test pushes: shared layers fetched once, a tampered blob,
+//! a missing tag, a wrong password, an unreachable registry. Nothing leaves the machine.
+
+use hutch_oci::pull::{PullError, Puller, Quiet, RegistryOptions};
+use hutch_oci::{BlobStore, Digest};
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::secrets::RegistryAuth;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
+const CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+
+struct Registry {
+    child: Child,
+    addr: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registry {
+    /// `docker-registry` on a free loopback port; with `login`, behind htpasswd.
+    fn start(login: Option<(&str, &str)>) -> Registry {
+        let binary = Path::new("/usr/bin/docker-registry");
+        assert!(binary.exists(), "Debian's docker-registry is not installed (scripts/test.sh installs it: apt-get install docker-registry apache2-utils)");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        let addr = format!("127.0.0.1:{port}");
+        let mut config = format!(
+            "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+            dir.path().join("data").display()
+        );
+        if let Some((user, password)) = login {
+            let out = Command::new("htpasswd").args(["-Bbn", user, password]).output().expect("htpasswd (apache2-utils)");
+            assert!(out.status.success(), "htpasswd failed");
+            std::fs::write(dir.path().join("htpasswd"), out.stdout).expect("htpasswd file");
+            config.push_str(&format!("auth:\n  htpasswd:\n    realm: hutch-test\n    path: {}\n", dir.path().join("htpasswd").display()));
+        }
+        std::fs::write(dir.path().join("config.yml"), config).expect("config");
+        let child = Command::new(binary)
+            .arg("serve")
+            .arg(dir.path().join("config.yml"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("registry.log")).expect("log"))
+            .spawn()
+            .expect("docker-registry");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(Instant::now() < deadline, "docker-registry did not listen on {addr} within 20 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Registry { child, addr, dir }
+    }
+
+    fn options(&self, login: Option<(&str, &str)>) -> RegistryOptions {
+        RegistryOptions { credentials: login.map(|(u, p)| (u.to_string(), p.to_string())), insecure: vec![self.addr.clone()] }
+    }
+
+    /// Where the registry keeps a blob's bytes.
+    fn blob_file(&self, digest: &Digest) -> PathBuf {
+        self.dir.path().join("data/docker/registry/v2/blobs/sha256").join(&digest.hex()[..2]).join(digest.hex()).join("data")
+    }
+
+    async fn push(&self, name: &str, layers: &[Vec<u8>], login: Option<(&str, &str)>) {
+        hutch_oci::install_tls_provider();
+        let client = oci_client::Client::new(ClientConfig { protocol: ClientProtocol::HttpsExcept(vec![self.addr.clone()]), ..Default::default() });
+        let reference: oci_client::Reference = format!("{}/{name}", self.addr).parse().expect("reference");
+        let layers: Vec<ImageLayer> = layers.iter().map(|l| ImageLayer::new(l.clone(), LAYER.into(), None)).collect();
+        let config = br#"{"architecture":"amd64","os":"linux","config":{"Env":["GREETING=hi"],"WorkingDir":"/srv","User":"1000"},"rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let auth = login.map(|(u, p)| RegistryAuth::Basic(u.into(), p.into())).unwrap_or(RegistryAuth::Anonymous);
+        client.push(&reference, &layers, Config::new(config.to_vec(), CONFIG.into(), None), &auth, None).await.expect("push");
+    }
+}
+
+/// A gzipped tar with the given files.
+fn layer(files: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in files {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_mode(0o644);
+        h.set_size(data.len() as u64);
+        b.append_data(&mut h, path, *data).expect("append");
+    }
+    let mut g = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    g.write_all(&b.into_inner().expect("tar")).expect("gzip");
+    g.finish().expect("gzip")
+}
+
+fn puller(store: &Path, options: &RegistryOptions) -> Puller {
+    Puller::new(BlobStore::new(store), options)
+}
+
+#[tokio::test]
+async fn a_second_image_downloads_only_the_layers_it_does_not_share() {
+    let registry = Registry::start(None);
+    let shared = layer(&[("etc/shared", b"both images")]);
+    registry.push("app-a:1", &[shared.clone(), layer(&[("a", b"only a")])], None).await;
+    registry.push("app-b:1", &[shared.clone(), layer(&[("b", b"only b")])], None).await;
+    let cache = tempfile::tempdir().expect("cache");
+    let p = puller(cache.path(), &registry.options(None));
+    let a = p.pull(&format!("{}/app-a:1", registry.addr), Arc::new(Quiet)).await.expect("pull a");
+    assert_eq!((a.layers_downloaded, a.layers_cached), (2, 0));
+    assert_eq!(a.defaults.env.get("GREETING").map(String::as_str), Some("hi"));
+    assert_eq!((a.defaults.workdir.as_deref(), a.defaults.user.as_deref()), (Some("/srv"), Some("1000")));
+    let b = p.pull(&format!("{}/app-b:1", registry.addr), Arc::new(Quiet)).await.expect("pull b");
+    assert_eq!((b.layers_downloaded, b.layers_cached), (1, 1), "the shared layer came from the cache");
+    assert_eq!(b.layers[0], a.layers[0]);
+    // The layers apply to a tree.
+    let tree = tempfile::tempdir().expect("tree");
+    let root = std::fs::canonicalize(tree.path()).expect("root");
+    for d in &b.layers {
+        hutch_oci::unpack::apply_layer(&root, std::fs::File::open(p.store().path(d)).expect("blob"), d.short()).expect("apply");
+    }
+    assert_eq!(std::fs::read(root.join("etc/shared")).expect("shared"), b"both images");
+    assert_eq!(std::fs::read(root.join("b")).expect("b"), b"only b");
+}
+
+#[tokio::test]
+async fn bad_pulls_are_one_clear_error_and_leave_nothing_in_the_cache() {
+    let registry = Registry::start(None);
+    let cache = tempfile::tempdir().expect("cache");
+    let p = puller(cache.path(), &registry.options(None));
+    let missing = p.pull(&format!("{}/nothing:here", registry.addr), Arc::new(Quiet)).await.expect_err("missing tag");
+    assert!(matches!(missing, PullError::NotFound { .. }), "{missing}");
+    assert!(missing.to_string().contains("was not found in its registry"), "{missing}");
+
+    let bad = p.pull("Not A Reference", Arc::new(Quiet)).await.expect_err("bad reference");
+    assert!(matches!(bad, PullError::BadReference { .. }), "{bad}");
+
+    // The registry serves other bytes than the manifest names.
+    let tampered_layer = layer(&[("x", b"original")]);
+    registry.push("tampered:1", std::slice::from_ref(&tampered_layer), None).await;
+    let digest = Digest::of(&tampered_layer);
+    std::fs::write(registry.blob_file(&digest), layer(&[("x", b"evil")])).expect("tamper");
+    let err = p.pull(&format!("{}/tampered:1", registry.addr), Arc::new(Quiet)).await.expect_err("tampered blob");
+    assert!(err.to_string().contains("do not match") || err.to_string().contains("tampered"), "{err}");
+    assert!(!p.store().has(&digest), "the tampered blob is not cached");
+    let partial: Vec<_> = walk(cache.path()).into_iter().filter(|f| f.to_string_lossy().contains("partial")).collect();
+    assert!(partial.is_empty(), "no partial files: {partial:?}");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").to_string();
+    let options = RegistryOptions { credentials: None, insecure: vec![closed.clone()] };
+    let err = puller(cache.path(), &options).pull(&format!("{closed}/app:1"), Arc::new(Quiet)).await.expect_err("nothing listens");
+    assert!(matches!(err, PullError::Unreachable { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_registry_with_a_login_wants_the_right_password() {
+    let registry = Registry::start(Some(("hutch", "s3cret")));
+    registry.push("private:1", &[layer(&[("p", b"private")])], Some(("hutch", "s3cret"))).await;
+    let cache = tempfile::tempdir().expect("cache");
+    let image = format!("{}/private:1", registry.addr);
+    for login in [None, Some(("hutch", "wrong"))] {
+        let err = puller(cache.path(), &registry.options(login)).pull(&image, Arc::new(Quiet)).await.expect_err("refused");
+        assert!(matches!(err, PullError::Unauthorized { .. }), "{login:?}: {err}");
+    }
+    let ok = puller(cache.path(), &registry.options(Some(("hutch", "s3cret")))).pull(&image, Arc::new(Quiet)).await.expect("the right password");
+    assert_eq!(ok.layers_downloaded, 1);
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
