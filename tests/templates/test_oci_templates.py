@@ -116,7 +116,7 @@ def busybox_image() -> list[bytes]:
     return [layer(base), layer(app)]
 
 
-CONFIG = {"architecture": "amd64", "os": "linux", "config": {"Env": ["GREETING=hi"], "WorkingDir": "/srv"},
+CONFIG = {"architecture": "amd64", "os": "linux", "config": {"Env": ["GREETING=hi"], "WorkingDir": "/srv", "User": "1000"},
           "rootfs": {"type": "layers", "diff_ids": []}}
 
 
@@ -134,9 +134,11 @@ def test_a_busybox_image_becomes_a_template_that_boots(registry, home):
     listed = hutch(home, "template", "ls")
     assert f"bbtest" in listed.stdout and f"{registry}/bb:1" in listed.stdout, listed.stdout
     ran = hutch(home, "run", "--template", "bbtest", "--", "/bin/sh", "-c",
-                "cat /srv/hello; test -e /srv/gone || echo gone; id -u user; echo $0")
+                "cat /srv/hello; test -e /srv/gone || echo gone; id -u user; echo $0; echo $GREETING; pwd; id -u")
     assert ran.returncode == 0, ran.stderr
-    assert ran.stdout.splitlines() == ["hello from an OCI layer", "gone", "1000", "/bin/sh"], ran.stdout
+    # The layers merged (the whiteout removed /srv/gone), the default user was added, and
+    # the image's Env, WorkingDir and User (uid 1000) are the sandbox's defaults.
+    assert ran.stdout.splitlines() == ["hello from an OCI layer", "gone", "1000", "/bin/sh", "hi", "/srv", "1000"], ran.stdout
     # The same image again: every layer comes from the cache.
     again = hutch(home, "template", "build", "-t", "bbtest", "--from-image", f"{registry}/bb:1", "--insecure-registry", registry)
     assert again.returncode == 0 and "0 layer(s) downloaded" in again.stderr and "2 already cached" in again.stderr, again.stderr

@@ -60,6 +60,7 @@ fn start_template_services(state: &state::AgentState) {
         args: vec![TEMPLATE_START.into()],
         envs: Default::default(),
         cwd: Some("/".into()),
+        default_cwd: None,
         user: process::user::GuestUser::root(),
         pty: None,
         stdin: false,

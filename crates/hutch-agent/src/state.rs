@@ -16,11 +16,13 @@ pub struct Config {
     /// When set, data-plane requests must carry it in `X-Access-Token`.
     pub access_token: Option<String>,
     pub default_user: String,
+    /// Where processes start when they name no cwd (the image's `WorkingDir`).
+    pub default_workdir: Option<String>,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { env_vars: BTreeMap::new(), access_token: None, default_user: "user".into() }
+        Config { env_vars: BTreeMap::new(), access_token: None, default_user: "user".into(), default_workdir: None }
     }
 }
 

@@ -72,7 +72,8 @@ fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], 
         let applied = hutch_oci::unpack::apply_layer(&tree, file, digest.short())?;
         progress.detail(&format!("{}: {} entries, {} whiteouts", digest.short(), applied.entries, applied.whiteouts));
     }
-    ensure_default_user(&tree, &source.defaults)?;
+    ensure_default_user(&tree)?;
+    write_defaults(&tree, &source.defaults)?;
     let size = crate::progress::tree_size(&tree);
     // ext4's own metadata needs room too.
     if size > DISK_SIZE / 10 * 9 {
@@ -105,10 +106,24 @@ fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], 
     Ok(install(home, &image, template)?)
 }
 
+/// Where the agent reads the image's defaults at `/init` (hutch-proto's
+/// `IMAGE_DEFAULTS_PATH`): the template carries them, so every sandbox of it, however
+/// it starts, gets the image's `Env`, `WorkingDir` and `User`.
+const DEFAULTS_FILE: &str = "etc/hutch/image.json";
+
+fn write_defaults(tree: &Path, defaults: &ImageDefaults) -> Result<(), FromImageError> {
+    let path = tree.join(DEFAULTS_FILE);
+    let dir = path.parent().unwrap_or(tree);
+    std::fs::create_dir_all(dir).map_err(at("creating", dir))?;
+    let json = serde_json::to_vec_pretty(defaults).map_err(|e| at("writing", &path)(std::io::Error::other(e)))?;
+    std::fs::write(&path, json).map_err(at("writing", &path))?;
+    Ok(())
+}
+
 /// Adds the default user (uid 1000, home /home/user) unless the image has a user of
 /// that name: E2B's SDKs run commands as `user`. The shell is bash where the image has
 /// it, else /bin/sh.
-fn ensure_default_user(tree: &Path, _defaults: &ImageDefaults) -> Result<(), FromImageError> {
+fn ensure_default_user(tree: &Path) -> Result<(), FromImageError> {
     let etc = tree.join("etc");
     std::fs::create_dir_all(&etc).map_err(at("creating", &etc))?;
     let passwd = etc.join("passwd");

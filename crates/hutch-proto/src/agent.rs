@@ -190,3 +190,19 @@ mod tests {
         assert!(opens_host_line(&idle_probe(1)) && opens_host_line(&hello_line(1)) && !opens_host_line(b"PRI *"));
     }
 }
+
+/// Where a template made from an OCI image keeps that image's defaults, for the agent
+/// to apply at `/init`: the template carries them, so every way a sandbox starts
+/// (boot, restore, pool, resume, fork) gets them.
+pub const IMAGE_DEFAULTS_PATH: &str = "/etc/hutch/image.json";
+
+/// The image's `Env`, `WorkingDir` and `User`, as the template recorded them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageDefaults {
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+}

@@ -32,7 +32,10 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
     if let Some(seed) = req.entropy.as_deref().and_then(|s| hutch_proto::b64::decode(s).ok()) {
         crate::guest::reseed_rng(&seed);
     }
-    let mut env_vars = req.env_vars;
+    // The image's defaults first; what the host sends wins.
+    let image = image_defaults();
+    let mut env_vars = image.env.clone();
+    env_vars.extend(req.env_vars);
     if let Some(id) = &req.sandbox_id {
         env_vars.entry("E2B_SANDBOX_ID".into()).or_insert_with(|| id.clone());
         env_vars.entry("HUTCH_SANDBOX_ID".into()).or_insert_with(|| id.clone());
@@ -41,10 +44,23 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
     let mut cfg = st.config.write().unwrap_or_else(|e| e.into_inner());
     cfg.env_vars = env_vars;
     cfg.access_token = req.access_token.filter(|t| !t.is_empty());
-    if let Some(user) = req.default_user {
+    if let Some(user) = req.default_user.or(image.user) {
         cfg.default_user = user;
     }
+    cfg.default_workdir = image.workdir;
     StatusCode::NO_CONTENT.into_response()
+}
+
+/// The defaults of the image the root filesystem was made from (none for hutch's own
+/// templates). A file that does not parse is ignored with a line on the console.
+fn image_defaults() -> hutch_proto::agent::ImageDefaults {
+    match std::fs::read(hutch_proto::agent::IMAGE_DEFAULTS_PATH) {
+        Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            eprintln!("hutch-agent: ignoring {}: {e}", hutch_proto::agent::IMAGE_DEFAULTS_PATH);
+            Default::default()
+        }),
+        Err(_) => Default::default(),
+    }
 }
 
 /// Steps the clock by what the host measured, and answers the clock after it.

@@ -82,6 +82,7 @@ async fn start_inner(st: &AgentState, headers: &HeaderMap, body: Body) -> Result
             args: req.process.args.clone(),
             envs,
             cwd: req.process.cwd.clone(),
+            default_cwd: st.config().default_workdir.clone(),
             user,
             pty: req.pty.map(|p| p.size),
             stdin: req.stdin.unwrap_or(true),

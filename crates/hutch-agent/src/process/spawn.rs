@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::fd::OwnedFd;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use tokio::net::unix::pipe;
@@ -22,6 +22,8 @@ pub struct SpawnRequest {
     /// Sandbox-wide variables first, then the request's own (which win).
     pub envs: BTreeMap<String, String>,
     pub cwd: Option<String>,
+    /// Where to start when `cwd` is none: the image's `WorkingDir`, if it exists.
+    pub default_cwd: Option<String>,
     pub user: GuestUser,
     pub pty: Option<PtySize>,
     pub stdin: bool,
@@ -68,8 +70,9 @@ fn environment(req: &SpawnRequest, cwd: &str) -> BTreeMap<String, String> {
 }
 
 fn resolve_cwd(req: &SpawnRequest) -> Result<PathBuf, SpawnError> {
-    let cwd = match &req.cwd {
-        Some(c) if !c.is_empty() => crate::fs::path::resolve(c, &req.user),
+    let cwd = match (&req.cwd, &req.default_cwd) {
+        (Some(c), _) if !c.is_empty() => crate::fs::path::resolve(c, &req.user),
+        (_, Some(d)) if Path::new(d).is_dir() => PathBuf::from(d),
         _ => req.user.home.clone(),
     };
     if cwd.is_dir() {

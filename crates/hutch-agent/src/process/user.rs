@@ -33,12 +33,21 @@ impl GuestUser {
     pub fn lookup(name: &str) -> Result<Self, UnknownUser> {
         let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
         let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
+        let name = account(&passwd, name);
         match parse(&passwd, &group, name) {
             Some(u) => Ok(u),
             None if name == "root" => Ok(Self::root()),
             None => Err(UnknownUser(name.to_string())),
         }
     }
+}
+
+/// The account `name` means: an image's `User` may be a uid (`1000`) or `user:group`,
+/// and the account is what counts.
+fn account<'a>(passwd: &'a str, name: &'a str) -> &'a str {
+    let name = name.split(':').next().unwrap_or(name);
+    let by_uid = name.parse::<u32>().ok().and_then(|uid| passwd.lines().find(|l| l.split(':').nth(2) == Some(uid.to_string().as_str())));
+    by_uid.and_then(|l| l.split(':').next()).unwrap_or(name)
 }
 
 fn parse(passwd: &str, group: &str, name: &str) -> Option<GuestUser> {
@@ -77,5 +86,14 @@ mod tests {
         assert_eq!(u.home, PathBuf::from("/home/user"));
         assert_eq!(u.groups, vec![1000, 27]);
         assert!(parse(passwd, group, "nobody").is_none());
+    }
+
+    #[test]
+    fn an_image_user_may_be_a_uid_or_user_and_group() {
+        let passwd = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000::/home/app:/bin/sh\n";
+        assert_eq!(account(passwd, "1000"), "app");
+        assert_eq!(account(passwd, "0:0"), "root");
+        assert_eq!(account(passwd, "app:staff"), "app");
+        assert_eq!(account(passwd, "4242"), "4242", "an unknown uid stays as it is (and fails as unknown)");
     }
 }
