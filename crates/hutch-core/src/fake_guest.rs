@@ -195,6 +195,7 @@ pub fn artifacts(root: &std::path::Path) -> crate::Artifacts {
             build_id: "x".into(),
             image: String::new(),
             recipe: String::new(),
+            source: None,
             dir: root.join("t"),
         },
     };
