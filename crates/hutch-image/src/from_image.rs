@@ -25,8 +25,6 @@ pub enum FromImageError {
     BadName(String),
     #[error(transparent)]
     Unpack(#[from] hutch_oci::unpack::UnpackError),
-    #[error("the image's files take {} but a template disk holds {}; use a smaller image", human_bytes(*.size), human_bytes(*.limit))]
-    TooLarge { size: u64, limit: u64 },
     #[error(transparent)]
     File(#[from] FileError),
     #[error(transparent)]
@@ -66,20 +64,20 @@ fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], 
     std::fs::create_dir_all(&tree).map_err(at("creating", &tree))?;
     let tree = std::fs::canonicalize(&tree).map_err(at("reading", &tree))?;
     progress.step(&format!("unpacking {} layer(s) of {}", layers.len(), source.reference));
+    // What the tree may hold, ext4's own metadata aside: checked entry by entry, so a
+    // layer that decompresses without end stops here, not when the host's disk is full.
+    let mut budget = DISK_SIZE / 10 * 9;
     for digest in layers {
         let path = store.path(digest);
         let file = std::fs::File::open(&path).map_err(at("reading", &path))?;
-        let applied = hutch_oci::unpack::apply_layer(&tree, file, digest.short())?;
+        let applied = hutch_oci::unpack::apply_layer(&tree, file, digest.short(), &mut budget)?;
         progress.detail(&format!("{}: {} entries, {} whiteouts", digest.short(), applied.entries, applied.whiteouts));
     }
-    ensure_default_user(&tree)?;
-    write_defaults(&tree, &source.defaults)?;
-    let size = crate::progress::tree_size(&tree);
-    // ext4's own metadata needs room too.
-    if size > DISK_SIZE / 10 * 9 {
-        return Err(FromImageError::TooLarge { size, limit: DISK_SIZE });
-    }
-    progress.done(&format!("{} unpacked", human_bytes(size)), started.elapsed());
+    // hutch's own files go in as one more layer, through the same checks: the tree is
+    // the image's, and a symlink it planted (etc -> /etc) must not take a write to the host.
+    let own = own_layer(&tree, &source.defaults)?;
+    hutch_oci::unpack::apply_layer(&tree, &own[..], "hutch", &mut budget)?;
+    progress.done(&format!("{} unpacked", human_bytes(DISK_SIZE / 10 * 9 - budget)), started.elapsed());
 
     let started = Instant::now();
     progress.step(&format!("writing the ext4 image ({} virtual)", human_bytes(DISK_SIZE)));
@@ -110,45 +108,132 @@ fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], 
 /// `IMAGE_DEFAULTS_PATH`): the template carries them, so every sandbox of it, however
 /// it starts, gets the image's `Env`, `WorkingDir` and `User`.
 const DEFAULTS_FILE: &str = "etc/hutch/image.json";
+/// A passwd or group file larger than this is not an account list.
+const MAX_ACCOUNTS_FILE: u64 = 1 << 20;
 
-fn write_defaults(tree: &Path, defaults: &ImageDefaults) -> Result<(), FromImageError> {
-    let path = tree.join(DEFAULTS_FILE);
-    let dir = path.parent().unwrap_or(tree);
-    std::fs::create_dir_all(dir).map_err(at("creating", dir))?;
-    let json = serde_json::to_vec_pretty(defaults).map_err(|e| at("writing", &path)(std::io::Error::other(e)))?;
-    std::fs::write(&path, json).map_err(at("writing", &path))?;
-    Ok(())
+/// The files hutch adds, as a tar layer: the image's defaults, and the default user
+/// (uid 1000, home /home/user, bash where the image has it) unless the image has an
+/// account of that name.
+fn own_layer(tree: &Path, defaults: &ImageDefaults) -> Result<Vec<u8>, FromImageError> {
+    let mut layer = tar::Builder::new(Vec::new());
+    let mut add = |path: &str, kind: tar::EntryType, mode: u32, owner: u64, data: &[u8]| {
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(kind);
+        h.set_mode(mode);
+        h.set_uid(owner);
+        h.set_gid(owner);
+        h.set_mtime(0);
+        h.set_size(data.len() as u64);
+        layer.append_data(&mut h, path, data)
+    };
+    let json = serde_json::to_vec_pretty(defaults).map_err(std::io::Error::other).map_err(at("writing", Path::new(DEFAULTS_FILE)))?;
+    let io = |e| at("assembling", tree)(e);
+    add("etc/hutch", tar::EntryType::Directory, 0o755, 0, &[]).map_err(io)?;
+    add(DEFAULTS_FILE, tar::EntryType::Regular, 0o644, 0, &json).map_err(io)?;
+    let passwd = read_accounts(tree, "etc/passwd")?;
+    let has = |text: &[u8], name: &str| text.split(|b| *b == b'\n').any(|l| l.split(|b| *b == b':').next() == Some(name.as_bytes()));
+    if !has(&passwd, DEFAULT_USER) {
+        let shell = if tree.join("bin/bash").exists() || tree.join("usr/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
+        let mut passwd = passwd;
+        if !has(&passwd, "root") {
+            passwd.extend_from_slice(b"root:x:0:0:root:/root:/bin/sh\n");
+        }
+        passwd.extend_from_slice(format!("{DEFAULT_USER}:x:{DEFAULT_UID}:{DEFAULT_UID}::/home/{DEFAULT_USER}:{shell}\n").as_bytes());
+        let mut group = read_accounts(tree, "etc/group")?;
+        if !has(&group, "root") {
+            group.extend_from_slice(b"root:x:0:\n");
+        }
+        if !has(&group, DEFAULT_USER) {
+            group.extend_from_slice(format!("{DEFAULT_USER}:x:{DEFAULT_UID}:\n").as_bytes());
+        }
+        add("etc/passwd", tar::EntryType::Regular, 0o644, 0, &passwd).map_err(io)?;
+        add("etc/group", tar::EntryType::Regular, 0o644, 0, &group).map_err(io)?;
+        add(&format!("home/{DEFAULT_USER}"), tar::EntryType::Directory, 0o755, u64::from(DEFAULT_UID), &[]).map_err(io)?;
+    }
+    Ok(layer.into_inner().map_err(io)?)
 }
 
-/// Adds the default user (uid 1000, home /home/user) unless the image has a user of
-/// that name: E2B's SDKs run commands as `user`. The shell is bash where the image has
-/// it, else /bin/sh.
-fn ensure_default_user(tree: &Path) -> Result<(), FromImageError> {
-    let etc = tree.join("etc");
-    std::fs::create_dir_all(&etc).map_err(at("creating", &etc))?;
-    let passwd = etc.join("passwd");
-    let text = std::fs::read_to_string(&passwd).unwrap_or_default();
-    if text.lines().any(|l| l.split(':').next() == Some(DEFAULT_USER)) {
-        return Ok(());
+/// The image's `etc/passwd` or `etc/group`, as bytes ending in a newline (empty when it
+/// has none). Only a regular file is read, never through a symlink that leaves the tree
+/// and never a device or FIFO; anything else counts as absent and is replaced.
+fn read_accounts(tree: &Path, rel: &str) -> Result<Vec<u8>, FromImageError> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let Some(Some(path)) = hutch_oci::unpack::resolve_in_root(tree, Path::new(rel)) else { return Ok(Vec::new()) };
+    match std::fs::symlink_metadata(&path) {
+        Ok(m) if m.is_file() && m.len() <= MAX_ACCOUNTS_FILE => {}
+        _ => return Ok(Vec::new()),
     }
-    let mut text = text;
-    if !text.lines().any(|l| l.starts_with("root:")) {
-        text.push_str("root:x:0:0:root:/root:/bin/sh\n");
+    let mut bytes = Vec::new();
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK).open(&path).map_err(at("reading", &path))?;
+    file.take(MAX_ACCOUNTS_FILE).read_to_end(&mut bytes).map_err(at("reading", &path))?;
+    if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+        bytes.push(b'\n');
     }
-    let shell = if tree.join("bin/bash").exists() || tree.join("usr/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
-    text.push_str(&format!("{DEFAULT_USER}:x:{DEFAULT_UID}:{DEFAULT_UID}::/home/{DEFAULT_USER}:{shell}\n"));
-    std::fs::write(&passwd, text).map_err(at("writing", &passwd))?;
-    let group = etc.join("group");
-    let mut groups = std::fs::read_to_string(&group).unwrap_or_default();
-    if !groups.lines().any(|l| l.starts_with("root:")) {
-        groups.push_str("root:x:0:\n");
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{symlink, MetadataExt};
+
+    fn tree() -> (tempfile::TempDir, std::path::PathBuf) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = std::fs::canonicalize(dir.path()).expect("canonical");
+        (dir, root)
     }
-    if !groups.lines().any(|l| l.split(':').next() == Some(DEFAULT_USER)) {
-        groups.push_str(&format!("{DEFAULT_USER}:x:{DEFAULT_UID}:\n"));
-        std::fs::write(&group, groups).map_err(at("writing", &group))?;
+
+    fn add_own_files(tree: &Path) -> Result<(), FromImageError> {
+        let layer = own_layer(tree, &ImageDefaults::default())?;
+        let mut budget = u64::MAX;
+        hutch_oci::unpack::apply_layer(tree, &layer[..], "hutch", &mut budget)?;
+        Ok(())
     }
-    let home = tree.join("home").join(DEFAULT_USER);
-    std::fs::create_dir_all(&home).map_err(at("creating", &home))?;
-    nix::unistd::chown(&home, Some(DEFAULT_UID.into()), Some(DEFAULT_UID.into())).map_err(|e| at("owning", &home)(e.into()))?;
-    Ok(())
+
+    /// The image's own symlinks never take hutch's writes (passwd, group, the user's
+    /// home, the defaults file) to the host.
+    #[test]
+    fn symlinks_planted_by_the_image_do_not_reach_the_host() {
+        let host = tempfile::tempdir().expect("host");
+        let host_file = host.path().join("passwd");
+        std::fs::write(&host_file, "host:x:0:0::/:/bin/sh\n").expect("host file");
+        let (_dir, tree) = tree();
+        std::fs::create_dir_all(tree.join("etc")).expect("etc");
+        std::fs::create_dir_all(tree.join("home")).expect("home");
+        symlink(&host_file, tree.join("etc/passwd")).expect("passwd link");
+        symlink(host.path(), tree.join("home/user")).expect("home link");
+        symlink(host.path(), tree.join("etc/hutch")).expect("hutch dir link");
+        let before = std::fs::metadata(host.path()).expect("meta");
+        add_own_files(&tree).expect("hutch's files go into the tree");
+        assert_eq!(std::fs::read_to_string(&host_file).expect("host file"), "host:x:0:0::/:/bin/sh\n", "the host file is untouched");
+        let after = std::fs::metadata(host.path()).expect("meta");
+        assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()), "the host directory kept its owner");
+        assert!(!host.path().join("image.json").exists());
+        let passwd = std::fs::read_to_string(tree.join("etc/passwd")).expect("tree passwd");
+        assert!(passwd.contains("user:x:1000:1000::/home/user:"), "{passwd}");
+        assert!(std::fs::symlink_metadata(tree.join("home/user")).expect("home").is_dir());
+        assert!(std::fs::symlink_metadata(tree.join("etc/hutch/image.json")).expect("defaults").is_file());
+    }
+
+    #[test]
+    fn an_etc_that_leaves_the_tree_fails_the_build() {
+        let host = tempfile::tempdir().expect("host");
+        let (_dir, tree) = tree();
+        symlink(host.path(), tree.join("etc")).expect("etc link");
+        let err = add_own_files(&tree).expect_err("refused");
+        assert!(err.to_string().contains("outside the image's root"), "{err}");
+        assert_eq!(std::fs::read_dir(host.path()).expect("host dir").count(), 0, "nothing was written there");
+    }
+
+    #[test]
+    fn a_fifo_or_device_as_passwd_is_not_read() {
+        let (_dir, tree) = tree();
+        std::fs::create_dir_all(tree.join("etc")).expect("etc");
+        nix::unistd::mkfifo(&tree.join("etc/passwd"), nix::sys::stat::Mode::from_bits_truncate(0o644)).expect("fifo");
+        // A read would block forever; it is treated as absent and replaced.
+        assert!(read_accounts(&tree, "etc/passwd").expect("read").is_empty());
+        add_own_files(&tree).expect("replaced");
+        assert!(std::fs::symlink_metadata(tree.join("etc/passwd")).expect("passwd").is_file());
+    }
 }

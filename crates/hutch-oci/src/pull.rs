@@ -15,6 +15,8 @@ use std::time::Duration;
 
 /// Layers downloaded at once.
 const PARALLEL_LAYERS: usize = 4;
+/// An image config is a small JSON document; more is refused before it is fetched.
+const MAX_CONFIG_BYTES: i64 = 8 << 20;
 
 /// How hutch reaches registries.
 #[derive(Debug, Clone, Default)]
@@ -74,6 +76,8 @@ pub enum PullError {
     Store { reference: String, #[source] source: StoreError },
     #[error("{reference}: the registry answered: {reason}")]
     Registry { reference: String, reason: String },
+    #[error("{reference}: the registry sent other bytes than the image names (tampered or corrupted), so nothing was kept: {reason}")]
+    Tampered { reference: String, reason: String },
 }
 
 pub struct Puller {
@@ -125,6 +129,14 @@ impl Puller {
         let digest_of = |d: &str| Digest::parse(d).map_err(|source| PullError::Digest { reference: name.clone(), source });
         let manifest_digest = digest_of(&digest)?;
         let config_digest = digest_of(&manifest.config.digest)?;
+        if manifest.config.size > MAX_CONFIG_BYTES {
+            return Err(PullError::Registry { reference: name, reason: format!("the image config is {} bytes; hutch reads configs up to {MAX_CONFIG_BYTES}", manifest.config.size) });
+        }
+        // Blobs come from this registry alone: a descriptor's `urls` would have hutch
+        // fetch from wherever the manifest says.
+        if let Some(foreign) = std::iter::once(&manifest.config).chain(&manifest.layers).find(|d| d.urls.as_ref().is_some_and(|u| !u.is_empty())) {
+            return Err(PullError::Registry { reference: name, reason: format!("blob {} is to be fetched from other URLs ({}); hutch pulls blobs from the image's registry only", foreign.digest, foreign.urls.iter().flatten().cloned().collect::<Vec<_>>().join(", ")) });
+        }
         self.fetch(&image, &manifest.config, &config_digest, None).await.map_err(|e| self.attach(&name, e))?;
         let config = std::fs::read(self.store.path(&config_digest)).map_err(|source| PullError::Store { reference: name.clone(), source: StoreError::Io { path: self.store.path(&config_digest), source } })?;
         let defaults = ImageDefaults::from_config(&config).map_err(|source| PullError::Config { reference: name.clone(), source })?;
@@ -173,10 +185,19 @@ impl Puller {
         }
         let mut stream = self.client.pull_blob_stream(image, descriptor).await.map_err(FetchError::Registry)?;
         let mut writer = self.store.writer(digest).await.map_err(FetchError::Store)?;
+        // The manifest's size bounds the download: a registry cannot stream without end
+        // (the digest is only known at the end).
+        let size = u64::try_from(descriptor.size).unwrap_or(0);
         use tokio::io::AsyncWriteExt;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| FetchError::Transfer(e.to_string()))?;
+            let chunk = chunk.map_err(|e| match e.get_ref().is_some_and(|inner| inner.is::<oci_client::errors::DigestError>()) {
+                true => FetchError::Tampered(e.to_string()),
+                false => FetchError::Transfer(e.to_string()),
+            })?;
             writer.write_all(&chunk).await.map_err(|source| FetchError::Store(StoreError::Io { path: self.store.path(digest), source }))?;
+            if writer.written() > size {
+                return Err(FetchError::Tampered(format!("blob {digest} is longer than the {size} bytes its manifest names")));
+            }
             if let Some(p) = progress {
                 p.layer_bytes(digest, chunk.len() as u64);
             }
@@ -191,6 +212,7 @@ impl Puller {
             FetchError::Registry(e) => classify(reference, e),
             FetchError::Store(source) => PullError::Store { reference: reference.to_string(), source },
             FetchError::Transfer(reason) => PullError::Unreachable { reference: reference.to_string(), reason: format!("the download broke off: {reason}") },
+            FetchError::Tampered(reason) => PullError::Tampered { reference: reference.to_string(), reason },
         }
     }
 }
@@ -201,6 +223,8 @@ enum FetchError {
     Store(StoreError),
     /// The download broke off midway.
     Transfer(String),
+    /// The registry sent other bytes than the manifest names.
+    Tampered(String),
 }
 
 /// A registry client's error as the one sentence the user needs.
@@ -222,10 +246,7 @@ fn classify(reference: &str, e: OciDistributionError) -> PullError {
         }
         OciDistributionError::ServerError { code: 404, .. } => PullError::NotFound { reference },
         OciDistributionError::ServerError { code: 401 | 403, .. } => PullError::Unauthorized { reference },
-        OciDistributionError::DigestError(d) => PullError::Store {
-            reference,
-            source: StoreError::Io { path: Default::default(), source: std::io::Error::other(format!("the registry sent bytes that do not match their digest ({d}): tampered or corrupted")) },
-        },
+        OciDistributionError::DigestError(d) => PullError::Tampered { reference, reason: d.to_string() },
         OciDistributionError::RequestError(r) if r.is_connect() || r.is_timeout() => PullError::Unreachable { reference, reason: error_chain(&r) },
         other => PullError::Registry { reference, reason: other.to_string() },
     }

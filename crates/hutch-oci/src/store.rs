@@ -81,8 +81,11 @@ impl BlobStore {
         let dir = dest.parent().unwrap_or(&self.dir).to_path_buf();
         let io = |source| StoreError::Io { path: dir.clone(), source };
         tokio::fs::create_dir_all(&dir).await.map_err(io)?;
-        let tmp = dir.join(format!(".{}.{}.partial", digest.hex(), std::process::id()));
-        let file = tokio::fs::File::create(&tmp).await.map_err(io)?;
+        // Unique per writer: two writers of one blob never share a file.
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{}.{}-{n}.partial", digest.hex(), std::process::id()));
+        let file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(&tmp).await.map_err(io)?;
         Ok(BlobWriter { file, hasher: Sha256::new(), tmp, dest, expected: digest.clone(), written: 0 })
     }
 }

@@ -18,10 +18,12 @@ const OPAQUE: &str = ".wh..wh..opq";
 pub enum UnpackError {
     #[error("layer {layer}: the archive cannot be read: {source}")]
     Read { layer: String, source: std::io::Error },
-    #[error("layer {layer}: the entry `{path}` points outside the image's root; the layer is malformed or hostile")]
+    #[error("layer {layer}: the entry `{path}` is malformed or points outside the image's root (a `..`, a whiteout of `.` or a path through a symlink that leaves it)")]
     Escapes { layer: String, path: String },
     #[error("layer {layer}: writing `{path}`: {source}")]
     Write { layer: String, path: String, source: std::io::Error },
+    #[error("layer {layer}: the image's files would not fit the template disk; use a smaller image")]
+    TooLarge { layer: String },
 }
 
 /// What applying one layer did.
@@ -94,8 +96,11 @@ fn remove_any(path: &Path) -> std::io::Result<()> {
 }
 
 /// Applies one layer (`name` is for messages, its digest say) to `root`, which must be
-/// canonical (no symlinks in it).
-pub fn apply_layer(root: &Path, layer: impl Read, name: &str) -> Result<Applied, UnpackError> {
+/// canonical (no symlinks in it). `budget` is the bytes (file contents plus 512 per
+/// entry) the tree may still grow by; the layer is refused once it would pass it, so a
+/// layer that decompresses without end cannot fill the host's disk.
+pub fn apply_layer(root: &Path, layer: impl Read, name: &str, budget: &mut u64) -> Result<Applied, UnpackError> {
+    use std::os::unix::ffi::OsStrExt;
     let read_err = |source| UnpackError::Read { layer: name.to_string(), source };
     let mut archive = tar::Archive::new(decompress(layer).map_err(read_err)?);
     archive.set_preserve_permissions(true);
@@ -109,28 +114,38 @@ pub fn apply_layer(root: &Path, layer: impl Read, name: &str) -> Result<Applied,
     let mut opaque: Vec<PathBuf> = Vec::new();
     for entry in archive.entries().map_err(read_err)? {
         let mut entry = entry.map_err(read_err)?;
+        let kind = entry.header().entry_type();
+        // Extension headers carry metadata for other entries; they name no file.
+        if kind.is_pax_global_extensions() || kind.is_pax_local_extensions() || kind.is_gnu_longname() || kind.is_gnu_longlink() {
+            continue;
+        }
+        let size = entry.header().entry_size().unwrap_or(0).saturating_add(512);
+        *budget = budget.checked_sub(size).ok_or_else(|| UnpackError::TooLarge { layer: name.to_string() })?;
         let raw = entry.path().map_err(read_err)?.into_owned();
-        let escapes = || UnpackError::Escapes { layer: name.to_string(), path: raw.display().to_string() };
-        let rel = relative(&raw).ok_or_else(escapes)?;
-        let Some(file_name) = rel.file_name().and_then(|n| n.to_str()).map(str::to_owned) else {
+        let malformed = || UnpackError::Escapes { layer: name.to_string(), path: raw.display().to_string() };
+        let rel = relative(&raw).ok_or_else(malformed)?;
+        let Some(file_name) = rel.file_name().map(|n| n.as_bytes().to_vec()) else {
             continue; // the root itself: its owner and mode are the image's `/`, kept as made
         };
         let write_err = |source| UnpackError::Write { layer: name.to_string(), path: rel.display().to_string(), source };
         applied.entries += 1;
-        if file_name == OPAQUE {
+        if file_name == OPAQUE.as_bytes() {
             opaque.push(rel.parent().map(Path::to_path_buf).unwrap_or_default());
             continue;
         }
-        if let Some(hidden) = file_name.strip_prefix(WHITEOUT) {
-            let gone = rel.with_file_name(hidden);
-            if let Some(target) = inside(root, &gone, false).ok_or_else(escapes)? {
+        if let Some(hidden) = file_name.strip_prefix(WHITEOUT.as_bytes()) {
+            // `.wh.` and `.wh..` would name the directory itself or its parent.
+            if hidden.is_empty() || hidden == b"." || hidden == b".." {
+                return Err(malformed());
+            }
+            let gone = rel.with_file_name(std::ffi::OsStr::from_bytes(hidden));
+            if let Some(target) = inside(root, &gone, false).ok_or_else(malformed)? {
                 remove_any(&target).map_err(write_err)?;
             }
             applied.whiteouts += 1;
             continue;
         }
-        let target = inside(root, &rel, true).flatten().ok_or_else(escapes)?;
-        let kind = entry.header().entry_type();
+        let target = inside(root, &rel, true).flatten().ok_or_else(malformed)?;
         // What a lower layer had here goes, unless both are directories (then they merge).
         if let Ok(meta) = std::fs::symlink_metadata(&target) {
             if !(meta.is_dir() && kind.is_dir()) {
@@ -142,21 +157,45 @@ pub fn apply_layer(root: &Path, layer: impl Read, name: &str) -> Result<Applied,
                 applied.devices_skipped += 1;
             }
         } else if !entry.unpack_in(root).map_err(write_err)? {
-            return Err(escapes());
+            return Err(malformed());
         }
         written.insert(rel);
     }
-    for dir in opaque {
-        let Some(real) = inside(root, &dir.join("x"), false).flatten().and_then(|p| p.parent().map(Path::to_path_buf)) else { continue };
-        let Ok(children) = std::fs::read_dir(&real) else { continue };
-        for child in children.flatten() {
-            let rel = dir.join(child.file_name());
-            if !written.iter().any(|w| w.starts_with(&rel)) {
-                remove_any(&child.path()).map_err(|source| UnpackError::Write { layer: name.to_string(), path: rel.display().to_string(), source })?;
-            }
+    if !opaque.is_empty() {
+        // Kept under an opaque directory: what this layer wrote, and the directories
+        // leading to it; everything else there came from below and goes.
+        let mut keep: HashSet<&Path> = HashSet::new();
+        for path in &written {
+            keep.extend(path.ancestors().filter(|a| !a.as_os_str().is_empty()));
+        }
+        for dir in &opaque {
+            let Some(Some(real)) = inside(root, &dir.join("x"), false).map(|p| p.and_then(|p| p.parent().map(Path::to_path_buf))) else { continue };
+            clear_below(&real, dir, &keep).map_err(|source| UnpackError::Write { layer: name.to_string(), path: dir.display().to_string(), source })?;
         }
     }
     Ok(applied)
+}
+
+/// Removes from `real` (the tree's `rel`) everything not in `keep`, descending into the
+/// kept directories (never through a symlink: `symlink_metadata`).
+fn clear_below(real: &Path, rel: &Path, keep: &HashSet<&Path>) -> std::io::Result<()> {
+    let Ok(children) = std::fs::read_dir(real) else { return Ok(()) };
+    for child in children {
+        let child = child?;
+        let child_rel = rel.join(child.file_name());
+        if !keep.contains(child_rel.as_path()) {
+            remove_any(&child.path())?;
+        } else if std::fs::symlink_metadata(child.path()).is_ok_and(|m| m.is_dir()) {
+            clear_below(&child.path(), &child_rel, keep)?;
+        }
+    }
+    Ok(())
+}
+
+/// `rel` under `root` with its parent resolved inside `root` (symlinks followed, never
+/// out of it): None if it would leave the root, Some(None) if its parent is missing.
+pub fn resolve_in_root(root: &Path, rel: &Path) -> Option<Option<PathBuf>> {
+    inside(root, &relative(rel)?, false)
 }
 
 /// A device node or FIFO with the entry's mode and owner; false when this process may
@@ -192,6 +231,11 @@ fn make_node(target: &Path, header: &tar::Header) -> std::io::Result<bool> {
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+/// A budget no test layer reaches.
+    fn unlimited() -> u64 {
+        u64::MAX
+    }
 
     fn is_root() -> bool {
         nix::unistd::geteuid().is_root()
@@ -293,6 +337,8 @@ mod tests {
             E::File("gone", b"deleted above", 0o644, 0),
             E::Dir("cache", 0o755),
             E::File("cache/old", b"from below", 0o644, 0),
+            E::Dir("cache/sub", 0o755),
+            E::File("cache/sub/old", b"from below too", 0o644, 0),
             E::File("home-file", b"mine", 0o600, 1000),
             E::Sym("lib", "usr/lib"),
             E::File("replaced", b"a file below", 0o644, 0),
@@ -303,17 +349,23 @@ mod tests {
             E::Dir("cache", 0o755),
             E::File("cache/.wh..wh..opq", b"", 0o644, 0),
             E::File("cache/new", b"from above", 0o644, 0),
+            E::Dir("cache/sub", 0o755),
+            E::File("cache/sub/new", b"from above", 0o644, 0),
             E::Link("etc/passwd-link", "etc/passwd"),
             E::Dir("replaced", 0o700),
         ]));
-        let first = apply_layer(&root, &lower[..], "lower").expect("lower layer");
-        assert_eq!(first.entries, 11);
-        let second = apply_layer(&root, &upper[..], "upper").expect("upper layer");
+        let first = apply_layer(&root, &lower[..], "lower", &mut unlimited()).expect("lower layer");
+        assert_eq!(first.entries, 13);
+        let second = apply_layer(&root, &upper[..], "upper", &mut unlimited()).expect("upper layer");
         assert_eq!(second.whiteouts, 1);
 
         assert!(!root.join("gone").exists(), "the whiteout deleted it");
         let cache: Vec<_> = std::fs::read_dir(root.join("cache")).expect("cache").flatten().map(|e| e.file_name()).collect();
-        assert_eq!(cache, vec![std::ffi::OsString::from("new")], "the opaque directory lost what was below");
+        let mut cache = cache;
+        cache.sort();
+        assert_eq!(cache, vec![std::ffi::OsString::from("new"), "sub".into()], "the opaque directory lost what was below");
+        let sub: Vec<_> = std::fs::read_dir(root.join("cache/sub")).expect("sub").flatten().map(|e| e.file_name()).collect();
+        assert_eq!(sub, vec![std::ffi::OsString::from("new")], "and so did its subdirectories, which this layer made again");
         let (a, b) = (std::fs::metadata(root.join("etc/passwd")).expect("passwd"), std::fs::metadata(root.join("etc/passwd-link")).expect("link"));
         assert_eq!((a.ino(), a.nlink()), (b.ino(), 2), "a hard link to a lower layer's file");
         assert_eq!(std::fs::read_link(root.join("lib")).expect("symlink"), Path::new("usr/lib"));
@@ -329,7 +381,7 @@ mod tests {
     fn device_nodes_and_fifos_are_made() {
         let (_dir, root) = root();
         let l = layer(&[E::Dir("dev", 0o755), E::Dev("dev/null", 1, 3), E::Fifo("pipe")]);
-        let applied = apply_layer(&root, &l[..], "devices").expect("layer");
+        let applied = apply_layer(&root, &l[..], "devices", &mut unlimited()).expect("layer");
         use std::os::unix::fs::FileTypeExt;
         assert!(std::fs::symlink_metadata(root.join("pipe")).expect("fifo").file_type().is_fifo());
         let null = std::fs::symlink_metadata(root.join("dev/null"));
@@ -347,17 +399,33 @@ mod tests {
         let outside = tempfile::tempdir().expect("outside");
         let (_dir, root) = root();
         let climb = layer(&[E::Raw(b"../escaped")]);
-        let err = apply_layer(&root, &climb[..], "climb").expect_err("../ is refused");
+        let err = apply_layer(&root, &climb[..], "climb", &mut unlimited()).expect_err("../ is refused");
         assert!(matches!(err, UnpackError::Escapes { .. }), "{err}");
         // A symlink from a lower layer pointing out, then a file through it.
         let plant = layer(&[E::Sym("door", outside.path().to_str().expect("utf-8"))]);
-        apply_layer(&root, &plant[..], "plant").expect("the symlink itself is fine");
+        apply_layer(&root, &plant[..], "plant", &mut unlimited()).expect("the symlink itself is fine");
         let through = layer(&[E::File("door/pwned", b"x", 0o644, 0)]);
-        let err = apply_layer(&root, &through[..], "through").expect_err("writing through it is refused");
+        let err = apply_layer(&root, &through[..], "through", &mut unlimited()).expect_err("writing through it is refused");
         assert!(matches!(err, UnpackError::Escapes { .. }), "{err}");
         assert!(!outside.path().join("pwned").exists());
         let whiteout = layer(&[E::File("door/.wh.anything", b"", 0o644, 0)]);
-        assert!(apply_layer(&root, &whiteout[..], "whiteout").is_err(), "a whiteout through it is refused too");
+        assert!(apply_layer(&root, &whiteout[..], "whiteout", &mut unlimited()).is_err(), "a whiteout through it is refused too");
+    }
+
+    #[test]
+    fn a_layer_bigger_than_the_budget_and_odd_whiteouts_are_refused() {
+        let (_dir, root) = root();
+        let big = layer(&[E::File("a", &[0u8; 4096], 0o644, 0), E::File("b", &[0u8; 4096], 0o644, 0)]);
+        let mut budget = 6000;
+        let err = apply_layer(&root, &big[..], "big", &mut budget).expect_err("over budget");
+        assert!(matches!(err, UnpackError::TooLarge { .. }), "{err}");
+        // `.wh.` + "", "." and "..": the directory itself or its parent.
+        for name in ["d/.wh.", "d/.wh..", "d/.wh...", "d/.wh.x"] {
+            let l = layer(&[E::Dir("d", 0o755), E::File(name, b"", 0o644, 0)]);
+            let r = apply_layer(&root, &l[..], "odd", &mut unlimited());
+            assert_eq!(r.is_err(), name != "d/.wh.x", "{name}: {r:?}");
+        }
+        assert!(root.join("d").is_dir(), "a whiteout never removes its own directory");
     }
 
     #[test]
@@ -365,8 +433,8 @@ mod tests {
         let (_dir, root) = root();
         let plain = layer(&[E::File("plain", b"p", 0o644, 0)]);
         let z = zstd::encode_all(&layer(&[E::File("zstd", b"z", 0o644, 0)])[..], 3).expect("zstd");
-        apply_layer(&root, &plain[..], "plain").expect("plain tar");
-        apply_layer(&root, &z[..], "zstd").expect("zstd tar");
+        apply_layer(&root, &plain[..], "plain", &mut unlimited()).expect("plain tar");
+        apply_layer(&root, &z[..], "zstd", &mut unlimited()).expect("zstd tar");
         assert_eq!(std::fs::read(root.join("zstd")).expect("read"), b"z");
         assert_eq!(std::fs::read(root.join("plain")).expect("read"), b"p");
     }

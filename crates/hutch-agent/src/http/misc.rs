@@ -37,8 +37,9 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
     let mut env_vars = image.env.clone();
     env_vars.extend(req.env_vars);
     if let Some(id) = &req.sandbox_id {
-        env_vars.entry("E2B_SANDBOX_ID".into()).or_insert_with(|| id.clone());
-        env_vars.entry("HUTCH_SANDBOX_ID".into()).or_insert_with(|| id.clone());
+        // The real id, whatever an image's Env said.
+        env_vars.insert("E2B_SANDBOX_ID".into(), id.clone());
+        env_vars.insert("HUTCH_SANDBOX_ID".into(), id.clone());
         crate::guest::write_identity(id, &req.metadata, &env_vars);
     }
     let mut cfg = st.config.write().unwrap_or_else(|e| e.into_inner());

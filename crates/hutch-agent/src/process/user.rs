@@ -33,11 +33,11 @@ impl GuestUser {
     pub fn lookup(name: &str) -> Result<Self, UnknownUser> {
         let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
         let group = std::fs::read_to_string("/etc/group").unwrap_or_default();
-        let name = account(&passwd, name);
-        match parse(&passwd, &group, name) {
+        let account_name = account(&passwd, name);
+        match parse(&passwd, &group, account_name) {
             Some(u) => Ok(u),
-            None if name == "root" => Ok(Self::root()),
-            None => Err(UnknownUser(name.to_string())),
+            None if account_name == "root" => Ok(Self::root()),
+            None => numeric(name).ok_or_else(|| UnknownUser(account_name.to_string())),
         }
     }
 }
@@ -48,6 +48,19 @@ fn account<'a>(passwd: &'a str, name: &'a str) -> &'a str {
     let name = name.split(':').next().unwrap_or(name);
     let by_uid = name.parse::<u32>().ok().and_then(|uid| passwd.lines().find(|l| l.split(':').nth(2) == Some(uid.to_string().as_str())));
     by_uid.and_then(|l| l.split(':').next()).unwrap_or(name)
+}
+
+/// A `uid[:gid]` with no account (an image's `USER 1001`, as Docker runs it): that uid,
+/// the gid given or the same number, home `/`.
+fn numeric(name: &str) -> Option<GuestUser> {
+    let (uid, gid) = match name.split_once(':') {
+        Some((u, g)) => (u.parse::<u32>().ok()?, g.parse::<u32>().ok()?),
+        None => {
+            let uid: u32 = name.parse().ok()?;
+            (uid, uid)
+        }
+    };
+    Some(GuestUser { name: uid.to_string(), uid, gid, home: "/".into(), shell: "/bin/sh".into(), groups: vec![gid] })
 }
 
 fn parse(passwd: &str, group: &str, name: &str) -> Option<GuestUser> {
@@ -94,6 +107,10 @@ mod tests {
         assert_eq!(account(passwd, "1000"), "app");
         assert_eq!(account(passwd, "0:0"), "root");
         assert_eq!(account(passwd, "app:staff"), "app");
-        assert_eq!(account(passwd, "4242"), "4242", "an unknown uid stays as it is (and fails as unknown)");
+        assert_eq!(account(passwd, "4242"), "4242", "an unknown uid stays as it is");
+        let bare = numeric("4242:50").expect("a bare uid:gid");
+        assert_eq!((bare.uid, bare.gid, bare.home.as_path()), (4242, 50, std::path::Path::new("/")));
+        assert_eq!(numeric("1001").map(|u| u.gid), Some(1001));
+        assert!(numeric("nobody-here").is_none());
     }
 }
