@@ -81,10 +81,7 @@ fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], 
 
     let started = Instant::now();
     progress.step(&format!("writing the ext4 image ({} virtual)", human_bytes(DISK_SIZE)));
-    let image = work.join("rootfs.ext4");
-    let file = std::fs::File::create(&image).map_err(at("creating", &image))?;
-    file.set_len(DISK_SIZE).map_err(at("sizing", &image))?;
-    drop(file);
+    let image = crate::rootfs::sparse_image(work)?;
     let mut mkfs = Command::new("mkfs.ext4");
     mkfs.args(["-q", "-F", "-L", "hutch-root", "-E", "root_owner=0:0", "-d"]).arg(&tree).arg(&image);
     run(mkfs, None, progress).map_err(TemplateError::from)?;

@@ -221,6 +221,15 @@ const IMAGE: &str = "rootfs.ext4";
 /// Where a template's builds live, each in a directory named by its content id.
 const BUILDS: &str = "builds";
 
+/// An empty, sparse `rootfs.ext4` of the template disk's size in `work`, for
+/// `mkfs.ext4 -d` to fill.
+pub(crate) fn sparse_image(work: &Path) -> Result<PathBuf, TemplateError> {
+    let image = work.join(IMAGE);
+    let file = std::fs::File::create(&image).map_err(at("creating", &image))?;
+    file.set_len(DISK_SIZE).map_err(at("sizing", &image))?;
+    Ok(image)
+}
+
 /// The content id of a built image.
 fn content_id(image: &Path) -> Result<String, TemplateError> {
     use sha2::Digest;
@@ -467,10 +476,7 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, m
 
     let started = Instant::now();
     progress.step(&format!("writing the ext4 image ({} virtual)", human_bytes(DISK_SIZE)));
-    let image = work.join("rootfs.ext4");
-    let file = std::fs::File::create(&image).map_err(at("creating", &image))?;
-    file.set_len(DISK_SIZE).map_err(at("sizing", &image))?;
-    drop(file);
+    let image = sparse_image(work)?;
     let mkfs = "mkfs.ext4 -q -F -L hutch-root -E root_owner=0:0 -d \"$1\" \"$2\"";
     let script = if root {
         mkfs.to_string()

@@ -247,18 +247,7 @@ fn classify(reference: &str, e: OciDistributionError) -> PullError {
         OciDistributionError::ServerError { code: 404, .. } => PullError::NotFound { reference },
         OciDistributionError::ServerError { code: 401 | 403, .. } => PullError::Unauthorized { reference },
         OciDistributionError::DigestError(d) => PullError::Tampered { reference, reason: d.to_string() },
-        OciDistributionError::RequestError(r) if r.is_connect() || r.is_timeout() => PullError::Unreachable { reference, reason: error_chain(&r) },
+        OciDistributionError::RequestError(r) if r.is_connect() || r.is_timeout() => PullError::Unreachable { reference, reason: hutch_proto::error_chain(&r) },
         other => PullError::Registry { reference, reason: other.to_string() },
     }
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
 }
