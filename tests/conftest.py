@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parents[1]
 HUTCH = Path(os.environ.get("HUTCH_BIN", ROOT / "target" / "release" / "hutch"))
 API_KEY = "e2b_" + "0" * 40
 
+# Until a test's server sets them, the official SDKs' endpoints point at a closed port on
+# loopback: an SDK call that names no server must fail here, never default to E2B's
+# cloud (api.e2b.app, sandbox.e2b.app), which these machines must not contact.
+for _name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+    os.environ.setdefault(_name, "http://127.0.0.1:9")
+
 
 def _timed_out(what: str, timeout: float, detail: Callable[[], Any] | None) -> AssertionError:
     message = f"timed out after {timeout}s waiting for {what}"
