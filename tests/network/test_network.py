@@ -119,6 +119,9 @@ def test_default_sdk_sandbox_reaches_the_internet_and_nothing_private(server, ne
         assert r[1]["ok"] == HTTP_BODY.decode()
         assert r[2]["ok"] == "echo:half-closed", "the upstream must see the guest's FIN and still answer"
         assert r[3]["ok"] == "udp:ping"
+        # The guest's own tools: curl over HTTP, and getent through the libc resolver.
+        tools = sbx.commands.run("curl -sS --max-time 10 http://example.test/ && getent hosts example.test", timeout=60)
+        assert [l.split() for l in tools.stdout.splitlines()] == [HTTP_BODY.decode().split(), [WEB, "example.test"]], tools.stdout
         # Public names pointing at loopback or the metadata service do not resolve.
         assert r[4].get("err") and r[5].get("err"), r[4:6]
         for denial in r[6:10]:
