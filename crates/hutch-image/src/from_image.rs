@@ -101,10 +101,6 @@ fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], 
     Ok(install(home, &image, template)?)
 }
 
-/// Where the agent reads the image's defaults at `/init` (hutch-proto's
-/// `IMAGE_DEFAULTS_PATH`): the template carries them, so every sandbox of it, however
-/// it starts, gets the image's `Env`, `WorkingDir` and `User`.
-const DEFAULTS_FILE: &str = "etc/hutch/image.json";
 /// A passwd or group file larger than this is not an account list.
 const MAX_ACCOUNTS_FILE: u64 = 1 << 20;
 
@@ -123,10 +119,13 @@ fn own_layer(tree: &Path, defaults: &ImageDefaults) -> Result<Vec<u8>, FromImage
         h.set_size(data.len() as u64);
         layer.append_data(&mut h, path, data)
     };
-    let json = serde_json::to_vec_pretty(defaults).map_err(std::io::Error::other).map_err(at("writing", Path::new(DEFAULTS_FILE)))?;
+    // Where the agent reads them at `/init`, relative to the tree.
+    let defaults_file = hutch_proto::agent::IMAGE_DEFAULTS_PATH.trim_start_matches('/');
+    let json = serde_json::to_vec_pretty(defaults).map_err(std::io::Error::other).map_err(at("writing", Path::new(defaults_file)))?;
     let io = |e| at("assembling", tree)(e);
-    add("etc/hutch", tar::EntryType::Directory, 0o755, 0, &[]).map_err(io)?;
-    add(DEFAULTS_FILE, tar::EntryType::Regular, 0o644, 0, &json).map_err(io)?;
+    let defaults_dir = Path::new(defaults_file).parent().and_then(Path::to_str).unwrap_or("etc");
+    add(defaults_dir, tar::EntryType::Directory, 0o755, 0, &[]).map_err(io)?;
+    add(defaults_file, tar::EntryType::Regular, 0o644, 0, &json).map_err(io)?;
     let passwd = read_accounts(tree, "etc/passwd")?;
     let has = |text: &[u8], name: &str| text.split(|b| *b == b'\n').any(|l| l.split(|b| *b == b':').next() == Some(name.as_bytes()));
     if !has(&passwd, DEFAULT_USER) {

@@ -2,7 +2,7 @@
 //! its config and its layers, each blob into the shared cache unless it is there
 //! already, layers in parallel, every byte checked against its digest.
 
-use crate::config::{ConfigError, ImageDefaults};
+use crate::config::{defaults_from_config, ConfigError, ImageDefaults};
 use crate::store::{BadDigest, BlobStore, Digest, StoreError};
 use futures::{StreamExt, TryStreamExt};
 use oci_client::client::{ClientConfig, ClientProtocol};
@@ -139,7 +139,7 @@ impl Puller {
         }
         self.fetch(&image, &manifest.config, &config_digest, None).await.map_err(|e| self.attach(&name, e))?;
         let config = std::fs::read(self.store.path(&config_digest)).map_err(|source| PullError::Store { reference: name.clone(), source: StoreError::Io { path: self.store.path(&config_digest), source } })?;
-        let defaults = ImageDefaults::from_config(&config).map_err(|source| PullError::Config { reference: name.clone(), source })?;
+        let defaults = defaults_from_config(&config).map_err(|source| PullError::Config { reference: name.clone(), source })?;
 
         let layers: Vec<(Digest, &OciDescriptor)> = manifest.layers.iter().map(|l| Ok((digest_of(&l.digest)?, l))).collect::<Result<_, PullError>>()?;
         let mut cached = 0;

@@ -152,6 +152,28 @@ pub fn opens_host_line(bytes: &[u8]) -> bool {
     bytes.starts_with(HELLO_PREFIX) || bytes.starts_with(IDLE_PROBE_PREFIX)
 }
 
+/// Where a template made from an OCI image keeps that image's defaults, for the agent
+/// to apply at `/init`: the template carries them, so every way a sandbox starts
+/// (boot, restore, pool, resume, fork) gets them.
+pub const IMAGE_DEFAULTS_PATH: &str = "/etc/hutch/image.json";
+
+/// What an image's config says a container starts with, as the template records it
+/// (in `template.json` and at `IMAGE_DEFAULTS_PATH`). The agent applies `env`,
+/// `workdir` and `user`; `entrypoint` and `cmd` are kept for a start command.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageDefaults {
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub entrypoint: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cmd: Vec<String>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,20 +211,4 @@ mod tests {
         assert_eq!(find_line(&idle_probe(5), IDLE_REPLY_PREFIX), None);
         assert!(opens_host_line(&idle_probe(1)) && opens_host_line(&hello_line(1)) && !opens_host_line(b"PRI *"));
     }
-}
-
-/// Where a template made from an OCI image keeps that image's defaults, for the agent
-/// to apply at `/init`: the template carries them, so every way a sandbox starts
-/// (boot, restore, pool, resume, fork) gets them.
-pub const IMAGE_DEFAULTS_PATH: &str = "/etc/hutch/image.json";
-
-/// The image's `Env`, `WorkingDir` and `User`, as the template recorded them.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ImageDefaults {
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub workdir: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
 }

@@ -78,7 +78,7 @@ pub async fn run(local: &Local, rounds: usize) -> anyhow::Result<()> {
         "the network benchmark needs HUTCH_JAIL=off: QEMU's user-mode network reaches the host's loopback only from the host's network namespace, and all three stacks run unconfined so they compare alike (scripts/bench-net.sh sets it)"
     );
     for tool in ["iperf3", "passt"] {
-        anyhow::ensure!(which(tool).is_some(), "{tool} is not installed; run scripts/bench-net.sh, which installs iperf3 and passt from Debian");
+        anyhow::ensure!(hutch_vmm::qemu::version::resolve(tool).is_some_and(|p| p.is_file()), "{tool} is not installed; run scripts/bench-net.sh, which installs iperf3 and passt from Debian");
     }
     let servers = start_servers()?;
     let backend = local.backend();
@@ -136,10 +136,6 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).map(|d| d.join(tool)).find(|p| p.is_file()))
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -38,6 +38,8 @@ pub use hutch_proto::net::{GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, MTU, PR
 const EVENTS_QUEUED: usize = 1024;
 /// DNS questions a sandbox may have in flight at once.
 const DNS_IN_FLIGHT: usize = 32;
+/// Echo requests waiting for their replies at once.
+const ECHOES_IN_FLIGHT: usize = 32;
 
 /// The operator's limits for one sandbox's stack.
 #[derive(Debug, Clone)]
@@ -218,7 +220,7 @@ async fn run(link: UnixStream, shared: Arc<Shared>, limits: Limits) -> LinkError
         tasks: JoinSet::new(),
         events: events_tx,
         dns_slots: Arc::new(tokio::sync::Semaphore::new(DNS_IN_FLIGHT)),
-        echo_slots: Arc::new(tokio::sync::Semaphore::new(DNS_IN_FLIGHT)),
+        echo_slots: Arc::new(tokio::sync::Semaphore::new(ECHOES_IN_FLIGHT)),
         wake: Arc::new(Notify::new()),
         epoch,
     };
@@ -438,10 +440,10 @@ impl Stack {
         let (shared, events) = (self.shared.clone(), self.events.clone());
         self.tasks.spawn(async move {
             let echo = icmp::Echo { to, ident, seq, data };
-            let sent = tokio::task::spawn_blocking(move || icmp::send_and_wait(&echo, icmp::ECHO_WAIT).map(|r| (r, echo))).await;
+            let sent = tokio::task::spawn_blocking(move || icmp::send_and_wait(&echo, icmp::ECHO_WAIT)).await;
             let reply = match sent {
-                Ok(Ok((Some(data), echo))) => packets::echo_reply(dst, guest, echo.ident, echo.seq, &data, MTU),
-                Ok(Ok((None, _))) | Err(_) => None,
+                Ok(Ok(Some(data))) => packets::echo_reply(dst, guest, ident, seq, &data, MTU),
+                Ok(Ok(None)) | Err(_) => None,
                 Ok(Err(e)) => {
                     shared.log.flow_denied(Proto::Icmp, IpAddr::V4(dst), 0, None, DenyReason::DialFailed { error: e.to_string() });
                     refusal

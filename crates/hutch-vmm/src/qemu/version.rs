@@ -64,7 +64,7 @@ pub fn install_hint() -> String {
 }
 
 /// The binary as the OS would run it: a bare name is looked up in PATH.
-fn resolve(binary: &str) -> Option<PathBuf> {
+pub fn resolve(binary: &str) -> Option<PathBuf> {
     if binary.contains('/') {
         return Some(PathBuf::from(binary));
     }
