@@ -152,3 +152,97 @@ def test_bad_builds_say_why_and_leave_no_template(registry, home):
     assert not (home / "templates" / "nope").exists()
     leftovers = list((home / "tmp").glob("template-image-*")) if (home / "tmp").exists() else []
     assert not leftovers, leftovers
+
+
+DOCKERFILE = """\
+FROM {registry}/bb:1
+ARG WHO=world
+ENV APP_HOME=/srv/app
+WORKDIR $APP_HOME
+COPY app.txt ./
+COPY --chown=user conf/ /etc/myapp/
+RUN echo "hello $WHO" > built.txt && cat app.txt
+USER user
+EXPOSE 8080
+CMD ["sh", "-c", "sleep 1000"]
+"""
+
+
+def build_dockerfile(home: Path, ctx: Path, registry: str, *extra: str) -> subprocess.CompletedProcess:
+    return hutch(home, "template", "build", "-t", "bbdocker", "--insecure-registry", registry, "--build-arg", "WHO=there", *extra, str(ctx))
+
+
+def builder_lines(stderr: str) -> list[str]:
+    return [l for l in stderr.splitlines() if "[builder " in l]
+
+
+def test_a_dockerfile_builds_caches_and_rebuilds_from_the_changed_step(registry, home, tmp_path):
+    push(registry, "bb", "1", busybox_image(), CONFIG)
+    ctx = tmp_path / "ctx"
+    (ctx / "conf").mkdir(parents=True)
+    (ctx / "app.txt").write_text("app v1\n")
+    (ctx / "conf" / "c.conf").write_text("answer=42\n")
+    (ctx / "conf" / "skip.log").write_text("ignored\n")
+    (ctx / ".dockerignore").write_text("**/*.log\n")
+    (ctx / "Dockerfile").write_text(DOCKERFILE.format(registry=registry))
+
+    built = build_dockerfile(home, ctx, registry)
+    assert built.returncode == 0, built.stderr
+    assert "Dockerfile:9:1: EXPOSE is ignored" in built.stderr, built.stderr
+    assert "app v1" in built.stderr, "the RUN step's output is in the build log"
+    # Only step 1 (ENV, before any step that writes) has nothing to do.
+    assert [l.startswith("CACHED") for l in builder_lines(built.stderr)] == [True] + [False] * 6, built.stderr
+    ran = hutch(home, "run", "--template", "bbdocker", "--", "sh", "-c",
+                "cat app.txt built.txt /etc/myapp/c.conf; test -e /etc/myapp/skip.log || echo no-log; echo $APP_HOME; pwd; id -u; id -u -n")
+    assert ran.returncode == 0, ran.stderr
+    # COPY, RUN with the build argument, .dockerignore, ENV, WORKDIR and USER all hold.
+    assert ran.stdout.splitlines() == ["app v1", "hello there", "answer=42", "no-log", "/srv/app", "/srv/app", "1000", "user"], ran.stdout
+
+    # Unchanged: every step is CACHED and no VM runs.
+    again = build_dockerfile(home, ctx, registry)
+    assert again.returncode == 0, again.stderr
+    lines = builder_lines(again.stderr)
+    assert len(lines) == 7 and all(l.startswith("CACHED") for l in lines), again.stderr
+    assert "4 step(s) cached, 0 run" in again.stdout, again.stdout  # the steps that left layers
+
+    # Step 3 (COPY app.txt) changed: steps 1-2 stay cached, 3 and later run again.
+    (ctx / "app.txt").write_text("app v2\n")
+    edited = build_dockerfile(home, ctx, registry)
+    assert edited.returncode == 0, edited.stderr
+    lines = builder_lines(edited.stderr)
+    assert [l.startswith("CACHED") for l in lines] == [True, True, False, False, False, False, False], edited.stderr
+    ran = hutch(home, "run", "--template", "bbdocker", "--", "cat", "/srv/app/app.txt")
+    assert ran.stdout == "app v2\n", ran.stdout + ran.stderr
+
+    # --no-cache runs every step again.
+    forced = build_dockerfile(home, ctx, registry, "--no-cache")
+    assert forced.returncode == 0 and not [l for l in builder_lines(forced.stderr) if l.startswith("CACHED")], forced.stderr
+    assert "CACHED [base]" not in forced.stderr, forced.stderr
+
+
+def test_bad_dockerfiles_say_where_and_leave_nothing(registry, home, tmp_path):
+    push(registry, "bb", "1", busybox_image(), CONFIG)
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    cases = {
+        "FROM {r}/bb:1\nRUNN echo\n": "Dockerfile:2:1: unknown instruction",
+        "FROM {r}/bb:1\nCOPY --from=x /a /b\n": "Dockerfile:2:6: COPY --from",
+        "FROM {r}/bb:1 AS a\nFROM {r}/bb:1\n": "Dockerfile:2:1: multi-stage",
+        "FROM {r}/bb:1\nCOPY nothere.txt /x\n": "Dockerfile:2:6: the COPY source 'nothere.txt' is not in the build context",
+        "FROM {r}/bb:1\nADD https://example.invalid/x.tgz /x\n": "URLs are not supported",
+    }
+    for text, expected in cases.items():
+        (ctx / "Dockerfile").write_text(text.format(r=registry))
+        bad = hutch(home, "template", "build", "-t", "badone", "--insecure-registry", registry, str(ctx))
+        assert bad.returncode != 0 and expected in bad.stderr, (text, bad.stderr)
+    (ctx / "Dockerfile").write_text(f"FROM {registry}/bb:1\nRUN echo one-line-of-output && false\n")
+    failed = hutch(home, "template", "build", "-t", "badone", "--insecure-registry", registry, str(ctx))
+    assert failed.returncode != 0, failed.stderr
+    assert "step 1/1 `RUN echo one-line-of-output && false` exited with 1" in failed.stderr, failed.stderr
+    assert "one-line-of-output" in failed.stderr.split("exited with 1")[1], "the error quotes the step's last output"
+    # No template, no builder VM, no scratch directory left.
+    assert not (home / "templates" / "badone").exists()
+    assert not any((home / "sandboxes").iterdir()) if (home / "sandboxes").exists() else True
+    assert not any((home / "cache" / "build" / "tmp").iterdir())
+    left = subprocess.run(["pgrep", "-f", f"{home}/sandboxes"], capture_output=True, text=True)
+    assert left.stdout == "", "no QEMU of this home is left running"

@@ -79,10 +79,17 @@ fn is_static_elf(path: &Path) -> bool {
 
 impl Artifacts {
     pub fn prepare(home: &HutchHome, template: &str, progress: &dyn Progress) -> Result<Artifacts, ArtifactsError> {
+        locate_agent()?;
+        let template = hutch_image::rootfs::ensure(home, template, progress).map_err(ArtifactsError::Template)?;
+        Self::with_template(home, template, progress)
+    }
+
+    /// The kernel and initramfs, with `template` as the record of what boots (a
+    /// template build's VM boots a disk no template names yet).
+    pub fn with_template(home: &HutchHome, template: Template, progress: &dyn Progress) -> Result<Artifacts, ArtifactsError> {
         let agent = locate_agent()?;
         let kernel = hutch_image::kernel::ensure(home, progress).map_err(ArtifactsError::Kernel)?;
         let initramfs = hutch_image::initramfs::ensure(home, &kernel, &agent, progress).map_err(ArtifactsError::Initramfs)?;
-        let template = hutch_image::rootfs::ensure(home, template, progress).map_err(ArtifactsError::Template)?;
         Ok(Artifacts { kernel, initramfs, template })
     }
 }

@@ -6,6 +6,7 @@
 
 pub mod archive;
 pub mod artifacts;
+pub mod build;
 pub mod clock_sync;
 #[cfg(test)]
 mod fake_guest;

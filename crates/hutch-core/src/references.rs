@@ -56,6 +56,8 @@ pub fn of_everything(home: &HutchHome) -> Result<HashSet<PathBuf>, BackingError>
     let mut files = of_sandboxes_and_snapshots(home)?.files;
     let templates = crate::template_snapshot::root(home);
     chains(entries(&templates).map(|d| d.join("disk.qcow2")).collect(), &mut files)?;
+    // The build cache's layers stack on template builds (a build `FROM` a template).
+    chains(crate::build::cache::BuildCache::new(home).layer_files(), &mut files)?;
     Ok(files)
 }
 

@@ -4,11 +4,13 @@
 //! use), which routes by the `E2b-Sandbox-Id` header.
 
 mod answer_deadline;
+mod build;
 mod files;
 mod process;
 mod tunnel;
 mod transport;
 
+pub use build::CopyTarget;
 pub use process::ProcessStream;
 pub use tunnel::Tunnel;
 pub use transport::{connect, wait_idle, ConnectError};

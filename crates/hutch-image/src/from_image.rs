@@ -59,6 +59,32 @@ pub fn build(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest],
 }
 
 fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], source: ImageSource, work: &Path, progress: &dyn Progress) -> Result<Template, FromImageError> {
+    let image = make_image(store, layers, &source, work, progress)?;
+    Ok(install(home, &image, image_template(name, source))?)
+}
+
+/// The record of template `name` made from `source` (its image file set by `install`).
+pub fn image_template(name: &str, source: ImageSource) -> Template {
+    Template {
+        name: name.into(),
+        suite: "oci".into(),
+        packages: Vec::new(),
+        built_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+        disk_size: DISK_SIZE,
+        build_id: String::new(),
+        image: String::new(),
+        recipe: String::new(),
+        source: Some(source),
+        dir: Default::default(),
+    }
+}
+
+/// Writes the image's root filesystem, with hutch's own files, as a raw ext4 image in
+/// `work` (an empty directory of the caller's); returns its path.
+pub fn make_image(store: &BlobStore, layers: &[Digest], source: &ImageSource, work: &Path, progress: &dyn Progress) -> Result<std::path::PathBuf, FromImageError> {
+    if !nix_is_root() {
+        return Err(FromImageError::NotRoot);
+    }
     let started = Instant::now();
     let tree = work.join("tree");
     std::fs::create_dir_all(&tree).map_err(at("creating", &tree))?;
@@ -85,20 +111,9 @@ fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], 
     let mut mkfs = Command::new("mkfs.ext4");
     mkfs.args(["-q", "-F", "-L", "hutch-root", "-E", "root_owner=0:0", "-d"]).arg(&tree).arg(&image);
     run(mkfs, None, progress).map_err(TemplateError::from)?;
+    let _ = std::fs::remove_dir_all(&tree);
     progress.done("written", started.elapsed());
-    let template = Template {
-        name: name.into(),
-        suite: "oci".into(),
-        packages: Vec::new(),
-        built_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
-        disk_size: DISK_SIZE,
-        build_id: String::new(),
-        image: String::new(),
-        recipe: String::new(),
-        source: Some(source),
-        dir: Default::default(),
-    };
-    Ok(install(home, &image, template)?)
+    Ok(image)
 }
 
 /// A passwd or group file larger than this is not an account list.

@@ -243,9 +243,16 @@ fn content_id(image: &Path) -> Result<String, TemplateError> {
 /// of its own, and the manifest naming it replaces the old one in one rename. Earlier
 /// builds stay where they are, for the overlays and snapshots stacked on them, until
 /// `prune_builds` finds nothing refers to them.
-pub(crate) fn install(home: &HutchHome, built: &Path, mut template: Template) -> Result<Template, TemplateError> {
+pub(crate) fn install(home: &HutchHome, built: &Path, template: Template) -> Result<Template, TemplateError> {
+    let id = content_id(built)?;
+    install_as(home, built, template, &id)
+}
+
+/// `install` with the build's id given: a build whose id says what went into it (a
+/// template build's cache key) need not read its whole image to name it.
+pub fn install_as(home: &HutchHome, built: &Path, mut template: Template, build_id: &str) -> Result<Template, TemplateError> {
     let dir = home.template(&template.name);
-    template.build_id = content_id(built)?;
+    template.build_id = build_id.to_string();
     let relative = format!("{BUILDS}/{}/{IMAGE}", template.build_id);
     let image = dir.join(&relative);
     let build_dir = image.parent().unwrap_or(&dir).to_path_buf();

@@ -60,6 +60,7 @@ pub fn defaults_from_config(bytes: &[u8]) -> Result<ImageDefaults, ConfigError> 
         user: nonempty(run.user),
         entrypoint: run.entrypoint.unwrap_or_default(),
         cmd: run.cmd.unwrap_or_default(),
+        ..ImageDefaults::default()
     })
 }
 

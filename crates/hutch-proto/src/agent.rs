@@ -172,6 +172,13 @@ pub struct ImageDefaults {
     pub entrypoint: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cmd: Vec<String>,
+    /// Started (by the host, as the default user) when a sandbox of the template
+    /// starts, before its memory snapshot is taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    /// Run until it exits 0 before the started sandbox counts as ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
 }
 
 #[cfg(test)]

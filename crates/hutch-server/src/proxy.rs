@@ -21,8 +21,9 @@ static SPLICES: std::sync::LazyLock<std::sync::Arc<tokio::sync::Semaphore>> =
 
 /// Agent endpoints only hutch itself may call (over the agent socket): `/init` sets the
 /// sandbox's access token and environment, `/clock` steps the guest clock, `/shutdown`
-/// powers it off. The proxy refuses them, as E2B's proxy refuses envd's internal endpoints.
-const INTERNAL: &[&str] = &["/init", "/clock", "/shutdown", "/sync"];
+/// powers it off, `/build/*` serve template builds. The proxy refuses them, as E2B's
+/// proxy refuses envd's internal endpoints.
+const INTERNAL: &[&str] = &["/init", "/clock", "/shutdown", "/sync", "/build/copy", "/build/freeze", "/build/thaw"];
 
 pub struct Target {
     pub sandbox: String,

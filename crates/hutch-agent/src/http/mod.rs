@@ -1,5 +1,6 @@
 //! The agent's HTTP surface: envd's Connect services and plain endpoints.
 
+pub mod build;
 pub mod connect;
 pub mod files;
 mod gzip;
@@ -26,6 +27,9 @@ pub fn router(state: AgentState) -> Router {
         .route("/clock", post(misc::clock))
         .route("/shutdown", post(misc::shutdown))
         .route("/sync", post(misc::sync))
+        .route("/build/copy", post(build::copy))
+        .route("/build/freeze", post(build::freeze))
+        .route("/build/thaw", post(build::thaw))
         .route("/files", get(files::download).post(files::upload))
         .route("/tunnel/{port}", post(tunnel::open))
         .route("/process.Process/Start", post(proc_rpc::start))

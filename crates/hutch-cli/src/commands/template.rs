@@ -1,20 +1,29 @@
-//! `hutch template`: templates from OCI images (`build --from-image`), and the list.
+//! `hutch template`: templates from Dockerfiles and OCI images (`build`), the list,
+//! removal, and the build cache (`prune`).
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use hutch_image::HutchHome;
-use hutch_oci::pull::{PullProgress, Puller, RegistryOptions};
-use hutch_oci::{BlobStore, Digest};
+use hutch_core::build::{Base, BuildLog, BuildSpec, Level};
+use hutch_oci::pull::{PullProgress, RegistryOptions};
+use hutch_oci::Digest;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 #[derive(Subcommand, Debug)]
 pub enum TemplateCommand {
-    /// Build a template from an OCI image in any registry.
+    /// Build a template from a Dockerfile (in CONTEXT, or -f) or from an image in any registry.
     Build(BuildArgs),
     /// List the templates on this machine.
     Ls,
+    /// Remove a template (its builds and memory snapshots) that nothing uses.
+    Rm {
+        /// The template's name.
+        name: String,
+    },
+    /// Remove the build cache (every cached step); templates stay.
+    Prune,
 }
 
 #[derive(Args, Debug)]
@@ -22,9 +31,23 @@ pub struct BuildArgs {
     /// The template's name.
     #[arg(short = 't', long = "tag", value_name = "NAME")]
     pub name: String,
-    /// The image: [REGISTRY/]NAME[:TAG][@DIGEST] (Docker Hub when no registry is named).
-    #[arg(long, value_name = "REF")]
-    pub from_image: String,
+    /// The Dockerfile [default: CONTEXT/Dockerfile].
+    #[arg(short = 'f', long = "file", value_name = "PATH")]
+    pub file: Option<std::path::PathBuf>,
+    /// Build from this image alone, with no Dockerfile: [REGISTRY/]NAME[:TAG][@DIGEST]
+    /// (Docker Hub when no registry is named).
+    #[arg(long, value_name = "REF", conflicts_with = "file")]
+    pub from_image: Option<String>,
+    /// A Dockerfile ARG's value (repeatable).
+    #[arg(long = "build-arg", value_name = "NAME=VALUE")]
+    pub build_args: Vec<String>,
+    /// Rebuild every step, ignoring the build cache.
+    #[arg(long)]
+    pub no_cache: bool,
+    /// Where RUN steps may connect: `public` (the internet, nothing private), `none`, or
+    /// egress rules separated by commas.
+    #[arg(long, default_value = "public", value_parser = super::run::parse_policy)]
+    pub net: hutch_net::Policy,
     /// The registry's user, for images that need a login.
     #[arg(long, env = "HUTCH_REGISTRY_USER", requires = "registry_password")]
     pub registry_user: Option<String>,
@@ -33,6 +56,12 @@ pub struct BuildArgs {
     /// A registry (HOST:PORT) spoken to over plain HTTP, such as one on loopback.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure: Vec<String>,
+    /// Accelerator for the builder VM.
+    #[arg(long, default_value = "auto")]
+    pub accel: hutch_vmm::AccelChoice,
+    /// The build context: the directory COPY and ADD read from.
+    #[arg(value_name = "CONTEXT")]
+    pub context: Option<std::path::PathBuf>,
 }
 
 pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
@@ -48,40 +77,117 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        TemplateCommand::Rm { name } => {
+            hutch_core::build::remove_template(&home, &name)?;
+            crate::outln!("removed template {name}");
+            Ok(0)
+        }
+        TemplateCommand::Prune => {
+            let freed = hutch_core::build::cache::BuildCache::new(&home).prune()?;
+            crate::outln!("removed the build cache ({})", hutch_image::progress::human_bytes(freed));
+            Ok(0)
+        }
         TemplateCommand::Build(args) => build(&home, args).await,
+    }
+}
+
+/// Build log lines on stderr, as `docker build` prints them.
+struct TermLog {
+    bars: Arc<LayerBars>,
+}
+
+impl BuildLog for TermLog {
+    fn log(&self, level: Level, _step: Option<&str>, message: &str) {
+        let line = match level {
+            Level::Debug => return,
+            Level::Info => message.to_string(),
+            Level::Warn => format!("warning: {message}"),
+            Level::Error => format!("error: {message}"),
+        };
+        // Piped, the bars draw nothing, and neither would their println.
+        if self.bars.multi.is_hidden() {
+            eprintln!("{line}");
+        } else {
+            let _ = self.bars.multi.println(line);
+        }
     }
 }
 
 async fn build(home: &HutchHome, args: BuildArgs) -> anyhow::Result<i32> {
     hutch_image::from_image::check_name(&args.name)?;
     home.make_private().with_context(|| format!("creating {} (mode 0700)", home.root().display()))?;
-    let store = BlobStore::new(home.root().join("cache").join("oci").join("blobs"));
-    let options = RegistryOptions { credentials: args.registry_user.zip(args.registry_password), insecure: args.insecure };
-    let puller = Puller::new(store.clone(), &options);
-    eprintln!("hutch: pulling {}", args.from_image);
+    let registry = RegistryOptions { credentials: args.registry_user.clone().zip(args.registry_password.clone()), insecure: args.insecure.clone() };
+    let mut build_args = BTreeMap::new();
+    for pair in &args.build_args {
+        let (k, v) = pair.split_once('=').with_context(|| format!("--build-arg {pair}: give NAME=VALUE"))?;
+        build_args.insert(k.to_string(), v.to_string());
+    }
+    let scratch = hutch_core::build::cache::BuildCache::new(home).scratch()?;
+    let planned = plan(&args, &build_args, &scratch);
+    let result = match planned {
+        Ok((base, steps)) => run_build(home, &args, base, steps, registry).await,
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+/// The base and steps: from the Dockerfile, or the image alone.
+fn plan(args: &BuildArgs, build_args: &BTreeMap<String, String>, scratch: &std::path::Path) -> anyhow::Result<(String, Vec<hutch_core::build::Step>)> {
+    if let Some(image) = &args.from_image {
+        anyhow::ensure!(args.context.is_none(), "give --from-image or a build context with a Dockerfile, not both");
+        return Ok((image.clone(), Vec::new()));
+    }
+    let context = args.context.clone().context("name the build context (such as `.`), or an image with --from-image")?;
+    anyhow::ensure!(context.is_dir(), "the build context {} is not a directory", context.display());
+    let file = args.file.clone().unwrap_or_else(|| context.join("Dockerfile"));
+    let text = std::fs::read_to_string(&file).with_context(|| format!("reading the Dockerfile {}", file.display()))?;
+    let shown = file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "Dockerfile".into());
+    let plan = hutch_core::build::dockerfile::plan(&text, &shown, &context, build_args, scratch)?;
+    for warning in &plan.warnings {
+        eprintln!("warning: {warning}");
+    }
+    Ok((plan.from, plan.steps))
+}
+
+async fn run_build(home: &HutchHome, args: &BuildArgs, from: String, steps: Vec<hutch_core::build::Step>, registry: RegistryOptions) -> anyhow::Result<i32> {
+    let accel_choice = args.accel;
+    let cache = home.root().join("accel-probe");
+    let accel = tokio::task::spawn_blocking(move || hutch_vmm::accel::select(accel_choice, Some(&cache))).await??;
+    let net_env = hutch_net::Environment::from_env(Vec::new(), Vec::new()).map_err(anyhow::Error::msg)?;
+    // E2B's default base image name is hutch's base template.
+    let base = if from == "e2bdev/base" { Base::Template("base".into()) } else { Base::Image { reference: from, registry } };
+    let spec = BuildSpec {
+        name: args.name.clone(),
+        base,
+        steps,
+        start_cmd: None,
+        ready_cmd: None,
+        force: args.no_cache,
+        docker_rules: true,
+        network: hutch_net::Settings::native(args.net.clone()),
+        net_env: Arc::new(net_env),
+        accel: accel.accel,
+    };
+    let bars = Arc::new(LayerBars::new());
+    let log = Arc::new(TermLog { bars: bars.clone() });
+    let backend = hutch_vmm::qemu::QemuBackend::with_cache_dir(home.root());
     let started = std::time::Instant::now();
-    let progress = Arc::new(LayerBars::new());
-    let image = puller.pull(&args.from_image, progress.clone()).await?;
-    progress.clear();
-    eprintln!(
-        "hutch: pulled {} ({}): {} layer(s) downloaded ({}), {} already cached, in {:.1} s",
-        image.reference,
-        image.manifest_digest.short(),
-        image.layers_downloaded,
-        hutch_image::progress::human_bytes(image.bytes_downloaded),
-        image.layers_cached,
-        started.elapsed().as_secs_f64()
+    let built = tokio::select! {
+        b = hutch_core::build::build(home, &backend, spec, log, bars.clone()) => b,
+        _ = tokio::signal::ctrl_c() => return Ok(130),
+    };
+    bars.clear();
+    let built = built?;
+    crate::outln!(
+        "template {} (build {}) in {:.1} s: {} step(s) cached, {} run",
+        built.template.name,
+        built.template.build_id,
+        started.elapsed().as_secs_f64(),
+        built.cached_steps,
+        built.built_steps
     );
-    let source = hutch_image::rootfs::ImageSource { reference: image.reference.clone(), manifest_digest: image.manifest_digest.to_string(), defaults: image.defaults.clone() };
-    let name = args.name.clone();
-    let home2 = home.clone();
-    let template = tokio::task::spawn_blocking(move || {
-        let progress = crate::progress::TermProgress::new();
-        hutch_image::from_image::build(&home2, &name, &store, &image.layers, source, &progress)
-    })
-    .await??;
-    crate::outln!("template {} ({})", template.name, template.image().display());
-    crate::outln!("try: hutch run --template {} -- /bin/sh -c 'cat /etc/os-release'", template.name);
+    crate::outln!("try: hutch run --template {} -- /bin/sh -c 'cat /etc/os-release'", built.template.name);
     Ok(0)
 }
 

@@ -87,7 +87,7 @@ pub enum JailError {
     Cgroup(#[from] super::cgroup::CgroupError),
     #[error("preparing {} for the VM: {source}", path.display())]
     File { path: PathBuf, source: std::io::Error },
-    #[error("the disk {} stacks on {}, which is outside hutch's templates and snapshots; refusing to bind it into the VM (its header was changed)", disk.display(), backing.display())]
+    #[error("the disk {} stacks on {}, which is outside hutch's templates, snapshots and build layers; refusing to bind it into the VM (its header was changed)", disk.display(), backing.display())]
     ForeignBacking { disk: PathBuf, backing: PathBuf },
     #[error("the disk {} stacks on {}, not on {} which hutch made it on; refusing to start the VM (its header was changed)", disk.display(), backing.display(), base.display())]
     ChangedBacking { disk: PathBuf, backing: PathBuf, base: PathBuf },
@@ -335,11 +335,12 @@ impl Prepared {
 
 /// The backing names come from qcow2 headers, which a compromised QEMU can rewrite in
 /// its own overlay (and which then travel into snapshots copied from it). Whatever they
-/// say, only images in hutch's templates and snapshots, or the VM's own directory, are
-/// bound into a jail: resolved through symlinks, so a name cannot point elsewhere.
+/// say, only images in hutch's templates, snapshots and template-build layers, or the
+/// VM's own directory, are bound into a jail: resolved through symlinks, so a name
+/// cannot point elsewhere.
 fn confined_chain(spec: &VmSpec, config: &JailConfig, backing: &[PathBuf]) -> Result<(), JailError> {
     // Each resolved on its own: any of them may be a link to a shared cache.
-    let allowed: Vec<PathBuf> = ["templates", "snapshots", "snapshots/templates", "snapshots/sandboxes"]
+    let allowed: Vec<PathBuf> = ["templates", "snapshots", "snapshots/templates", "snapshots/sandboxes", "cache/build/layers"]
         .iter()
         .map(|d| config.hide.join(d))
         .chain([spec.dir.clone()])

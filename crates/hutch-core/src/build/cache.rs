@@ -1,0 +1,187 @@
+//! The build cache: every build step that changed the disk left a layer, a qcow2 file
+//! over its parent's layer, and a key naming it. A key is the hash of the parent's key
+//! and of everything the step depends on (its text, user, files), so a step whose
+//! inputs and history are unchanged finds the layer it made before, as Docker's layer
+//! cache does.
+//!
+//! Layers are never rewritten: children name them as their backing file. A forced
+//! rebuild makes a new layer and points the key at it; the old one stays for the
+//! layers above it until `prune` removes the whole cache.
+//!
+//! ```text
+//! $HUTCH_HOME/cache/build/keys/<key>.json     {"layer": "<id>"}
+//! $HUTCH_HOME/cache/build/layers/<id>/disk.qcow2  (or disk.raw, for an image's base)
+//! ```
+
+use hutch_image::HutchHome;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{what} {}: {source}", path.display())]
+pub struct CacheError {
+    what: &'static str,
+    path: PathBuf,
+    source: std::io::Error,
+}
+
+fn at(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> CacheError {
+    let path = path.to_path_buf();
+    move |source| CacheError { what, path, source }
+}
+
+/// A cache key: hex SHA-256.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key(pub String);
+
+impl Key {
+    /// The key of a step with `inputs` on top of `parent` (None: the first, the base).
+    pub fn of(parent: Option<&Key>, inputs: &[&str]) -> Key {
+        let mut hash = Sha256::new();
+        hash.update(b"hutch-build-1\0");
+        if let Some(p) = parent {
+            hash.update(p.0.as_bytes());
+        }
+        for input in inputs {
+            // Length-prefixed, so ("ab", "c") and ("a", "bc") differ.
+            hash.update((input.len() as u64).to_le_bytes());
+            hash.update(input.as_bytes());
+        }
+        Key(hex::encode(hash.finalize()))
+    }
+
+    pub fn short(&self) -> &str {
+        &self.0[..12.min(self.0.len())]
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    layer: String,
+}
+
+#[derive(Clone)]
+pub struct BuildCache {
+    root: PathBuf,
+}
+
+impl BuildCache {
+    pub fn new(home: &HutchHome) -> BuildCache {
+        BuildCache { root: home.root().join("cache").join("build") }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn keys(&self) -> PathBuf {
+        self.root.join("keys")
+    }
+
+    pub fn layers(&self) -> PathBuf {
+        self.root.join("layers")
+    }
+
+    /// The layer file `key` names, if it and its file are there.
+    pub fn lookup(&self, key: &Key) -> Option<PathBuf> {
+        let text = std::fs::read(self.keys().join(format!("{}.json", key.0))).ok()?;
+        let entry: Entry = serde_json::from_slice(&text).ok()?;
+        if entry.layer.is_empty() || !entry.layer.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        let dir = self.layers().join(&entry.layer);
+        ["disk.qcow2", "disk.raw"].iter().map(|f| dir.join(f)).find(|p| p.is_file())
+    }
+
+    /// A new, empty layer directory (not yet named by any key).
+    pub fn new_layer(&self) -> Result<(String, PathBuf), CacheError> {
+        let id = hex::encode(rand::random::<[u8; 12]>());
+        let dir = self.layers().join(&id);
+        std::fs::create_dir_all(&dir).map_err(at("creating", &dir))?;
+        Ok((id, dir))
+    }
+
+    /// Points `key` at layer `id`, atomically: a reader sees the old entry or the new.
+    pub fn record(&self, key: &Key, id: &str) -> Result<(), CacheError> {
+        let keys = self.keys();
+        std::fs::create_dir_all(&keys).map_err(at("creating", &keys))?;
+        let path = keys.join(format!("{}.json", key.0));
+        let tmp = keys.join(format!(".{}.{}.tmp", key.0, std::process::id()));
+        let body = serde_json::to_vec(&Entry { layer: id.to_string() }).map_err(|e| at("writing", &path)(e.into()))?;
+        std::fs::write(&tmp, body).map_err(at("writing", &tmp))?;
+        std::fs::rename(&tmp, &path).map_err(at("writing", &path))
+    }
+
+    /// Every layer file, for the reference graph (template builds under them stay).
+    pub fn layer_files(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.layers())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .flat_map(|e| ["disk.qcow2", "disk.raw"].map(|f| e.path().join(f)))
+            .filter(|p| p.is_file())
+            .collect()
+    }
+
+    /// Removes the whole cache (keys first, so no key outlives its layer); returns the
+    /// bytes freed.
+    pub fn prune(&self) -> Result<u64, CacheError> {
+        let used = disk_usage(&self.root);
+        for dir in [self.keys(), self.layers(), self.root.join("tmp")] {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(at("removing", &dir)(e)),
+            }
+        }
+        Ok(used)
+    }
+
+    /// A scratch directory for one build, removed by the caller.
+    pub fn scratch(&self) -> Result<PathBuf, CacheError> {
+        let dir = self.root.join("tmp").join(hex::encode(rand::random::<[u8; 8]>()));
+        std::fs::create_dir_all(&dir).map_err(at("creating", &dir))?;
+        Ok(dir)
+    }
+}
+
+/// Bytes the files under `dir` take on disk (sparse files count what they hold).
+pub fn disk_usage(dir: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(meta) = std::fs::symlink_metadata(dir) else { return 0 };
+    if !meta.is_dir() {
+        return meta.blocks() * 512;
+    }
+    std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| disk_usage(&e.path())).sum::<u64>() + meta.blocks() * 512
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_depend_on_parent_and_every_input() {
+        let a = Key::of(None, &["RUN", "make"]);
+        assert_eq!(a, Key::of(None, &["RUN", "make"]));
+        assert_ne!(a, Key::of(Some(&a), &["RUN", "make"]));
+        assert_ne!(Key::of(None, &["ab", "c"]), Key::of(None, &["a", "bc"]));
+    }
+
+    #[test]
+    fn a_recorded_key_finds_its_layer_and_prune_removes_all() {
+        let dir = tempfile::tempdir().expect("dir");
+        let home = HutchHome::at(dir.path());
+        let cache = BuildCache::new(&home);
+        let key = Key::of(None, &["x"]);
+        assert!(cache.lookup(&key).is_none());
+        let (id, layer) = cache.new_layer().expect("layer");
+        std::fs::write(layer.join("disk.qcow2"), b"QFI\xfb").expect("file");
+        cache.record(&key, &id).expect("record");
+        assert_eq!(cache.lookup(&key), Some(layer.join("disk.qcow2")));
+        assert_eq!(cache.layer_files().len(), 1);
+        cache.prune().expect("prune");
+        assert!(cache.lookup(&key).is_none());
+        assert!(cache.layer_files().is_empty());
+    }
+}

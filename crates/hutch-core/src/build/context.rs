@@ -1,0 +1,328 @@
+//! A `COPY`'s files, taken from the build context on the host: sources (paths or
+//! globs, never outside the context, minus what `.dockerignore` excludes) gathered
+//! into one tar laid out as they land under the destination. The tar is written the
+//! same way every time (sorted, owner 0, mtime 0), so its hash is the step's cache key.
+
+use globset::{GlobBuilder, GlobMatcher};
+use sha2::{Digest, Sha256};
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    #[error("the COPY source '{0}' is outside the build context; name files inside it")]
+    Outside(String),
+    #[error("the COPY source '{src}' is not in the build context {}", context.display())]
+    Missing { src: String, context: PathBuf },
+    #[error("COPY with more than one source file needs a destination directory ending in '/', not '{0}'")]
+    DestNotDir(String),
+    #[error("'{pattern}' in .dockerignore is not a valid pattern: {detail}")]
+    BadIgnore { pattern: String, detail: String },
+    #[error("'{0}' is not a valid COPY source pattern")]
+    BadPattern(String),
+    #[error("reading the build context at {}: {source}", path.display())]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("writing the COPY files at {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
+}
+
+/// `.dockerignore`: patterns in order, a later match (or `!` exception) winning; a
+/// pattern matching a directory excludes what is under it.
+#[derive(Default)]
+pub struct Ignore {
+    rules: Vec<(GlobMatcher, bool)>,
+}
+
+impl Ignore {
+    pub fn parse(text: &str) -> Result<Ignore, ContextError> {
+        let mut rules = Vec::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let (negated, pattern) = match line.strip_prefix('!') {
+                Some(rest) => (true, rest.trim()),
+                None => (false, line),
+            };
+            let cleaned = clean(pattern).map(|p| p.to_string_lossy().into_owned()).unwrap_or_default();
+            if cleaned.is_empty() {
+                continue;
+            }
+            let glob = GlobBuilder::new(&cleaned)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| ContextError::BadIgnore { pattern: line.to_string(), detail: e.kind().to_string() })?;
+            rules.push((glob.compile_matcher(), negated));
+        }
+        Ok(Ignore { rules })
+    }
+
+    /// Reads `.dockerignore` in `context`, if there is one.
+    pub fn of_context(context: &Path) -> Result<Ignore, ContextError> {
+        let path = context.join(".dockerignore");
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Ignore::parse(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ignore::default()),
+            Err(source) => Err(ContextError::Read { path, source }),
+        }
+    }
+
+    /// Whether `rel` (relative to the context) is left out.
+    pub fn excludes(&self, rel: &Path) -> bool {
+        let mut excluded = false;
+        for (glob, negated) in &self.rules {
+            if rel.ancestors().filter(|a| !a.as_os_str().is_empty()).any(|a| glob.is_match(a)) {
+                excluded = !negated;
+            }
+        }
+        excluded
+    }
+}
+
+/// `path` relative and without `.`/`..` (None when it climbs out).
+fn clean(path: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in Path::new(path).components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Some(out)
+}
+
+/// One `COPY`'s files, ready for the guest.
+#[derive(Debug, Clone)]
+pub struct CopyFiles {
+    /// The tar (entries relative to the destination directory, or one file).
+    pub tar: PathBuf,
+    /// The tar holds one file that becomes the destination itself.
+    pub single: bool,
+    /// SHA-256 of the tar: the step's cache input.
+    pub hash: String,
+    pub entries: usize,
+}
+
+/// Gathers `srcs` from `context` for a copy to `dest`, into the tar `out`.
+pub fn collect(context: &Path, srcs: &[String], dest: &str, ignore: &Ignore, out: &Path) -> Result<CopyFiles, ContextError> {
+    let read = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ContextError::Read { path, source }
+    };
+    // (name in the tar, file on the host)
+    let mut items: Vec<(PathBuf, PathBuf)> = Vec::new();
+    let mut sources = 0;
+    let mut any_dir = false;
+    for src in srcs {
+        let rel = clean(src).ok_or_else(|| ContextError::Outside(src.clone()))?;
+        let matches = if src.contains(['*', '?', '[']) {
+            let glob = GlobBuilder::new(&rel.to_string_lossy()).literal_separator(true).build().map_err(|_| ContextError::BadPattern(src.clone()))?.compile_matcher();
+            let mut found = Vec::new();
+            walk(context, Path::new(""), ignore, &mut |r, _| {
+                if glob.is_match(r) {
+                    found.push(r.to_path_buf());
+                }
+            })?;
+            // A directory matched whole: its own entries are not matches too.
+            let all = found.clone();
+            found.retain(|f| !all.iter().any(|other| other != f && f.starts_with(other)));
+            found
+        } else if rel.as_os_str().is_empty() {
+            vec![PathBuf::new()]
+        } else {
+            let exists = std::fs::metadata(context.join(&rel)).is_ok() && !ignore.excludes(&rel);
+            if exists { vec![rel.clone()] } else { Vec::new() }
+        };
+        if matches.is_empty() {
+            return Err(ContextError::Missing { src: src.clone(), context: context.to_path_buf() });
+        }
+        for m in matches {
+            let host = context.join(&m);
+            // Sources may be symlinks, followed as Docker does, but never out of the context.
+            let real = std::fs::canonicalize(&host).map_err(read(&host))?;
+            let root = std::fs::canonicalize(context).map_err(read(context))?;
+            if !real.starts_with(&root) {
+                return Err(ContextError::Outside(src.clone()));
+            }
+            sources += 1;
+            if real.is_dir() {
+                any_dir = true;
+                walk(context, &m, ignore, &mut |r, _| {
+                    if let Ok(inside) = r.strip_prefix(&m) {
+                        items.push((inside.to_path_buf(), context.join(r)));
+                    }
+                })?;
+            } else {
+                items.push((PathBuf::from(m.file_name().unwrap_or(m.as_os_str())), real));
+            }
+        }
+    }
+    let single = sources == 1 && !any_dir && !dest.ends_with('/');
+    if sources > 1 && !dest.ends_with('/') {
+        return Err(ContextError::DestNotDir(dest.to_string()));
+    }
+    items.sort();
+    items.dedup_by(|a, b| a.0 == b.0);
+    Ok(CopyFiles { single, ..write_tar(&items, out)? })
+}
+
+/// Calls `each(relative path, host path)` for everything under `context/start` (not
+/// `start` itself), in name order, minus what `ignore` excludes.
+fn walk(context: &Path, start: &Path, ignore: &Ignore, each: &mut dyn FnMut(&Path, &Path)) -> Result<(), ContextError> {
+    let dir = context.join(start);
+    let mut names: Vec<_> = std::fs::read_dir(&dir)
+        .map_err(|source| ContextError::Read { path: dir.clone(), source })?
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    names.sort();
+    for name in names {
+        let rel = start.join(&name);
+        if ignore.excludes(&rel) {
+            continue;
+        }
+        let host = context.join(&rel);
+        each(&rel, &host);
+        if std::fs::symlink_metadata(&host).is_ok_and(|m| m.is_dir()) {
+            walk(context, &rel, ignore, each)?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes a hashed writer's bytes to a file and to SHA-256 as they go.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn write_tar(items: &[(PathBuf, PathBuf)], out: &Path) -> Result<CopyFiles, ContextError> {
+    use std::os::unix::fs::PermissionsExt;
+    let werr = |source| ContextError::Write { path: out.to_path_buf(), source };
+    let file = std::fs::File::create(out).map_err(werr)?;
+    let mut tar = tar::Builder::new(Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new() });
+    for (name, host) in items {
+        let meta = std::fs::symlink_metadata(host).map_err(|source| ContextError::Read { path: host.clone(), source })?;
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(meta.permissions().mode() & 0o7777);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        if meta.is_dir() {
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_size(0);
+            tar.append_data(&mut header, name, std::io::empty()).map_err(werr)?;
+        } else if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(host).map_err(|source| ContextError::Read { path: host.clone(), source })?;
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_size(0);
+            tar.append_link(&mut header, name, &target).map_err(werr)?;
+        } else if meta.is_file() {
+            header.set_entry_type(tar::EntryType::Regular);
+            header.set_size(meta.len());
+            let file = std::fs::File::open(host).map_err(|source| ContextError::Read { path: host.clone(), source })?;
+            tar.append_data(&mut header, name, file).map_err(werr)?;
+        } else {
+            continue; // sockets, FIFOs, devices: not build inputs
+        }
+    }
+    let mut hashing = tar.into_inner().map_err(werr)?;
+    hashing.flush().map_err(werr)?;
+    Ok(CopyFiles { tar: out.to_path_buf(), single: false, hash: hex::encode(hashing.hash.finalize()), entries: items.len() })
+}
+
+/// A `COPY <<EOF dest` here-document: one file of `content`.
+pub fn here_doc(name: &str, content: &str, out: &Path) -> Result<CopyFiles, ContextError> {
+    let werr = |source| ContextError::Write { path: out.to_path_buf(), source };
+    let file = std::fs::File::create(out).map_err(werr)?;
+    let mut tar = tar::Builder::new(Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new() });
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(0o644);
+    header.set_mtime(0);
+    header.set_size(content.len() as u64);
+    tar.append_data(&mut header, name, content.as_bytes()).map_err(werr)?;
+    let mut hashing = tar.into_inner().map_err(werr)?;
+    hashing.flush().map_err(werr)?;
+    Ok(CopyFiles { tar: out.to_path_buf(), single: true, hash: hex::encode(hashing.hash.finalize()), entries: 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(tar: &Path) -> Vec<String> {
+        let mut a = tar::Archive::new(std::fs::File::open(tar).expect("tar"));
+        a.entries().expect("entries").map(|e| e.expect("entry").path().expect("path").to_string_lossy().into_owned()).collect()
+    }
+
+    fn context() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().expect("dir");
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("app/sub")).expect("dirs");
+        std::fs::write(root.join("app/main.py"), "print(1)\n").expect("file");
+        std::fs::write(root.join("app/sub/x.txt"), "x").expect("file");
+        std::fs::write(root.join("app/debug.log"), "noise").expect("file");
+        std::fs::write(root.join("req.txt"), "six\n").expect("file");
+        std::fs::write(root.join("a.md"), "a").expect("file");
+        std::fs::write(root.join("b.md"), "b").expect("file");
+        dir
+    }
+
+    #[test]
+    fn a_directory_copies_its_contents_minus_ignored_files() {
+        let ctx = context();
+        let ignore = Ignore::parse("# logs\n**/*.log\n").expect("ignore");
+        let out = ctx.path().join("../copy.tar");
+        let files = collect(ctx.path(), &["app".into()], "/srv/", &ignore, &out).expect("collect");
+        assert_eq!(names(&out), ["main.py", "sub", "sub/x.txt"]);
+        assert!(!files.single);
+        // The same files give the same hash; a changed file another.
+        let again = collect(ctx.path(), &["app".into()], "/srv/", &ignore, &out).expect("again");
+        assert_eq!(files.hash, again.hash);
+        std::fs::write(ctx.path().join("app/main.py"), "print(2)\n").expect("edit");
+        assert_ne!(files.hash, collect(ctx.path(), &["app".into()], "/srv/", &ignore, &out).expect("edited").hash);
+        let _ = std::fs::remove_file(out);
+    }
+
+    #[test]
+    fn one_file_is_single_and_globs_need_a_directory() {
+        let ctx = context();
+        let out = ctx.path().join("t.tar");
+        let none = Ignore::default();
+        assert!(collect(ctx.path(), &["req.txt".into()], "/app/requirements.txt", &none, &out).expect("file").single);
+        assert!(!collect(ctx.path(), &["req.txt".into()], "/app/", &none, &out).expect("into dir").single);
+        let err = collect(ctx.path(), &["*.md".into()], "/docs", &none, &out).expect_err("two files");
+        assert!(err.to_string().contains("ending in '/'"), "{err}");
+        collect(ctx.path(), &["*.md".into()], "/docs/", &none, &out).expect("glob");
+        assert_eq!(names(&out), ["a.md", "b.md"]);
+    }
+
+    #[test]
+    fn sources_outside_or_missing_or_ignored_are_refused() {
+        let ctx = context();
+        let out = ctx.path().join("t.tar");
+        let none = Ignore::default();
+        assert!(matches!(collect(ctx.path(), &["../etc/passwd".into()], "/x", &none, &out), Err(ContextError::Outside(_))));
+        std::os::unix::fs::symlink("/etc", ctx.path().join("hostetc")).expect("link");
+        assert!(matches!(collect(ctx.path(), &["hostetc/passwd".into()], "/x", &none, &out), Err(ContextError::Outside(_))));
+        assert!(matches!(collect(ctx.path(), &["nope.txt".into()], "/x", &none, &out), Err(ContextError::Missing { .. })));
+        let ignore = Ignore::parse("req.txt\n").expect("ignore");
+        assert!(matches!(collect(ctx.path(), &["req.txt".into()], "/x", &ignore, &out), Err(ContextError::Missing { .. })));
+        let exception = Ignore::parse("*.md\n!b.md\n").expect("ignore");
+        assert!(exception.excludes(Path::new("a.md")) && !exception.excludes(Path::new("b.md")));
+    }
+}

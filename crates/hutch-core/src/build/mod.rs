@@ -1,0 +1,526 @@
+//! Template builds: a base (an OCI image or a template), then steps (`RUN`, `COPY`,
+//! `ENV`, `WORKDIR`, `USER`, as E2B's template API and Dockerfiles name them) run in
+//! a builder microVM through the agent, each disk-changing step leaving a cached layer
+//! (see `cache`), then the result flattened into a template's raw ext4 image with the
+//! final user, workdir, env and start command as its defaults.
+//!
+//! A build owns its builder VM and scratch directory: both are gone when `build`
+//! returns, whatever the outcome. A failed build leaves no template and no cache entry
+//! for the step that failed (layers are recorded only once complete).
+
+pub mod cache;
+pub mod context;
+pub mod dockerfile;
+mod finalize;
+mod guest;
+
+use cache::{BuildCache, Key};
+use context::CopyFiles;
+use hutch_image::rootfs::{ImageSource, Template};
+use hutch_image::HutchHome;
+use hutch_oci::pull::{PullProgress, Puller, RegistryOptions};
+use hutch_oci::{BlobStore, ImageDefaults};
+use hutch_vmm::{Accel, VmBackend};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// What a build starts from.
+#[derive(Debug, Clone)]
+pub enum Base {
+    /// An image in a registry.
+    Image { reference: String, registry: RegistryOptions },
+    /// A template on this machine (built first if it is one of hutch's recipes).
+    Template(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum StepKind {
+    Env(Vec<(String, String)>),
+    /// Sets the directory later steps run in (created, owned by the current user).
+    Workdir(String),
+    User(String),
+    /// A shell command; `user` overrides the current user for this step only;
+    /// `build_args` are in its environment but not the template's (Dockerfile `ARG`).
+    Run { cmd: String, user: Option<String>, build_args: BTreeMap<String, String> },
+    /// Files from the build context; `owner` defaults to the current user.
+    Copy { files: CopyFiles, dest: String, owner: Option<String>, mode: Option<String> },
+    /// A Dockerfile's `ENTRYPOINT`/`CMD` (None: unchanged).
+    Command { entrypoint: Option<Vec<String>>, cmd: Option<Vec<String>> },
+}
+
+#[derive(Debug, Clone)]
+pub struct Step {
+    pub kind: StepKind,
+    /// Rebuild this step (and so every later one) even when cached.
+    pub force: bool,
+    /// How the step is shown in the log (`RUN make`).
+    pub text: String,
+}
+
+pub struct BuildSpec {
+    pub name: String,
+    pub base: Base,
+    pub steps: Vec<Step>,
+    /// Started when a sandbox of the template starts (before its memory snapshot).
+    pub start_cmd: Option<String>,
+    /// Must exit 0 before the started sandbox counts as ready.
+    pub ready_cmd: Option<String>,
+    /// Rebuild everything, the base included.
+    pub force: bool,
+    /// Dockerfile rules: steps run as the image's user (root when it names none) in its
+    /// workdir (`/`), and the template keeps the image's user and workdir unless a step
+    /// set them. Otherwise E2B's: steps run as `user` in `/home/user`.
+    pub docker_rules: bool,
+    /// The builder VM's network (RUN steps download packages).
+    pub network: hutch_net::Settings,
+    pub net_env: Arc<hutch_net::Environment>,
+    pub accel: Accel,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl Level {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Warn => "warn",
+            Level::Error => "error",
+        }
+    }
+}
+
+/// Where a build's log lines go (a terminal, or a build record the API serves).
+pub trait BuildLog: Send + Sync {
+    /// `step`: `base`, the 1-based step number, or `finalize`.
+    fn log(&self, level: Level, step: Option<&str>, message: &str);
+}
+
+/// Where a build failed, as E2B's `reason.step` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FailedAt {
+    Base,
+    Step(usize),
+    Finalize,
+}
+
+impl FailedAt {
+    pub fn step_name(&self) -> String {
+        match self {
+            FailedAt::Base => "base".into(),
+            FailedAt::Step(n) => n.to_string(),
+            FailedAt::Finalize => "finalize".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct BuildError {
+    pub at: FailedAt,
+    pub message: String,
+    /// The request or its inputs are at fault (a 4xx), not hutch or the host.
+    pub caller_fault: bool,
+}
+
+impl BuildError {
+    fn at(at: FailedAt, caller_fault: bool, message: impl Into<String>) -> BuildError {
+        BuildError { at, message: message.into(), caller_fault }
+    }
+}
+
+pub struct Built {
+    pub template: Template,
+    pub cached_steps: usize,
+    pub built_steps: usize,
+}
+
+/// The context later steps run in, and what the template ends up with.
+#[derive(Clone)]
+struct Context {
+    user: String,
+    workdir: String,
+    env: BTreeMap<String, String>,
+    user_set: bool,
+    workdir_set: bool,
+    entrypoint: Vec<String>,
+    cmd: Vec<String>,
+    /// A step set ENTRYPOINT or CMD (an image's own, such as Debian's `bash`, starts nothing).
+    command_set: bool,
+}
+
+/// Builds template `spec.name`. Its builder VM, if any step needs one, is gone when this returns.
+pub async fn build(home: &HutchHome, backend: &dyn VmBackend, spec: BuildSpec, log: Arc<dyn BuildLog>, pull: Arc<dyn PullProgress>) -> Result<Built, BuildError> {
+    hutch_image::from_image::check_name(&spec.name).map_err(|e| BuildError::at(FailedAt::Base, true, e.to_string()))?;
+    let cache = BuildCache::new(home);
+    let scratch = cache.scratch().map_err(|e| BuildError::at(FailedAt::Base, false, e.to_string()))?;
+    let mut vm: Option<guest::BuildVm> = None;
+    let result = run(home, backend, &spec, &cache, &scratch, &mut vm, &log, pull).await;
+    if let Some(vm) = vm.take() {
+        vm.destroy().await;
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    if let Err(e) = &result {
+        log.log(Level::Error, Some(&e.at.step_name()), &e.message);
+    }
+    result
+}
+
+struct BaseLayer {
+    key: Key,
+    layer: PathBuf,
+    defaults: ImageDefaults,
+    reference: String,
+    digest: String,
+}
+
+async fn base_layer(home: &HutchHome, spec: &BuildSpec, cache: &BuildCache, scratch: &Path, log: &Arc<dyn BuildLog>, pull: Arc<dyn PullProgress>) -> Result<BaseLayer, BuildError> {
+    let fail = |caller: bool| move |e: String| BuildError::at(FailedAt::Base, caller, e);
+    match &spec.base {
+        Base::Image { reference, registry } => {
+            log.log(Level::Info, Some("base"), &format!("[base] FROM {reference}"));
+            let store = BlobStore::new(home.root().join("cache").join("oci").join("blobs"));
+            let image = Puller::new(store.clone(), registry).pull(reference, pull).await.map_err(|e| {
+                let caller = !matches!(e, hutch_oci::pull::PullError::Store { .. });
+                BuildError::at(FailedAt::Base, caller, hutch_proto::error_chain(&e))
+            })?;
+            log.log(
+                Level::Info,
+                Some("base"),
+                &format!(
+                    "pulled {} ({}): {} layer(s) downloaded ({}), {} already cached",
+                    image.reference,
+                    image.manifest_digest.short(),
+                    image.layers_downloaded,
+                    hutch_image::progress::human_bytes(image.bytes_downloaded),
+                    image.layers_cached
+                ),
+            );
+            let digest = image.manifest_digest.to_string();
+            let key = Key::of(None, &["image", &digest, &hutch_image::rootfs::DISK_SIZE.to_string()]);
+            let source = ImageSource { reference: image.reference.clone(), manifest_digest: digest.clone(), defaults: image.defaults.clone() };
+            if let Some(layer) = cache.lookup(&key).filter(|_| !spec.force) {
+                log.log(Level::Info, Some("base"), &format!("CACHED [base] FROM {reference} [{}]", key.short()));
+                return Ok(BaseLayer { key, layer, defaults: image.defaults, reference: image.reference, digest });
+            }
+            let work = scratch.join("base");
+            let (id, dir) = cache.new_layer().map_err(|e| fail(false)(e.to_string()))?;
+            let (log2, layers) = (log.clone(), image.layers.clone());
+            let src = source.clone();
+            let made = tokio::task::spawn_blocking(move || {
+                std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+                let progress = LogProgress(log2, "base");
+                let image = hutch_image::from_image::make_image(&store, &layers, &src, &work, &progress).map_err(|e| hutch_proto::error_chain(&e))?;
+                std::fs::rename(&image, dir.join("disk.raw")).map_err(|e| format!("moving the base image into the cache: {e}"))?;
+                Ok::<_, String>(dir.join("disk.raw"))
+            })
+            .await
+            .map_err(|e| fail(false)(e.to_string()))?;
+            let layer = match made {
+                Ok(layer) => layer,
+                Err(e) => {
+                    let _ = std::fs::remove_dir_all(cache.layers().join(&id));
+                    // The image's own contents (too large, a bad layer) are the caller's.
+                    return Err(fail(true)(e));
+                }
+            };
+            cache.record(&key, &id).map_err(|e| fail(false)(e.to_string()))?;
+            Ok(BaseLayer { key, layer, defaults: image.defaults, reference: image.reference, digest })
+        }
+        Base::Template(name) => {
+            log.log(Level::Info, Some("base"), &format!("[base] FROM template {name}"));
+            let (home2, name2, log2) = (home.clone(), name.clone(), log.clone());
+            let template = tokio::task::spawn_blocking(move || hutch_image::rootfs::ensure(&home2, &name2, &LogProgress(log2, "base")))
+                .await
+                .map_err(|e| fail(false)(e.to_string()))?
+                .map_err(|e| {
+                    let caller = matches!(e, hutch_image::rootfs::TemplateError::Unknown { .. });
+                    fail(caller)(hutch_proto::error_chain(&e))
+                })?;
+            let key = Key::of(None, &["template", &template.name, &template.build_id]);
+            let defaults = template.source.as_ref().map(|s| s.defaults.clone()).unwrap_or_default();
+            Ok(BaseLayer { key, layer: template.image(), defaults, reference: format!("template:{}", template.name), digest: template.build_id.clone() })
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run(
+    home: &HutchHome,
+    backend: &dyn VmBackend,
+    spec: &BuildSpec,
+    cache: &BuildCache,
+    scratch: &Path,
+    vm: &mut Option<guest::BuildVm>,
+    log: &Arc<dyn BuildLog>,
+    pull: Arc<dyn PullProgress>,
+) -> Result<Built, BuildError> {
+    let base = base_layer(home, spec, cache, scratch, log, pull).await?;
+    let image = &base.defaults;
+    let mut ctx = if spec.docker_rules {
+        Context {
+            user: image.user.clone().unwrap_or_else(|| "root".into()),
+            workdir: image.workdir.clone().unwrap_or_else(|| "/".into()),
+            env: image.env.clone(),
+            user_set: false,
+            workdir_set: false,
+            entrypoint: image.entrypoint.clone(),
+            cmd: image.cmd.clone(),
+            command_set: false,
+        }
+    } else {
+        Context {
+            user: "user".into(),
+            workdir: "/home/user".into(),
+            env: image.env.clone(),
+            user_set: true,
+            workdir_set: true,
+            entrypoint: Vec::new(),
+            cmd: Vec::new(),
+            command_set: false,
+        }
+    };
+    let total = spec.steps.len();
+    let keys = step_keys(spec, &base.key, &ctx);
+    // Steps before the first that must run are CACHED, metadata ones included; from
+    // that one on, every step runs (each one's parent is new).
+    let first_run = if spec.force {
+        0
+    } else {
+        keys.iter().zip(&spec.steps).position(|(k, s)| s.force || (needs_disk(&s.kind) && cache.lookup(k).is_none())).unwrap_or(total)
+    };
+    let mut key = base.key.clone();
+    let mut layer = base.layer.clone();
+    let (mut cached, mut built) = (0, 0);
+    for (i, step) in spec.steps.iter().enumerate() {
+        let n = i + 1;
+        let at = FailedAt::Step(n);
+        let step_name = n.to_string();
+        let say = |level: Level, text: &str| log.log(level, Some(&step_name), text);
+        key = keys[i].clone();
+        if i < first_run {
+            if let Some(hit) = needs_disk(&step.kind).then(|| cache.lookup(&key)).flatten() {
+                layer = hit;
+                cached += 1;
+            }
+            apply_metadata(&mut ctx, &step.kind);
+            say(Level::Info, &format!("CACHED [builder {n}/{total}] {}", step.text));
+            continue;
+        }
+        if !needs_disk(&step.kind) {
+            apply_metadata(&mut ctx, &step.kind);
+            say(Level::Info, &format!("[builder {n}/{total}] {}", step.text));
+            continue;
+        }
+        say(Level::Info, &format!("[builder {n}/{total}] {}", step.text));
+        let machine = match vm {
+            Some(machine) => &*machine,
+            None => {
+                say(Level::Debug, "starting the builder VM");
+                &*vm.insert(guest::BuildVm::boot(home, backend, spec, &layer).await.map_err(|e| BuildError::at(at.clone(), false, e))?)
+            }
+        };
+        guest::execute(machine, step, &mut ctx, n, total, log).await.map_err(|(caller, e)| BuildError::at(at.clone(), caller, e))?;
+        apply_metadata(&mut ctx, &step.kind);
+        let (id, dir) = cache.new_layer().map_err(|e| BuildError::at(at.clone(), false, e.to_string()))?;
+        let committed = dir.join("disk.qcow2");
+        if let Err(e) = machine.commit(&committed).await {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(BuildError::at(at, false, e));
+        }
+        cache.record(&key, &id).map_err(|e| BuildError::at(at.clone(), false, e.to_string()))?;
+        layer = committed;
+        built += 1;
+    }
+    if let Some(machine) = vm.take() {
+        machine.destroy().await;
+    }
+    let defaults = final_defaults(spec, image, &ctx);
+    let source = ImageSource { reference: base.reference.clone(), manifest_digest: base.digest.clone(), defaults };
+    let template = finalize::finish(home, spec, &layer, &key, source, scratch, log).await?;
+    Ok(Built { template, cached_steps: cached, built_steps: built })
+}
+
+fn needs_disk(kind: &StepKind) -> bool {
+    matches!(kind, StepKind::Run { .. } | StepKind::Copy { .. } | StepKind::Workdir(_))
+}
+
+/// Every step's cache key, each on its parent's.
+fn step_keys(spec: &BuildSpec, base: &Key, ctx: &Context) -> Vec<Key> {
+    let mut ctx = ctx.clone();
+    let mut key = base.clone();
+    spec.steps
+        .iter()
+        .map(|step| {
+            let inputs = cache_inputs(step, &ctx);
+            key = Key::of(Some(&key), &inputs.iter().map(String::as_str).collect::<Vec<_>>());
+            apply_metadata(&mut ctx, &step.kind);
+            key.clone()
+        })
+        .collect()
+}
+
+/// What a step's cache key depends on, besides its parent's key.
+fn cache_inputs(step: &Step, ctx: &Context) -> Vec<String> {
+    match &step.kind {
+        StepKind::Env(pairs) => std::iter::once("ENV".to_string()).chain(pairs.iter().flat_map(|(k, v)| [k.clone(), v.clone()])).collect(),
+        StepKind::Workdir(dir) => vec!["WORKDIR".into(), dir.clone(), ctx.user.clone()],
+        StepKind::User(user) => vec!["USER".into(), user.clone()],
+        StepKind::Run { cmd, user, build_args } => {
+            let mut v = vec!["RUN".into(), cmd.clone(), user.clone().unwrap_or_default()];
+            v.extend(build_args.iter().flat_map(|(k, val)| [k.clone(), val.clone()]));
+            v
+        }
+        StepKind::Copy { files, dest, owner, mode } => vec![
+            "COPY".into(),
+            files.hash.clone(),
+            files.single.to_string(),
+            dest.clone(),
+            owner.clone().unwrap_or_else(|| ctx.user.clone()),
+            mode.clone().unwrap_or_default(),
+        ],
+        StepKind::Command { entrypoint, cmd } => vec!["CMD".into(), format!("{entrypoint:?}"), format!("{cmd:?}")],
+    }
+}
+
+fn apply_metadata(ctx: &mut Context, kind: &StepKind) {
+    match kind {
+        StepKind::Env(pairs) => ctx.env.extend(pairs.iter().cloned()),
+        StepKind::Workdir(dir) => {
+            ctx.workdir = absolute(&ctx.workdir, dir);
+            ctx.workdir_set = true;
+        }
+        StepKind::User(user) => {
+            ctx.user = user.clone();
+            ctx.user_set = true;
+        }
+        StepKind::Command { entrypoint, cmd } => {
+            ctx.command_set = true;
+            if let Some(e) = entrypoint {
+                ctx.entrypoint = e.clone();
+                // Docker: a new ENTRYPOINT clears an inherited CMD.
+                if cmd.is_none() {
+                    ctx.cmd.clear();
+                }
+            }
+            if let Some(c) = cmd {
+                ctx.cmd = c.clone();
+            }
+        }
+        StepKind::Run { .. } | StepKind::Copy { .. } => {}
+    }
+}
+
+/// `path` against the directory `cwd` (Docker's WORKDIR and COPY destinations).
+pub fn absolute(cwd: &str, path: &str) -> String {
+    if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{}/{path}", cwd.trim_end_matches('/'))
+    }
+}
+
+fn final_defaults(spec: &BuildSpec, image: &ImageDefaults, ctx: &Context) -> ImageDefaults {
+    let user = if ctx.user_set { Some(ctx.user.clone()) } else { image.user.clone() };
+    let workdir = if ctx.workdir_set { Some(ctx.workdir.clone()) } else { image.workdir.clone() };
+    // Docker's start command is ENTRYPOINT + CMD, unless the build names one.
+    let docker_start = (ctx.command_set && (!ctx.entrypoint.is_empty() || !ctx.cmd.is_empty())).then(|| shell_join(ctx.entrypoint.iter().chain(ctx.cmd.iter())));
+    ImageDefaults {
+        env: ctx.env.clone(),
+        workdir,
+        user,
+        entrypoint: ctx.entrypoint.clone(),
+        cmd: ctx.cmd.clone(),
+        start_cmd: spec.start_cmd.clone().or(if spec.docker_rules { docker_start } else { None }),
+        ready_cmd: spec.ready_cmd.clone(),
+    }
+}
+
+/// Words as one POSIX shell command line, each quoted where it needs it.
+pub fn shell_join<'a>(words: impl Iterator<Item = &'a String>) -> String {
+    words
+        .map(|w| {
+            if !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:@%+,".contains(&b)) {
+                w.clone()
+            } else {
+                format!("'{}'", w.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// hutch-image's progress, as build log lines.
+struct LogProgress(Arc<dyn BuildLog>, &'static str);
+
+impl hutch_image::Progress for LogProgress {
+    fn step(&self, what: &str) {
+        self.0.log(Level::Info, Some(self.1), what);
+    }
+    fn detail(&self, line: &str) {
+        self.0.log(Level::Debug, Some(self.1), line);
+    }
+    fn done(&self, summary: &str, took: std::time::Duration) {
+        self.0.log(Level::Info, Some(self.1), &format!("{summary} in {:.1} s", took.as_secs_f64()));
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoveError {
+    #[error("there is no template '{0}' here; `hutch template ls` lists them")]
+    Unknown(String),
+    #[error("template '{name}' is in use ({what}); stop those sandboxes or delete those snapshots first")]
+    InUse { name: String, what: String },
+    #[error("could not tell what uses template '{0}' ({1}), so it was kept")]
+    Unsure(String, String),
+    #[error("removing {}: {source}", path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// Removes template `name`: its builds and its memory snapshots, unless a sandbox, a
+/// stored snapshot or a cached build layer still stacks on them.
+pub fn remove_template(home: &HutchHome, name: &str) -> Result<(), RemoveError> {
+    let dir = home.template(name);
+    if name.contains('/') || !dir.join("template.json").is_file() {
+        return Err(RemoveError::Unknown(name.to_string()));
+    }
+    let used = crate::references::of_sandboxes_and_snapshots(home).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
+    let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+    let dir = canonical(&dir);
+    let snapshots: Vec<PathBuf> = std::fs::read_dir(crate::template_snapshot::root(home))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|d| crate::snapshot::MemorySnapshot::open(d).is_some_and(|s| s.manifest.template == name))
+        .collect();
+    let mut users = Vec::new();
+    for file in &used.files {
+        let file = canonical(file);
+        if file.starts_with(&dir) || snapshots.iter().any(|s| file.starts_with(canonical(s))) {
+            users.push(file.display().to_string());
+        }
+    }
+    if snapshots.iter().any(|s| used.snapshot_dirs.iter().any(|d| canonical(d) == canonical(s))) {
+        users.push("a sandbox restored from its snapshot".into());
+    }
+    if let Some(layer) = BuildCache::new(home).layer_files().iter().find(|l| hutch_vmm::qemu::backing::chain(l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)) {
+        users.push(format!("the build cache layer {} (`hutch template prune` clears the cache)", layer.display()));
+    }
+    if !users.is_empty() {
+        users.sort();
+        users.dedup();
+        return Err(RemoveError::InUse { name: name.into(), what: users.join(", ") });
+    }
+    for path in snapshots.iter().chain(std::iter::once(&dir)) {
+        std::fs::remove_dir_all(path).map_err(|source| RemoveError::Io { path: path.clone(), source })?;
+    }
+    Ok(())
+}
