@@ -246,3 +246,64 @@ def test_bad_dockerfiles_say_where_and_leave_nothing(registry, home, tmp_path):
     assert not any((home / "cache" / "build" / "tmp").iterdir())
     left = subprocess.run(["pgrep", "-f", f"{home}/sandboxes"], capture_output=True, text=True)
     assert left.stdout == "", "no QEMU of this home is left running"
+
+
+def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry, server, tmp_path):
+    """E2B's `Template.build` unchanged against hutch serve: base from the loopback
+    registry, COPY (uploaded through the file-hash handshake), ENV, WORKDIR, RUN, USER
+    and a start command; then `Sandbox.create(name)` sees all of it."""
+    from e2b import Sandbox, Template
+    # The server's templates are the shared home's: a run cut short may have left this one.
+    shutil.rmtree(shared_home() / "templates" / "sdktpl", ignore_errors=True)
+    push(registry, "bb", "1", busybox_image(), CONFIG)
+    ctx = tmp_path / "sdkctx"
+    ctx.mkdir()
+    (ctx / "app.txt").write_text("copied by the SDK\n")
+    template = (
+        Template(file_context_path=str(ctx))
+        .from_image(f"{registry}/bb:1")
+        .set_envs({"GREETING": "from-sdk"})
+        .copy("app.txt", "/home/user/app.txt")
+        .set_workdir("/home/user/work")
+        .run_cmd("echo built-by-$(id -u) > made.txt")
+        .run_cmd("echo root-step > /srv/root.txt", user="root")
+        # The SDK runs commands with /bin/bash, which a busybox image lacks.
+        .run_cmd("printf '#!/bin/sh\\nexec /bin/sh \"$@\"\\n' > /bin/bash && busybox chmod 755 /bin/bash", user="root")
+        .set_user("user")
+        .set_start_cmd("echo started > /tmp/started; sleep 100000", "test -e /tmp/started")
+    )
+    logs = []
+    info = Template.build(template, "sdktpl:v1", on_build_logs=lambda e: logs.append(str(e.message)))
+    assert info.template_id == "sdktpl", info
+    assert any("[builder" in l for l in logs), logs
+    assert Template.exists("sdktpl")
+    assert not Template.exists("no-such-template")
+    sbx = Sandbox.create("sdktpl")
+    try:
+        r = sbx.commands.run("cat /home/user/app.txt made.txt /srv/root.txt /tmp/started; echo $GREETING; pwd; id -u -n")
+        assert r.stdout.splitlines() == ["copied by the SDK", "built-by-1000", "root-step", "started", "from-sdk", "/home/user/work", "user"], r.stdout
+    finally:
+        sbx.kill()
+    # An unchanged rebuild reuses every layer.
+    again = []
+    Template.build(template, "sdktpl:v1", on_build_logs=lambda e: again.append(str(e.message)))
+    steps = [l for l in again if "[builder" in l]
+    assert steps and all("CACHED" in l for l in steps), again
+    with server.api() as api:
+        assert api.delete("/templates/sdktpl").status_code == 204
+        assert api.get("/templates/aliases/sdktpl").status_code == 404
+
+
+def test_the_official_sdk_hears_why_a_build_failed(registry, server, tmp_path):
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    push(registry, "bb", "1", busybox_image(), CONFIG)
+    bad = Template(file_context_path=str(tmp_path)).from_image(f"{registry}/bb:1").run_cmd("echo about-to-fail && exit 3")
+    with pytest.raises(BuildException) as e:
+        Template.build(bad, "sdkbad")
+    assert "exited with 3" in str(e.value) and "about-to-fail" in str(e.value), str(e.value)
+    assert not Template.exists("sdkbad")
+    missing = Template(file_context_path=str(tmp_path)).from_image(f"{registry}/bb:nope")
+    with pytest.raises(BuildException) as e:
+        Template.build(missing, "sdkbad")
+    assert "was not found in its registry" in str(e.value), str(e.value)

@@ -35,6 +35,8 @@ pub enum TemplateSnapshotError {
     Boot(#[source] CreateError),
     #[error("warming up the template's service on port {port}: {detail}")]
     WarmUp { port: u16, detail: String },
+    #[error("the template's start command: {0}")]
+    StartCmd(String),
     #[error(transparent)]
     Save(#[from] SaveError),
     #[error("stopping the template VM")]
@@ -266,6 +268,11 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
                 .map_err(|detail| TemplateSnapshotError::WarmUp { port, detail: format!("{detail}; console:\n{}", console_tail(&spec.console_log(), 20)) })?;
         }
     }
+    if let Some(defaults) = artifacts.template.source.as_ref().map(|s| &s.defaults) {
+        start_command(&agent, defaults)
+            .await
+            .map_err(|detail| TemplateSnapshotError::StartCmd(format!("{detail}; console:\n{}", console_tail(&spec.console_log(), 20))))?;
+    }
     crate::snapshot::release_agent(&agent, &vm.agent_socket(), Duration::from_secs(10)).await?;
     drop(agent);
     crate::snapshot::save_vm(vm.as_mut(), &disk, None, dir, true).await?;
@@ -288,6 +295,45 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
     };
     MemorySnapshot::write_manifest(dir, &manifest)?;
     Ok(manifest)
+}
+
+/// How long a template's ready command may take to first succeed.
+const READY_WAIT: Duration = Duration::from_secs(300);
+
+/// Starts the template's start command (left running: the snapshot keeps it) and
+/// waits until its ready command exits 0, both as the template's user, in its workdir,
+/// with its env.
+async fn start_command(agent: &AgentClient, defaults: &hutch_proto::agent::ImageDefaults) -> Result<(), String> {
+    let Some(start) = defaults.start_cmd.as_deref() else { return Ok(()) };
+    let user = defaults.user.clone().unwrap_or_else(|| "user".into());
+    let agent = agent.as_user(Some(&user));
+    let request = |cmd: &str, tag: Option<&str>| hutch_proto::process::StartRequest {
+        process: hutch_proto::process::ProcessConfig { cmd: "/bin/sh".into(), args: vec!["-c".into(), cmd.into()], envs: defaults.env.clone(), cwd: defaults.workdir.clone() },
+        pty: None,
+        tag: tag.map(str::to_string),
+        stdin: Some(false),
+    };
+    // Its events are not awaited: it runs on in the guest once the stream is dropped.
+    agent.start(&request(start, Some("start_cmd"))).await.map_err(|e| format!("`{start}` could not start: {e}"))?;
+    let Some(ready) = defaults.ready_cmd.as_deref() else { return Ok(()) };
+    let started = Instant::now();
+    loop {
+        let mut stream = agent.start(&request(ready, None)).await.map_err(|e| format!("the ready command `{ready}` could not start: {e}"))?;
+        let mut code = None;
+        while let Some(event) = stream.next().await {
+            if let Ok(hutch_proto::process::ProcessEvent::End(end)) = event {
+                code = Some(if end.exited { end.exit_code } else { -1 });
+            }
+        }
+        if code == Some(0) {
+            return Ok(());
+        }
+        if started.elapsed() > READY_WAIT {
+            return Err(format!("the ready command `{ready}` did not succeed within {} s (last exit {code:?})", READY_WAIT.as_secs()));
+        }
+        // The poll interval of a wait bounded by READY_WAIT.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
 
 /// One HTTP/1.1 request to the template's service through the agent, read to the end.

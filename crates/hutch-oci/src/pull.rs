@@ -84,6 +84,17 @@ pub struct Puller {
     client: Client,
     auth: RegistryAuth,
     store: BlobStore,
+    options: RegistryOptions,
+}
+
+/// A registry on this machine (`localhost`, `127.0.0.1`, `[::1]`, with any port): spoken
+/// to over plain HTTP, as Docker does by default, since nothing crosses a network.
+fn is_loopback(registry: &str) -> bool {
+    let host = match registry.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => registry.split(':').next().unwrap_or(registry),
+    };
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 impl Puller {
@@ -99,7 +110,7 @@ impl Puller {
             Some((user, password)) => RegistryAuth::Basic(user.clone(), password.clone()),
             None => RegistryAuth::Anonymous,
         };
-        Puller { client: Client::new(config), auth, store }
+        Puller { client: Client::new(config), auth, store, options: options.clone() }
     }
 
     pub fn store(&self) -> &BlobStore {
@@ -108,6 +119,11 @@ impl Puller {
 
     pub async fn pull(&self, reference: &str, progress: Arc<dyn PullProgress>) -> Result<PulledImage, PullError> {
         let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| PullError::BadReference { reference: reference.to_string(), reason: e.to_string() })?;
+        if is_loopback(image.registry()) && !self.options.insecure.iter().any(|r| r == image.registry()) {
+            let mut options = self.options.clone();
+            options.insecure.push(image.registry().to_string());
+            return Box::pin(Puller::new(self.store.clone(), &options).pull(reference, progress)).await;
+        }
         let name = image.whole();
         let fail = |e: OciDistributionError| classify(&name, e);
         let (manifest, digest) = self.client.pull_manifest(&image, &self.auth).await.map_err(fail)?;
@@ -249,5 +265,18 @@ fn classify(reference: &str, e: OciDistributionError) -> PullError {
         OciDistributionError::DigestError(d) => PullError::Tampered { reference, reason: d.to_string() },
         OciDistributionError::RequestError(r) if r.is_connect() || r.is_timeout() => PullError::Unreachable { reference, reason: hutch_proto::error_chain(&r) },
         other => PullError::Registry { reference, reason: other.to_string() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_this_machine_counts_as_loopback() {
+        for r in ["127.0.0.1:5000", "localhost:5000", "[::1]:5000", "127.1.2.3"] {
+            assert!(super::is_loopback(r), "{r}");
+        }
+        for r in ["registry-1.docker.io", "10.0.0.1:5000", "ghcr.io", "localhost.example.com"] {
+            assert!(!super::is_loopback(r), "{r}");
+        }
     }
 }

@@ -52,7 +52,8 @@ fn summary(e: &ManagerError) -> &'static str {
 impl From<ManagerError> for ApiError {
     fn from(e: ManagerError) -> Self {
         let status = match &e {
-            ManagerError::NotFound(_) => StatusCode::NOT_FOUND,
+            ManagerError::NotFound(_) | ManagerError::Missing(_) => StatusCode::NOT_FOUND,
+            ManagerError::Forbidden(_) => StatusCode::FORBIDDEN,
             ManagerError::AtCapacity { .. } | ManagerError::Quota(_) => StatusCode::TOO_MANY_REQUESTS,
             ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,

@@ -1,7 +1,7 @@
 //! Accepting connections with limits, so that anyone who can reach the port cannot
 //! take the server down by holding connections open: a cap on open connections, a
-//! deadline for a request's headers (slowloris; it also closes idle keep-alive
-//! connections), and HTTP/2 pings that drop dead peers.
+//! deadline for a request's headers (it also closes idle keep-alive connections), and
+//! HTTP/2 pings that drop dead peers.
 
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -13,6 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+
+/// hyper's header deadline is also how long an idle keep-alive connection lives. The
+/// official E2B SDK keeps pooled connections 300 s (`E2B_KEEPALIVE_EXPIRY`): a server
+/// that closes them sooner races the client's next request on them, and the SDK's
+/// retry of a streamed upload then reached the agent malformed (an intermittent
+/// "incomplete multipart stream"). So idle connections outlive the SDK's pool; the cap
+/// on open connections, not this deadline, is what bounds a slow client's hold.
+const IDLE_KEEP_ALIVE: Duration = Duration::from_secs(330);
 
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -27,7 +35,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_connections: 1024, header_read_timeout: Duration::from_secs(30), drain: Duration::from_secs(10) }
+        Limits { max_connections: 1024, header_read_timeout: IDLE_KEEP_ALIVE, drain: Duration::from_secs(10) }
     }
 }
 

@@ -15,6 +15,7 @@ use hutch_proto::filesystem::WrittenFile;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use tokio::io::AsyncWriteExt;
 
 #[derive(Debug, Deserialize)]
@@ -177,7 +178,36 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
     };
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
     let result = if content_type.starts_with("multipart/form-data") {
-        upload_multipart(&user, q.path.as_deref(), content_type, data, &metadata).await
+        let declared = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let seen2 = seen.clone();
+        let data: Upload = Box::pin(data.inspect(move |chunk| {
+            if let Ok(bytes) = chunk {
+                let mut s = seen2.lock().unwrap_or_else(|e| e.into_inner());
+                s.bytes += bytes.len() as u64;
+                s.chunks += 1;
+                let room = SEEN_HEAD.saturating_sub(s.head.len());
+                s.head.extend_from_slice(&bytes[..room.min(bytes.len())]);
+            }
+        }));
+        upload_multipart(&user, q.path.as_deref(), content_type, data, &metadata).await.map_err(|refusal| {
+            let (status, message) = match refusal {
+                Refusal::Reply(response) => return response,
+                Refusal::Plain(status, message) => (status, message),
+            };
+            let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+            // What arrived, so a cut-short body says where it was cut (an intermittent
+            // "incomplete multipart stream" through the proxy is being chased with it).
+            let detail = format!(
+                "{message} (received {} bytes in {} chunks; Content-Length {}; it began {:?})",
+                s.bytes,
+                s.chunks,
+                declared.as_deref().unwrap_or("absent"),
+                String::from_utf8_lossy(&s.head)
+            );
+            tracing::warn!("upload refused: {detail}");
+            http_error(status, detail)
+        })
     } else {
         let Some(raw) = q.path.as_deref().filter(|p| !p.is_empty()) else {
             return http_error(StatusCode::BAD_REQUEST, "the 'path' query parameter is required for a raw upload");
@@ -191,6 +221,24 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
     }
 }
 
+/// Why a multipart upload was refused: the body itself (its error then says what
+/// arrived), or a reply already made.
+enum Refusal {
+    Plain(StatusCode, String),
+    Reply(Response),
+}
+
+/// Bytes of a multipart body's start quoted when it cannot be read.
+const SEEN_HEAD: usize = 96;
+
+/// What a multipart upload delivered, for its error.
+#[derive(Default)]
+struct Seen {
+    bytes: u64,
+    chunks: u64,
+    head: Vec<u8>,
+}
+
 /// An upload's body, inflated if it came gzipped.
 type Upload = std::pin::Pin<Box<dyn Stream<Item = std::io::Result<bytes::Bytes>> + Send>>;
 
@@ -200,16 +248,15 @@ async fn upload_multipart(
     content_type: &str,
     body: Upload,
     metadata: &BTreeMap<String, String>,
-) -> Result<Vec<WrittenFile>, Response> {
-    let boundary = multer::parse_boundary(content_type)
-        .map_err(|e| http_error(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}")))?;
+) -> Result<Vec<WrittenFile>, Refusal> {
+    let boundary = multer::parse_boundary(content_type).map_err(|e| Refusal::Plain(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}")))?;
     let mut parts = multer::Multipart::new(body, boundary);
     let mut written = Vec::new();
     loop {
         let field = match parts.next_field().await {
             Ok(Some(f)) => f,
             Ok(None) => break,
-            Err(e) => return Err(http_error(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}"))),
+            Err(e) => return Err(Refusal::Plain(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}"))),
         };
         if field.name() != Some("file") {
             continue;
@@ -218,13 +265,13 @@ async fn upload_multipart(
             (Some(p), _) => resolve(p, user),
             (None, Some(name)) if !name.is_empty() => resolve(name, user),
             _ => {
-                return Err(http_error(
+                return Err(Refusal::Reply(http_error(
                     StatusCode::BAD_REQUEST,
                     "each 'file' part needs a filename (the destination path) when no 'path' is given",
-                ))
+                )))
             }
         };
-        written.push(write_file(&target, user, field, metadata).await?);
+        written.push(write_file(&target, user, field, metadata).await.map_err(Refusal::Reply)?);
     }
     Ok(written)
 }

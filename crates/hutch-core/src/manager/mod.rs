@@ -2,6 +2,7 @@
 //! API keys, persisted in the store, with lifetimes enforced by a reaper task. Handlers
 //! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
 
+pub mod builds;
 mod owner;
 mod pause;
 mod pool;
@@ -119,6 +120,12 @@ pub enum ManagerError {
     Resume(#[source] CreateError),
     #[error("{0}")]
     Conflict(String),
+    /// Something other than a sandbox is not there (a template, a build, an upload URL).
+    #[error("{0}")]
+    Missing(String),
+    /// It exists, and is another API key's.
+    #[error("{0}")]
+    Forbidden(String),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
@@ -221,6 +228,8 @@ pub struct SandboxManager {
     shutting_down: std::sync::atomic::AtomicBool,
     /// Operations running as tasks of their own (`detached`): shutdown lets them end.
     in_flight: std::sync::atomic::AtomicUsize,
+    /// Template builds started through the API, and their uploads.
+    builds: builds::Builds,
     /// This manager, for the background tasks it starts.
     me: std::sync::Weak<SandboxManager>,
 }
@@ -301,6 +310,7 @@ impl SandboxManager {
             pools: Mutex::new(Default::default()),
             shutting_down: Default::default(),
             in_flight: Default::default(),
+            builds: builds::Builds::new(),
             me: me.clone(),
         });
         manager.adopt_earlier().await?;

@@ -4,6 +4,7 @@ mod archives;
 mod body;
 mod listing;
 mod sandboxes;
+mod templates;
 
 use crate::error::ApiError;
 use crate::AppState;
@@ -32,7 +33,13 @@ pub fn rest() -> Router<AppState> {
         .route("/snapshots", get(sandboxes::list_snapshots))
         .route("/snapshots/archive", post(archives::import))
         .route("/snapshots/{id}/archive", get(archives::export))
-        .route("/templates/{id}", delete(sandboxes::delete_snapshot))
+        .route("/templates/{id}", delete(templates::delete))
+        .route("/v3/templates", post(templates::create))
+        .route("/templates/aliases/{alias}", get(templates::alias))
+        .route("/templates/{id}/files/{hash}", get(templates::files))
+        .route("/templates/{id}/files/{hash}/upload", put(templates::upload))
+        .route("/v2/templates/{id}/builds/{build}", post(templates::start))
+        .route("/templates/{id}/builds/{build}/status", get(templates::status))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
 }
 

@@ -281,8 +281,3 @@ pub async fn list_snapshots(State(state): State<AppState>, key: KeyId, uri: Uri)
     Ok(Json(rows.iter().filter(wanted).map(SnapshotInfo::from).collect()))
 }
 
-/// `DELETE /templates/{id}`: E2B deletes snapshots this way (they are templates).
-pub async fn delete_snapshot(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
-    state.manager.delete_snapshot(&key.0, &id).await?;
-    Ok(StatusCode::NO_CONTENT)
-}

@@ -1,0 +1,386 @@
+//! Template builds through the API (E2B's `POST /v3/templates` flow): the manager owns
+//! every build's record (status, log, reason), the uploaded COPY files, and which API
+//! key owns which template name. Builds run one at a time (they boot a VM each) as
+//! tasks of the manager, and their records live until the server stops.
+
+use super::{ManagerError, SandboxManager};
+use crate::build::{context, Base, BuildLog, BuildSpec, Level, Step, StepKind};
+use hutch_oci::pull::RegistryOptions;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+/// An uploaded COPY context is a tar of the files a step names; more is not one.
+pub const MAX_UPLOAD: u64 = 2 << 30;
+/// How long an upload URL stays valid (the SDK's own upload timeout is an hour).
+const UPLOAD_VALID: Duration = Duration::from_secs(60 * 60);
+/// Log entries kept per build; later ones replace the oldest output lines.
+const MAX_ENTRIES: usize = 10_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildStatus {
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LogEntry {
+    /// RFC 3339.
+    pub timestamp: String,
+    pub level: &'static str,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct BuildRecord {
+    pub template_id: String,
+    pub build_id: String,
+    pub key_id: String,
+    pub status: BuildStatus,
+    pub entries: Vec<LogEntry>,
+    /// (message, step) of a failed build.
+    pub reason: Option<(String, String)>,
+}
+
+/// The steps of a build as the API received them (E2B's `TemplateBuildStartV2`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildRequest {
+    #[serde(default)]
+    pub from_image: Option<String>,
+    #[serde(default)]
+    pub from_template: Option<String>,
+    #[serde(default)]
+    pub from_image_registry: Option<RegistryAuth>,
+    #[serde(default)]
+    pub force: bool,
+    #[serde(default)]
+    pub steps: Vec<ApiStep>,
+    #[serde(default)]
+    pub start_cmd: Option<String>,
+    #[serde(default)]
+    pub ready_cmd: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RegistryAuth {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ApiStep {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub files_hash: Option<String>,
+    #[serde(default)]
+    pub force: bool,
+}
+
+pub struct Builds {
+    records: Mutex<HashMap<String, Arc<Mutex<BuildRecord>>>>,
+    /// Upload tokens: hash → (token, valid until).
+    uploads: Mutex<HashMap<String, (String, SystemTime)>>,
+    /// One build at a time: each boots a VM and flattens a disk.
+    gate: tokio::sync::Semaphore,
+}
+
+impl Builds {
+    pub fn new() -> Builds {
+        Builds { records: Default::default(), uploads: Default::default(), gate: tokio::sync::Semaphore::new(1) }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Whether `hash` is a lowercase hex SHA-256, as E2B's API checks it.
+pub fn is_files_hash(hash: &str) -> bool {
+    hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Template names the API builds into: hutch's own recipes stay hutch's.
+fn check_buildable(name: &str) -> Result<(), ManagerError> {
+    hutch_image::from_image::check_name(name).map_err(|e| ManagerError::InvalidArgument(e.to_string()))?;
+    if hutch_image::rootfs::builtin_names().contains(&name) {
+        return Err(ManagerError::Conflict(format!("'{name}' is a built-in template; build under another name")));
+    }
+    Ok(())
+}
+
+struct RecordLog(Arc<Mutex<BuildRecord>>);
+
+impl BuildLog for RecordLog {
+    fn log(&self, level: Level, step: Option<&str>, message: &str) {
+        let mut record = lock(&self.0);
+        if record.entries.len() >= MAX_ENTRIES {
+            record.entries.remove(0);
+        }
+        record.entries.push(LogEntry { timestamp: crate::store::rfc3339(SystemTime::now()), level: level.as_str(), message: message.to_string(), step: step.map(str::to_string) });
+    }
+}
+
+impl SandboxManager {
+    fn files_dir(&self) -> PathBuf {
+        self.home.root().join("cache").join("build").join("files")
+    }
+
+    fn owner_file(&self, name: &str) -> PathBuf {
+        self.home.template(name).join("owner")
+    }
+
+    /// The API key that built template `name`, if one did.
+    pub fn template_owner(&self, name: &str) -> Option<String> {
+        std::fs::read_to_string(self.owner_file(name)).ok().map(|s| s.trim().to_string())
+    }
+
+    /// Whether `alias` names a template `key_id` may use: Ok(public) for a built-in
+    /// one (true) or one it built (false).
+    pub fn template_alias(&self, key_id: &str, alias: &str) -> Result<bool, ManagerError> {
+        if hutch_image::rootfs::builtin_names().contains(&alias) {
+            return Ok(true);
+        }
+        match self.template_owner(alias) {
+            Some(owner) if owner == key_id && self.home.template(alias).join("template.json").is_file() => Ok(false),
+            Some(_) => Err(ManagerError::Forbidden(format!("template '{alias}' belongs to another API key"))),
+            None => Err(ManagerError::Missing(format!("there is no template '{alias}'"))),
+        }
+    }
+
+    /// Starts a template build record (`POST /v3/templates`): (templateID, buildID).
+    pub fn new_template_build(&self, key_id: &str, name: &str) -> Result<(String, String), ManagerError> {
+        check_buildable(name)?;
+        if self.template_owner(name).is_some_and(|o| o != key_id) {
+            return Err(ManagerError::Conflict(format!("template '{name}' belongs to another API key; choose another name")));
+        }
+        if self.template_owner(name).is_none() && self.home.template(name).join("template.json").is_file() {
+            return Err(ManagerError::Conflict(format!("template '{name}' was built on this machine outside the API; choose another name")));
+        }
+        let build_id = crate::ids::SandboxId::generate().to_string();
+        let record = BuildRecord { template_id: name.to_string(), build_id: build_id.clone(), key_id: key_id.to_string(), status: BuildStatus::Waiting, entries: Vec::new(), reason: None };
+        lock(&self.builds.records).insert(build_id.clone(), Arc::new(Mutex::new(record)));
+        Ok((name.to_string(), build_id))
+    }
+
+    fn record(&self, key_id: &str, template_id: &str, build_id: &str) -> Result<Arc<Mutex<BuildRecord>>, ManagerError> {
+        let record = lock(&self.builds.records).get(build_id).cloned();
+        match record {
+            Some(r) if lock(&r).key_id == key_id && lock(&r).template_id == template_id => Ok(r),
+            _ => Err(ManagerError::Missing(format!("there is no build '{build_id}' of template '{template_id}' for this API key"))),
+        }
+    }
+
+    /// A build's record as it is now.
+    pub fn template_build(&self, key_id: &str, template_id: &str, build_id: &str) -> Result<BuildRecord, ManagerError> {
+        let record = self.record(key_id, template_id, build_id)?;
+        let view = lock(&record).clone();
+        Ok(view)
+    }
+
+    /// Whether the COPY files `hash` were uploaded; if not, a token for uploading them.
+    pub fn files_upload(&self, key_id: &str, template_id: &str, hash: &str) -> Result<Option<String>, ManagerError> {
+        if !is_files_hash(hash) {
+            return Err(ManagerError::InvalidArgument(format!("'{hash}' is not a files hash (64 lowercase hex digits)")));
+        }
+        let known = lock(&self.builds.records).values().any(|r| {
+            let r = lock(r);
+            r.key_id == key_id && r.template_id == template_id
+        });
+        if !known {
+            return Err(ManagerError::Missing(format!("no build of template '{template_id}' was started with this API key; POST /v3/templates first")));
+        }
+        if self.files_dir().join(hash).is_file() {
+            return Ok(None);
+        }
+        let token = hex::encode(rand::random::<[u8; 24]>());
+        lock(&self.builds.uploads).insert(hash.to_string(), (token.clone(), SystemTime::now() + UPLOAD_VALID));
+        Ok(Some(token))
+    }
+
+    /// Where an upload of `hash` with `token` goes (a temporary path, then `commit_upload`).
+    pub fn upload_target(&self, hash: &str, token: &str) -> Result<PathBuf, ManagerError> {
+        let valid = lock(&self.builds.uploads)
+            .get(hash)
+            .is_some_and(|(t, until)| hutch_proto::access::secrets_equal(t, token) && SystemTime::now() < *until);
+        if !is_files_hash(hash) || !valid {
+            return Err(ManagerError::Missing("this upload URL is unknown or expired; ask for the files' URL again".into()));
+        }
+        let dir = self.files_dir();
+        std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
+        Ok(dir.join(format!(".{hash}.{}.partial", hex::encode(rand::random::<[u8; 6]>()))))
+    }
+
+    pub fn commit_upload(&self, hash: &str, partial: &Path) -> Result<(), ManagerError> {
+        std::fs::rename(partial, self.files_dir().join(hash)).map_err(|e| ManagerError::Internal(format!("storing the upload: {e}")))?;
+        lock(&self.builds.uploads).remove(hash);
+        Ok(())
+    }
+
+    /// Starts build `build_id` (`POST /v2/templates/{id}/builds/{buildID}`). Checks what
+    /// can be checked at once (a 4xx); the rest fails the build, as its status says.
+    pub fn start_template_build(&self, key_id: &str, template_id: &str, build_id: &str, req: BuildRequest) -> Result<(), ManagerError> {
+        let record = self.record(key_id, template_id, build_id)?;
+        if lock(&record).status != BuildStatus::Waiting {
+            return Err(ManagerError::Conflict(format!("build '{build_id}' was already started")));
+        }
+        let base = match (&req.from_image, &req.from_template) {
+            (Some(image), None) if image == "e2bdev/base" => Base::Template("base".into()),
+            (Some(image), None) => {
+                let credentials = match &req.from_image_registry {
+                    None => None,
+                    Some(r) if r.kind == "registry" => r.username.clone().zip(r.password.clone()),
+                    Some(r) => return Err(ManagerError::InvalidArgument(format!("fromImageRegistry type '{}' is not supported here; use 'registry' (user and password)", r.kind))),
+                };
+                Base::Image { reference: image.clone(), registry: RegistryOptions { credentials, insecure: Vec::new() } }
+            }
+            (None, Some(template)) => Base::Template(template.clone()),
+            _ => return Err(ManagerError::InvalidArgument("give exactly one of fromImage and fromTemplate".into())),
+        };
+        // Every step is checked before anything runs.
+        for (i, step) in req.steps.iter().enumerate() {
+            check_step(i + 1, step, &self.files_dir())?;
+        }
+        lock(&record).status = BuildStatus::Building;
+        let Some(me) = self.me.upgrade() else { return Err(ManagerError::Internal("the server is stopping".into())) };
+        let template_id = template_id.to_string();
+        let key_id = key_id.to_string();
+        // The build's future is not Send (rustc cannot prove it for the closures its
+        // layer downloads and steps hold across awaits), so it runs on a blocking-pool
+        // thread of its own, driven by this runtime.
+        let runtime = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || {
+            runtime.block_on(async move {
+                let log: Arc<dyn BuildLog> = Arc::new(RecordLog(record.clone()));
+                let _turn = me.builds.gate.acquire().await;
+                let result = me.run_api_build(&key_id, &template_id, base, req, log.clone()).await;
+                let mut r = lock(&record);
+                match result {
+                    Ok(()) => r.status = BuildStatus::Ready,
+                    Err(e) => {
+                        r.status = BuildStatus::Error;
+                        r.reason = Some((e.message.clone(), e.at.step_name()));
+                    }
+                }
+            })
+        });
+        Ok(())
+    }
+
+    async fn run_api_build(&self, key_id: &str, name: &str, base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
+        use crate::build::{BuildError, FailedAt};
+        let scratch = crate::build::cache::BuildCache::new(&self.home).scratch().map_err(|e| BuildError { at: FailedAt::Base, message: e.to_string(), caller_fault: false })?;
+        let steps = api_steps(&req.steps, &self.files_dir(), &scratch);
+        let result = match steps {
+            Ok(steps) => {
+                let spec = BuildSpec {
+                    name: name.to_string(),
+                    base,
+                    steps,
+                    start_cmd: req.start_cmd.filter(|c| !c.is_empty()),
+                    ready_cmd: req.ready_cmd.filter(|c| !c.is_empty()),
+                    force: req.force,
+                    docker_rules: false,
+                    network: hutch_net::Settings::native(if self.config.internet_by_default { hutch_net::Policy::public() } else { hutch_net::Policy::none() }),
+                    net_env: self.config.net_env.clone(),
+                    accel: self.config.accel,
+                };
+                crate::build::build(&self.home, self.backend.as_ref(), spec, log, Arc::new(hutch_oci::pull::Quiet)).await
+            }
+            Err(e) => {
+                log.log(Level::Error, Some(&e.at.step_name()), &e.message);
+                Err(e)
+            }
+        };
+        let _ = std::fs::remove_dir_all(&scratch);
+        result?;
+        let _ = std::fs::write(self.owner_file(name), key_id);
+        // Sandboxes created from now on use the new build.
+        lock(&self.artifacts).remove(name);
+        Ok(())
+    }
+}
+
+fn check_step(n: usize, step: &ApiStep, files: &Path) -> Result<(), ManagerError> {
+    let bad = |why: String| ManagerError::InvalidArgument(format!("step {n} ({} {}): {why}", step.kind, step.args.join(" ")));
+    match step.kind.as_str() {
+        "RUN" if !step.args.is_empty() => Ok(()),
+        "ENV" if !step.args.is_empty() && step.args.len() % 2 == 0 => Ok(()),
+        "WORKDIR" | "USER" if step.args.len() == 1 && !step.args[0].is_empty() => Ok(()),
+        "COPY" if step.args.len() >= 2 => {
+            let hash = step.files_hash.as_deref().unwrap_or("");
+            if !is_files_hash(hash) {
+                return Err(bad("filesHash is missing or not 64 lowercase hex digits".into()));
+            }
+            if !files.join(hash).is_file() {
+                return Err(bad("its files were never uploaded; upload them first (GET /templates/{id}/files/{hash})".into()));
+            }
+            Ok(())
+        }
+        "RUN" | "ENV" | "WORKDIR" | "USER" | "COPY" => Err(bad("wrong number of arguments".into())),
+        other => Err(bad(format!("'{other}' is not a step type (RUN, COPY, ENV, WORKDIR, USER)"))),
+    }
+}
+
+/// E2B's steps as the build engine's. A COPY's uploaded tar (gzip or plain, names
+/// relative to the SDK's context) is unpacked into a scratch context first.
+fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path) -> Result<Vec<Step>, crate::build::BuildError> {
+    use crate::build::{BuildError, FailedAt};
+    let mut out = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        let n = i + 1;
+        let fail = |message: String| BuildError { at: FailedAt::Step(n), message, caller_fault: true };
+        let text = format!("{} {}", step.kind, step.args.join(" "));
+        let kind = match step.kind.as_str() {
+            "ENV" => StepKind::Env(step.args.chunks(2).map(|p| (p[0].clone(), p.get(1).cloned().unwrap_or_default())).collect()),
+            "WORKDIR" => StepKind::Workdir(step.args[0].clone()),
+            "USER" => StepKind::User(step.args[0].clone()),
+            "RUN" => StepKind::Run { cmd: step.args[0].clone(), user: step.args.get(1).filter(|u| !u.is_empty()).cloned(), build_args: Default::default() },
+            "COPY" => {
+                let hash = step.files_hash.clone().unwrap_or_default();
+                let ctx = scratch.join(format!("context-{n}"));
+                unpack_upload(&files.join(&hash), &ctx).map_err(|e| fail(format!("step {n} `{text}`: the uploaded files are not a readable tar: {e}")))?;
+                let (src, dest) = (step.args[0].clone(), step.args[1].clone());
+                let copy = context::collect(&ctx, std::slice::from_ref(&src), &dest, &context::Ignore::default(), &scratch.join(format!("copy-{n}.tar")))
+                    .map_err(|e| fail(format!("step {n} `{text}`: {e}")))?;
+                StepKind::Copy { files: copy, dest, owner: step.args.get(2).filter(|o| !o.is_empty()).cloned(), mode: step.args.get(3).filter(|m| !m.is_empty()).cloned() }
+            }
+            other => return Err(fail(format!("'{other}' is not a step type"))),
+        };
+        out.push(Step { kind, force: step.force, text });
+    }
+    Ok(out)
+}
+
+/// Unpacks an uploaded tar (gzip or plain) into `dir`; names may not leave it.
+fn unpack_upload(file: &Path, dir: &Path) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::create_dir_all(dir)?;
+    let mut head = [0u8; 2];
+    let gzip = std::fs::File::open(file)?.read(&mut head)? == 2 && head == [0x1f, 0x8b];
+    let reader: Box<dyn Read> = if gzip { Box::new(flate2::read::MultiGzDecoder::new(std::fs::File::open(file)?)) } else { Box::new(std::fs::File::open(file)?) };
+    let mut archive = tar::Archive::new(reader.take(MAX_UPLOAD * 4));
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_ownerships(false);
+    for entry in archive.entries()? {
+        // unpack_in refuses names that climb out of `dir` (and links that would).
+        entry?.unpack_in(dir)?;
+    }
+    Ok(())
+}

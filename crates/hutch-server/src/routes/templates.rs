@@ -1,0 +1,186 @@
+//! E2B's template build API, as the official SDKs' `Template.build` speaks it:
+//! `POST /v3/templates` names the template and opens a build, each COPY's files are
+//! asked for by hash and uploaded to a URL this server signs, `POST
+//! /v2/templates/{id}/builds/{buildID}` starts the steps, and the status endpoint
+//! pages through the build's log. The manager owns builds; this only speaks HTTP.
+
+use super::body::JsonBody;
+use crate::auth::KeyId;
+use crate::error::ApiError;
+use crate::AppState;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use futures::StreamExt;
+use hutch_core::manager::builds::{BuildRequest, BuildStatus, MAX_UPLOAD};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NewTemplate {
+    #[serde(default)]
+    name: Option<String>,
+    /// The SDK's older name for `name`.
+    #[serde(default)]
+    alias: Option<String>,
+    #[serde(default)]
+    tags: Option<Vec<String>>,
+}
+
+/// `name[:tag]` → (name, tag).
+fn split_tag(full: &str) -> (&str, Option<&str>) {
+    match full.split_once(':') {
+        Some((name, tag)) => (name, Some(tag)),
+        None => (full, None),
+    }
+}
+
+pub async fn create(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<NewTemplate>) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let Some(full) = body.name.or(body.alias).filter(|n| !n.is_empty()) else {
+        return Err(ApiError::bad_request("name is required: the template's name, such as my-template or my-template:v1"));
+    };
+    let (name, tag) = split_tag(&full);
+    let (template_id, build_id) = state.manager.new_template_build(&key.0, name)?;
+    let mut tags = body.tags.unwrap_or_default();
+    tags.extend(tag.map(str::to_string));
+    if tags.is_empty() {
+        tags.push("default".into());
+    }
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "templateID": template_id, "buildID": build_id, "public": false, "names": [full], "tags": tags, "aliases": [name] })),
+    ))
+}
+
+/// Whether a COPY's files are here; if not, where to upload them.
+pub async fn files(State(state): State<AppState>, key: KeyId, Path((template_id, hash)): Path<(String, String)>, headers: HeaderMap) -> Result<(StatusCode, Json<Value>), ApiError> {
+    match state.manager.files_upload(&key.0, &template_id, &hash)? {
+        None => Ok((StatusCode::CREATED, Json(json!({ "present": true })))),
+        Some(token) => {
+            // The URL the client reached this server by: it uploads there, without its key.
+            let host = headers.get(axum::http::header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("127.0.0.1");
+            let scheme = headers.get("x-forwarded-proto").and_then(|v| v.to_str().ok()).filter(|p| *p == "https").unwrap_or("http");
+            let url = format!("{scheme}://{host}/templates/{template_id}/files/{hash}/upload?token={token}");
+            Ok((StatusCode::CREATED, Json(json!({ "present": false, "url": url, "headers": {} }))))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub struct UploadQuery {
+    token: String,
+}
+
+/// The upload itself (the signed URL `files` handed out): the body is stored as it comes.
+pub async fn upload(State(state): State<AppState>, Path((_template_id, hash)): Path<(String, String)>, Query(q): Query<UploadQuery>, body: Body) -> Result<StatusCode, ApiError> {
+    let partial = state.manager.upload_target(&hash, &q.token)?;
+    hutch_core::space::check_room(&partial.parent().map(|p| p.to_path_buf()).unwrap_or_default(), 0).map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, m))?;
+    let written = async {
+        let mut file = tokio::fs::File::create(&partial).await.map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(format!("storing an upload: {e}"))))?;
+        let mut stream = body.into_data_stream();
+        let mut total = 0u64;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
+            total += chunk.len() as u64;
+            if total > MAX_UPLOAD {
+                return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("a COPY's files may be {} GiB at most", MAX_UPLOAD >> 30)));
+            }
+            file.write_all(&chunk).await.map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(format!("storing an upload: {e}"))))?;
+        }
+        file.flush().await.map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(format!("storing an upload: {e}"))))?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
+    state.manager.commit_upload(&hash, &partial)?;
+    Ok(StatusCode::CREATED)
+}
+
+pub async fn start(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, JsonBody(req): JsonBody<BuildRequest>) -> Result<StatusCode, ApiError> {
+    state.manager.start_template_build(&key.0, &template_id, &build_id, req)?;
+    Ok(StatusCode::ACCEPTED)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusQuery {
+    #[serde(default)]
+    logs_offset: Option<usize>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    level: Option<String>,
+}
+
+/// At most this many log entries per status answer (E2B's own limit).
+const MAX_ENTRIES: usize = 100;
+
+fn rank(level: &str) -> u8 {
+    match level {
+        "debug" => 0,
+        "info" => 1,
+        "warn" => 2,
+        _ => 3,
+    }
+}
+
+pub async fn status(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, Query(q): Query<StatusQuery>) -> Result<Json<Value>, ApiError> {
+    if let Some(level) = q.level.as_deref().filter(|l| !["debug", "info", "warn", "error"].contains(l)) {
+        return Err(ApiError::bad_request(format!("level '{level}' is not one of debug, info, warn, error")));
+    }
+    let record = state.manager.template_build(&key.0, &template_id, &build_id)?;
+    let floor = q.level.as_deref().map(rank).unwrap_or(0);
+    let entries: Vec<_> = record.entries.iter().filter(|e| rank(e.level) >= floor).collect();
+    let offset = q.logs_offset.unwrap_or(0).min(entries.len());
+    let limit = q.limit.unwrap_or(MAX_ENTRIES).min(MAX_ENTRIES);
+    let page: Vec<_> = entries[offset..].iter().take(limit).collect();
+    let status = match record.status {
+        BuildStatus::Waiting => "waiting",
+        BuildStatus::Building => "building",
+        BuildStatus::Ready => "ready",
+        BuildStatus::Error => "error",
+    };
+    let mut body = json!({
+        "templateID": record.template_id,
+        "buildID": record.build_id,
+        "status": status,
+        "logs": page.iter().map(|e| e.message.clone()).collect::<Vec<_>>(),
+        "logEntries": page,
+    });
+    if let Some((message, step)) = &record.reason {
+        let failed: Vec<_> = record.entries.iter().filter(|e| e.step.as_deref() == Some(step.as_str()) && rank(e.level) >= 2).collect();
+        body["reason"] = json!({ "message": message, "step": step, "logEntries": failed });
+    }
+    Ok(Json(body))
+}
+
+/// `Template.exists` / alias lookups: a template this key built, or a built-in one.
+pub async fn alias(State(state): State<AppState>, key: KeyId, Path(alias): Path<String>) -> Result<Json<Value>, ApiError> {
+    let public = state.manager.template_alias(&key.0, &alias)?;
+    Ok(Json(json!({ "templateID": alias, "public": public })))
+}
+
+/// `DELETE /templates/{id}`: a template this key built, else (E2B deletes snapshots as
+/// templates) one of its snapshots.
+pub async fn delete(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    if state.manager.template_owner(&id).as_deref() == Some(key.0.as_str()) {
+        let home = state.manager.home().clone();
+        let removed = tokio::task::spawn_blocking(move || hutch_core::build::remove_template(&home, &id))
+            .await
+            .map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(e.to_string())))?;
+        return match removed {
+            Ok(()) => Ok(StatusCode::NO_CONTENT),
+            Err(e @ hutch_core::build::RemoveError::InUse { .. }) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
+            Err(e @ hutch_core::build::RemoveError::Unknown(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
+            Err(e) => Err(hutch_core::manager::ManagerError::Internal(e.to_string()).into()),
+        };
+    }
+    state.manager.delete_snapshot(&key.0, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
