@@ -367,19 +367,21 @@ pub fn words(s: &str, vars: &BTreeMap<String, String>) -> Result<Vec<String>, St
     Ok(out)
 }
 
+/// A variable name (letters, digits, `_`) at the front of `chars`, taken off it.
+fn take_name(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) -> String {
+    let mut name = String::new();
+    while let Some(&c) = chars.peek().filter(|c| c.is_ascii_alphanumeric() || **c == '_') {
+        name.push(c);
+        chars.next();
+    }
+    name
+}
+
 /// The value of the variable after a `$`: `NAME`, `{NAME}`, `{NAME:-word}`, `{NAME:+word}`.
 fn variable(chars: &mut std::iter::Peekable<std::str::Chars<'_>>, vars: &BTreeMap<String, String>) -> Result<String, String> {
-    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
     if chars.peek() == Some(&'{') {
         chars.next();
-        let mut name = String::new();
-        while let Some(&c) = chars.peek() {
-            if !is_name(c) {
-                break;
-            }
-            name.push(c);
-            chars.next();
-        }
+        let name = take_name(chars);
         let mut modifier = String::new();
         loop {
             match chars.next() {
@@ -396,14 +398,7 @@ fn variable(chars: &mut std::iter::Peekable<std::str::Chars<'_>>, vars: &BTreeMa
             _ => Err(format!("${{{name}{modifier}}} is not a substitution hutch knows (${{V}}, ${{V:-word}}, ${{V:+word}})")),
         };
     }
-    let mut name = String::new();
-    while let Some(&c) = chars.peek() {
-        if !is_name(c) {
-            break;
-        }
-        name.push(c);
-        chars.next();
-    }
+    let name = take_name(chars);
     if name.is_empty() {
         return Ok("$".into());
     }

@@ -50,22 +50,15 @@ pub struct BuildRecord {
 }
 
 /// The steps of a build as the API received them (E2B's `TemplateBuildStartV2`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
 pub struct BuildRequest {
-    #[serde(default)]
     pub from_image: Option<String>,
-    #[serde(default)]
     pub from_template: Option<String>,
-    #[serde(default)]
     pub from_image_registry: Option<RegistryAuth>,
-    #[serde(default)]
     pub force: bool,
-    #[serde(default)]
     pub steps: Vec<ApiStep>,
-    #[serde(default)]
     pub start_cmd: Option<String>,
-    #[serde(default)]
     pub ready_cmd: Option<String>,
 }
 
@@ -101,8 +94,8 @@ pub struct Builds {
     gate: tokio::sync::Semaphore,
 }
 
-impl Builds {
-    pub fn new() -> Builds {
+impl Default for Builds {
+    fn default() -> Builds {
         Builds { records: Default::default(), uploads: Default::default(), gate: tokio::sync::Semaphore::new(1) }
     }
 }
@@ -321,7 +314,7 @@ fn check_step(n: usize, step: &ApiStep, files: &Path) -> Result<(), ManagerError
     let bad = |why: String| ManagerError::InvalidArgument(format!("step {n} ({} {}): {why}", step.kind, step.args.join(" ")));
     match step.kind.as_str() {
         "RUN" if !step.args.is_empty() => Ok(()),
-        "ENV" if !step.args.is_empty() && step.args.len() % 2 == 0 => Ok(()),
+        "ENV" if !step.args.is_empty() && step.args.len().is_multiple_of(2) => Ok(()),
         "WORKDIR" | "USER" if step.args.len() == 1 && !step.args[0].is_empty() => Ok(()),
         "COPY" if step.args.len() >= 2 => {
             let hash = step.files_hash.as_deref().unwrap_or("");

@@ -310,7 +310,7 @@ impl SandboxManager {
             pools: Mutex::new(Default::default()),
             shutting_down: Default::default(),
             in_flight: Default::default(),
-            builds: builds::Builds::new(),
+            builds: builds::Builds::default(),
             me: me.clone(),
         });
         manager.adopt_earlier().await?;
