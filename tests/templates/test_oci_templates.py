@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import HUTCH, free_port, shared_home, wait_until
+from conftest import API_KEY, HUTCH, free_port, launch, new_home, shared_home, stop, wait_until
 
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ["sh", "echo", "cat", "id", "ls", "test", "sleep", "true"]
@@ -248,13 +248,34 @@ def test_bad_dockerfiles_say_where_and_leave_nothing(registry, home, tmp_path):
     assert left.stdout == "", "no QEMU of this home is left running"
 
 
-def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry, server, tmp_path):
+SDK_TEMPLATES = ("sdktpl", "sdkbad")
+
+
+@pytest.fixture
+def builds_server(registry, net_world, monkeypatch):
+    """A hutch serve whose operator lets API builds pull from the test's loopback
+    registry (`--insecure-registry`); the official SDK talks to it. Its templates are
+    the shared home's, so the names these tests build are cleared before and after."""
+    for name in SDK_TEMPLATES:
+        shutil.rmtree(shared_home() / "templates" / name, ignore_errors=True)
+    home = new_home("hutch-builds-")
+    port = free_port()
+    proc = launch(home, port, "--insecure-registry", registry, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map)})
+    url = f"http://127.0.0.1:{port}"
+    for var in ("E2B_API_URL", "E2B_SANDBOX_URL"):
+        monkeypatch.setenv(var, url)
+    yield url
+    stop(proc)
+    for name in SDK_TEMPLATES:
+        shutil.rmtree(shared_home() / "templates" / name, ignore_errors=True)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry, builds_server, tmp_path):
     """E2B's `Template.build` unchanged against hutch serve: base from the loopback
     registry, COPY (uploaded through the file-hash handshake), ENV, WORKDIR, RUN, USER
     and a start command; then `Sandbox.create(name)` sees all of it."""
     from e2b import Sandbox, Template
-    # The server's templates are the shared home's: a run cut short may have left this one.
-    shutil.rmtree(shared_home() / "templates" / "sdktpl", ignore_errors=True)
     push(registry, "bb", "1", busybox_image(), CONFIG)
     ctx = tmp_path / "sdkctx"
     ctx.mkdir()
@@ -289,12 +310,12 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     Template.build(template, "sdktpl:v1", on_build_logs=lambda e: again.append(str(e.message)))
     steps = [l for l in again if "[builder" in l]
     assert steps and all("CACHED" in l for l in steps), again
-    with server.api() as api:
+    with httpx.Client(base_url=builds_server, headers={"X-API-Key": API_KEY}, timeout=120) as api:
         assert api.delete("/templates/sdktpl").status_code == 204
         assert api.get("/templates/aliases/sdktpl").status_code == 404
 
 
-def test_the_official_sdk_hears_why_a_build_failed(registry, server, tmp_path):
+def test_the_official_sdk_hears_why_a_build_failed(registry, builds_server, tmp_path):
     from e2b import Template
     from e2b.exceptions import BuildException
     push(registry, "bb", "1", busybox_image(), CONFIG)
@@ -307,3 +328,16 @@ def test_the_official_sdk_hears_why_a_build_failed(registry, server, tmp_path):
     with pytest.raises(BuildException) as e:
         Template.build(missing, "sdkbad")
     assert "was not found in its registry" in str(e.value), str(e.value)
+
+
+def test_api_builds_may_not_reach_registries_on_the_servers_machine(registry, server, tmp_path):
+    """The session's server lists no registry: a tenant's image reference naming this
+    machine (or a private or link-local address) is refused before anything is sent."""
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    for ref in (f"{registry}/bb:1", "169.254.169.254/latest:meta", "10.1.2.3:5000/x:1"):
+        t = Template(file_context_path=str(tmp_path)).from_image(ref)
+        with pytest.raises(BuildException) as e:
+            Template.build(t, "sdkbad")
+        assert "names a registry on the server's own machine or private network" in str(e.value), str(e.value)
+    shutil.rmtree(shared_home() / "templates" / "sdkbad", ignore_errors=True)

@@ -25,6 +25,10 @@ pub struct RegistryOptions {
     pub credentials: Option<(String, String)>,
     /// Registries (`host:port`) spoken to over plain HTTP: loopback test registries.
     pub insecure: Vec<String>,
+    /// Registries on this machine may be used, over plain HTTP, without being listed
+    /// (the CLI, run by the machine's own user). Off for the server: a tenant's image
+    /// reference must not reach the host's services; only `insecure` ones are allowed.
+    pub local: bool,
 }
 
 /// What is pulled, and what is only found in the cache.
@@ -74,6 +78,8 @@ pub enum PullError {
     Digest { reference: String, #[source] source: BadDigest },
     #[error("{reference}: {source}")]
     Store { reference: String, #[source] source: StoreError },
+    #[error("{reference} names a registry on the server's own machine or private network, which builds may not reach unless its operator lists it (`hutch serve --insecure-registry HOST:PORT`)")]
+    LocalRegistry { reference: String },
     #[error("{reference}: the registry answered: {reason}")]
     Registry { reference: String, reason: String },
     #[error("{reference}: the registry sent other bytes than the image names (tampered or corrupted), so nothing was kept: {reason}")]
@@ -87,14 +93,30 @@ pub struct Puller {
     options: RegistryOptions,
 }
 
+fn registry_host(registry: &str) -> &str {
+    match registry.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(rest),
+        None => registry.split(':').next().unwrap_or(registry),
+    }
+}
+
 /// A registry on this machine (`localhost`, `127.0.0.1`, `[::1]`, with any port): spoken
 /// to over plain HTTP, as Docker does by default, since nothing crosses a network.
 fn is_loopback(registry: &str) -> bool {
-    let host = match registry.strip_prefix('[') {
-        Some(rest) => rest.split(']').next().unwrap_or(rest),
-        None => registry.split(':').next().unwrap_or(registry),
-    };
+    let host = registry_host(registry);
     host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// A registry named by an address on this machine or a private or link-local network
+/// (a cloud's metadata service among them). Names are not resolved here.
+fn is_local(registry: &str) -> bool {
+    use std::net::IpAddr;
+    is_loopback(registry)
+        || match registry_host(registry).parse::<IpAddr>() {
+            Ok(IpAddr::V4(v4)) => v4.is_private() || v4.is_link_local() || v4.is_unspecified() || (v4.octets()[0] == 100 && v4.octets()[1] & 0xc0 == 64),
+            Ok(IpAddr::V6(v6)) => v6.is_unspecified() || (v6.segments()[0] & 0xfe00) == 0xfc00 || (v6.segments()[0] & 0xffc0) == 0xfe80,
+            Err(_) => false,
+        }
 }
 
 impl Puller {
@@ -119,7 +141,11 @@ impl Puller {
 
     pub async fn pull(&self, reference: &str, progress: Arc<dyn PullProgress>) -> Result<PulledImage, PullError> {
         let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| PullError::BadReference { reference: reference.to_string(), reason: e.to_string() })?;
-        if is_loopback(image.registry()) && !self.options.insecure.iter().any(|r| r == image.registry()) {
+        let listed = self.options.insecure.iter().any(|r| r == image.registry());
+        if !self.options.local && !listed && is_local(image.registry()) {
+            return Err(PullError::LocalRegistry { reference: reference.to_string() });
+        }
+        if is_loopback(image.registry()) && !listed {
             let mut options = self.options.clone();
             options.insecure.push(image.registry().to_string());
             return Box::pin(Puller::new(self.store.clone(), &options).pull(reference, progress)).await;
@@ -278,5 +304,9 @@ mod tests {
         for r in ["registry-1.docker.io", "10.0.0.1:5000", "ghcr.io", "localhost.example.com"] {
             assert!(!super::is_loopback(r), "{r}");
         }
+        for r in ["10.0.0.1:5000", "169.254.169.254", "192.168.1.2:443", "[fd00::1]:5000", "127.0.0.1:5000"] {
+            assert!(super::is_local(r), "{r}");
+        }
+        assert!(!super::is_local("ghcr.io") && !super::is_local("8.8.4.4:443"));
     }
 }

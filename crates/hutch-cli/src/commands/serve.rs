@@ -35,6 +35,10 @@ pub struct ServeArgs {
     pub default_timeout: u64,
     /// A protected address group sandboxes' rules may reach (private, loopback,
     /// link-local, metadata, host); repeat for more. None is by default.
+    /// A registry (HOST:PORT) on this machine or a private network that template builds
+    /// through the API may pull from, over plain HTTP (repeatable). Others there are refused.
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    pub insecure_registries: Vec<String>,
     #[arg(long = "net-open", value_parser = parse_group)]
     pub net_open: Vec<hutch_net::Group>,
     /// A reserved range this deployment counts as `public` (a package mirror at a
@@ -101,6 +105,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         quota: KeyQuota { running: args.key_max_running, paused: args.key_max_paused, snapshots: args.key_max_snapshots },
         net_env: std::sync::Arc::new(hutch_net::Environment::from_env(args.net_open.clone(), args.net_public.clone()).map_err(anyhow::Error::msg)?),
         internet_by_default: args.egress_default == "public",
+        insecure_registries: args.insecure_registries.clone(),
     };
     let pooled: usize = config.pool.values().sum();
     anyhow::ensure!(

@@ -124,11 +124,11 @@ impl BuildCache {
             .collect()
     }
 
-    /// Removes the whole cache (keys first, so no key outlives its layer); returns the
-    /// bytes freed.
+    /// Removes the whole cache (keys first, so no key outlives its layer), scratch
+    /// directories and uploaded COPY files; returns the bytes freed. Not while builds run.
     pub fn prune(&self) -> Result<u64, CacheError> {
         let used = disk_usage(&self.root);
-        for dir in [self.keys(), self.layers(), self.root.join("tmp")] {
+        for dir in [self.keys(), self.layers(), self.root.join("tmp"), self.root.join("files")] {
             match std::fs::remove_dir_all(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

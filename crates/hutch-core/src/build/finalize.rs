@@ -1,16 +1,12 @@
-//! The last phase: the top layer's chain flattened into one raw ext4 image, the
-//! template's defaults written into it (`/etc/hutch/image.json`, read by the agent at
-//! every start), and the image installed as the template's new build.
-//!
-//! The defaults go in with `debugfs` on the unmounted image, not through a VM: a build
-//! whose steps were all cached then needs no VM at all. The image is clean (mkfs made
-//! it, or it was copied from a frozen guest), which `debugfs -w` requires.
+//! The last phase: the top layer's chain (the defaults already written into it by the
+//! builder VM) flattened into one raw ext4 image and installed as the template's new
+//! build. Nothing here reads the guest's filesystem: `qemu-img` copies clusters.
 
 use super::cache::Key;
 use super::{BuildError, BuildLog, BuildSpec, FailedAt, Level};
 use hutch_image::rootfs::{ImageSource, Template};
 use hutch_image::HutchHome;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +25,6 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
     let template = tokio::task::spawn_blocking(move || {
         let raw = scratch.join("rootfs.ext4");
         flatten(&layer, &raw)?;
-        write_defaults(&raw, &source.defaults, &scratch)?;
         let template = hutch_image::from_image::image_template(&name, source);
         hutch_image::rootfs::install_as(&home2, &raw, template, &id.0[..16]).map_err(|e| hutch_proto::error_chain(&e))
     })
@@ -52,27 +47,5 @@ fn tool(cmd: &mut Command, what: &str) -> Result<Vec<u8>, String> {
 fn flatten(layer: &Path, raw: &Path) -> Result<(), String> {
     let format = if layer.extension().is_some_and(|e| e == "qcow2") { "qcow2" } else { "raw" };
     tool(Command::new("qemu-img").args(["convert", "-f", format, "-O", "raw"]).arg(layer).arg(raw), "flattening the build's layers")?;
-    Ok(())
-}
-
-/// Writes `defaults` as the image's `/etc/hutch/image.json` (root's, mode 0644), and
-/// reads it back: debugfs reports a failed command on stderr but exits 0.
-fn write_defaults(raw: &Path, defaults: &hutch_oci::ImageDefaults, scratch: &Path) -> Result<(), String> {
-    let json = serde_json::to_vec_pretty(defaults).map_err(|e| e.to_string())?;
-    let file: PathBuf = scratch.join("image.json");
-    std::fs::write(&file, &json).map_err(|e| format!("writing {}: {e}", file.display()))?;
-    let target = hutch_proto::agent::IMAGE_DEFAULTS_PATH;
-    let dir = Path::new(target).parent().and_then(Path::to_str).unwrap_or("/etc/hutch");
-    let script = format!(
-        "mkdir /etc\nmkdir {dir}\nrm {target}\nwrite {} {target}\nset_inode_field {target} uid 0\nset_inode_field {target} gid 0\nset_inode_field {target} mode 0100644\n",
-        file.display()
-    );
-    let commands = scratch.join("debugfs.cmds");
-    std::fs::write(&commands, script).map_err(|e| format!("writing {}: {e}", commands.display()))?;
-    tool(Command::new("debugfs").arg("-w").arg("-f").arg(&commands).arg(raw), "writing the template's defaults")?;
-    let back = tool(Command::new("debugfs").arg("-R").arg(format!("cat {target}")).arg(raw), "reading the template's defaults back")?;
-    if back != json {
-        return Err(format!("the template's defaults did not land in {target} (is {dir} a directory in the image?)"));
-    }
     Ok(())
 }

@@ -160,13 +160,15 @@ struct Context {
 pub async fn build(home: &HutchHome, backend: &dyn VmBackend, spec: BuildSpec, log: Arc<dyn BuildLog>, pull: Arc<dyn PullProgress>) -> Result<Built, BuildError> {
     hutch_image::from_image::check_name(&spec.name).map_err(|e| BuildError::at(FailedAt::Base, true, e.to_string()))?;
     let cache = BuildCache::new(home);
-    let scratch = cache.scratch().map_err(|e| BuildError::at(FailedAt::Base, false, e.to_string()))?;
+    // Removed however the build ends, a dropped future (Ctrl-C, a server stopping)
+    // included; the VM's own drop kills QEMU.
+    let scratch = RemoveOnDrop::new(cache.scratch().map_err(|e| BuildError::at(FailedAt::Base, false, e.to_string()))?);
     let mut vm: Option<guest::BuildVm> = None;
-    let result = run(home, backend, &spec, &cache, &scratch, &mut vm, &log, pull).await;
+    let result = run(home, backend, &spec, &cache, scratch.path(), &mut vm, &log, pull).await;
     if let Some(vm) = vm.take() {
         vm.destroy().await;
     }
-    let _ = std::fs::remove_dir_all(&scratch);
+    drop(scratch);
     if let Err(e) = &result {
         log.log(Level::Error, Some(&e.at.step_name()), &e.message);
     }
@@ -188,7 +190,8 @@ async fn base_layer(home: &HutchHome, spec: &BuildSpec, cache: &BuildCache, scra
             log.log(Level::Info, Some("base"), &format!("[base] FROM {reference}"));
             let store = BlobStore::new(home.root().join("cache").join("oci").join("blobs"));
             let image = Puller::new(store.clone(), registry).pull(reference, pull).await.map_err(|e| {
-                let caller = !matches!(e, hutch_oci::pull::PullError::Store { .. });
+                use hutch_oci::pull::PullError;
+                let caller = !matches!(e, PullError::Store { .. });
                 BuildError::at(FailedAt::Base, caller, hutch_proto::error_chain(&e))
             })?;
             log.log(
@@ -212,26 +215,25 @@ async fn base_layer(home: &HutchHome, spec: &BuildSpec, cache: &BuildCache, scra
             }
             let work = scratch.join("base");
             let (id, dir) = cache.new_layer().map_err(|e| fail(false)(e.to_string()))?;
+            let guard = RemoveOnDrop::new(dir.clone());
             let (log2, layers) = (log.clone(), image.layers.clone());
             let src = source.clone();
             let made = tokio::task::spawn_blocking(move || {
-                std::fs::create_dir_all(&work).map_err(|e| e.to_string())?;
+                std::fs::create_dir_all(&work).map_err(|e| (false, e.to_string()))?;
                 let progress = LogProgress(log2, "base");
-                let image = hutch_image::from_image::make_image(&store, &layers, &src, &work, &progress).map_err(|e| hutch_proto::error_chain(&e))?;
-                std::fs::rename(&image, dir.join("disk.raw")).map_err(|e| format!("moving the base image into the cache: {e}"))?;
-                Ok::<_, String>(dir.join("disk.raw"))
+                let image = hutch_image::from_image::make_image(&store, &layers, &src, &work, &progress).map_err(|e| {
+                    // The image's own contents (too large, a bad layer) are the caller's;
+                    // the host's tools, disk and privileges are not.
+                    (matches!(e, hutch_image::from_image::FromImageError::Unpack(_)), hutch_proto::error_chain(&e))
+                })?;
+                std::fs::rename(&image, dir.join("disk.raw")).map_err(|e| (false, format!("moving the base image into the cache: {e}")))?;
+                Ok::<_, (bool, String)>(dir.join("disk.raw"))
             })
             .await
             .map_err(|e| fail(false)(e.to_string()))?;
-            let layer = match made {
-                Ok(layer) => layer,
-                Err(e) => {
-                    let _ = std::fs::remove_dir_all(cache.layers().join(&id));
-                    // The image's own contents (too large, a bad layer) are the caller's.
-                    return Err(fail(true)(e));
-                }
-            };
+            let layer = made.map_err(|(caller, e)| fail(caller)(e))?;
             cache.record(&key, &id).map_err(|e| fail(false)(e.to_string()))?;
+            guard.keep();
             Ok(BaseLayer { key, layer, defaults: image.defaults, reference: image.reference, digest })
         }
         Base::Template(name) => {
@@ -288,15 +290,20 @@ async fn run(
         }
     };
     let total = spec.steps.len();
-    let keys = step_keys(spec, &base.key, &ctx);
-    // Steps before the first that must run are CACHED, metadata ones included; from
-    // that one on, every step runs (each one's parent is new).
+    // The rules the steps start under are part of every key: the same `RUN` as `user`
+    // in /home/user (E2B) and as root in / (a Dockerfile) are different layers.
+    let start = Key::of(Some(&base.key), &["context", &spec.docker_rules.to_string(), &ctx.user, &ctx.workdir]);
+    let keys = step_keys(spec, &start, &ctx);
+    // Each cached layer is looked up once: steps before the first that must run are
+    // CACHED (metadata ones included), and every step from it on runs (each one's
+    // parent is new).
+    let hits: Vec<Option<PathBuf>> = keys.iter().zip(&spec.steps).map(|(k, s)| needs_disk(&s.kind).then(|| cache.lookup(k)).flatten()).collect();
     let first_run = if spec.force {
         0
     } else {
-        keys.iter().zip(&spec.steps).position(|(k, s)| s.force || (needs_disk(&s.kind) && cache.lookup(k).is_none())).unwrap_or(total)
+        spec.steps.iter().enumerate().position(|(i, s)| s.force || (needs_disk(&s.kind) && hits[i].is_none())).unwrap_or(total)
     };
-    let mut key = base.key.clone();
+    let mut key = start;
     let mut layer = base.layer.clone();
     let (mut cached, mut built) = (0, 0);
     for (i, step) in spec.steps.iter().enumerate() {
@@ -306,8 +313,8 @@ async fn run(
         let say = |level: Level, text: &str| log.log(level, Some(&step_name), text);
         key = keys[i].clone();
         if i < first_run {
-            if let Some(hit) = needs_disk(&step.kind).then(|| cache.lookup(&key)).flatten() {
-                layer = hit;
+            if let Some(hit) = &hits[i] {
+                layer = hit.clone();
                 cached += 1;
             }
             apply_metadata(&mut ctx, &step.kind);
@@ -320,32 +327,94 @@ async fn run(
             continue;
         }
         say(Level::Info, &format!("[builder {n}/{total}] {}", step.text));
-        let machine = match vm {
-            Some(machine) => &*machine,
-            None => {
-                say(Level::Debug, "starting the builder VM");
-                &*vm.insert(guest::BuildVm::boot(home, backend, spec, &layer).await.map_err(|e| BuildError::at(at.clone(), false, e))?)
-            }
-        };
+        let machine = builder(home, backend, spec, vm, &layer, &at, log).await?;
         guest::execute(machine, step, &mut ctx, n, total, log).await.map_err(|(caller, e)| BuildError::at(at.clone(), caller, e))?;
         apply_metadata(&mut ctx, &step.kind);
-        let (id, dir) = cache.new_layer().map_err(|e| BuildError::at(at.clone(), false, e.to_string()))?;
-        let committed = dir.join("disk.qcow2");
-        if let Err(e) = machine.commit(&committed).await {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(BuildError::at(at, false, e));
-        }
-        cache.record(&key, &id).map_err(|e| BuildError::at(at.clone(), false, e.to_string()))?;
-        layer = committed;
+        layer = commit(cache, machine, &key, &at).await?;
         built += 1;
+    }
+    // The defaults go into the image as one more cached layer, written by the agent:
+    // nothing on the host parses the guest's filesystem. An image's own, unchanged,
+    // are already there.
+    let defaults = final_defaults(spec, image, &ctx);
+    let json = serde_json::to_string(&defaults).unwrap_or_default();
+    let unchanged = layer == base.layer && defaults == base.defaults;
+    if !unchanged {
+        let at = FailedAt::Finalize;
+        let fin = Key::of(Some(&key), &["defaults", &json]);
+        match cache.lookup(&fin).filter(|_| vm.is_none() && !spec.force) {
+            Some(hit) => {
+                log.log(Level::Info, Some("finalize"), &format!("CACHED [finalize] the template's defaults [{}]", fin.short()));
+                layer = hit;
+            }
+            None => {
+                log.log(Level::Info, Some("finalize"), "[finalize] the template's defaults (user, workdir, env, start command)");
+                let machine = builder(home, backend, spec, vm, &layer, &at, log).await?;
+                guest::write_defaults(machine, &json).await.map_err(|e| BuildError::at(at.clone(), false, e))?;
+                layer = commit(cache, machine, &fin, &at).await?;
+            }
+        }
+        key = fin;
     }
     if let Some(machine) = vm.take() {
         machine.destroy().await;
     }
-    let defaults = final_defaults(spec, image, &ctx);
     let source = ImageSource { reference: base.reference.clone(), manifest_digest: base.digest.clone(), defaults };
     let template = finalize::finish(home, spec, &layer, &key, source, scratch, log).await?;
     Ok(Built { template, cached_steps: cached, built_steps: built })
+}
+
+/// The builder VM, booted on `layer` the first time a step needs it.
+async fn builder<'a>(
+    home: &HutchHome,
+    backend: &dyn VmBackend,
+    spec: &BuildSpec,
+    vm: &'a mut Option<guest::BuildVm>,
+    layer: &Path,
+    at: &FailedAt,
+    log: &Arc<dyn BuildLog>,
+) -> Result<&'a guest::BuildVm, BuildError> {
+    if vm.is_none() {
+        log.log(Level::Debug, Some(&at.step_name()), "starting the builder VM");
+        *vm = Some(guest::BuildVm::boot(home, backend, spec, layer).await.map_err(|e| BuildError::at(at.clone(), false, e))?);
+    }
+    vm.as_ref().ok_or_else(|| BuildError::at(at.clone(), false, "the builder VM is gone"))
+}
+
+/// The VM's disk as the layer of `key`; its path. A layer not yet named by its key
+/// is removed on any failure.
+async fn commit(cache: &BuildCache, machine: &guest::BuildVm, key: &Key, at: &FailedAt) -> Result<PathBuf, BuildError> {
+    let fail = |e: String| BuildError::at(at.clone(), false, e);
+    let (id, dir) = cache.new_layer().map_err(|e| fail(e.to_string()))?;
+    let guard = RemoveOnDrop::new(dir);
+    let committed = guard.path().join("disk.qcow2");
+    machine.commit(&committed).await.map_err(fail)?;
+    cache.record(key, &id).map_err(|e| fail(e.to_string()))?;
+    guard.keep();
+    Ok(committed)
+}
+
+/// A directory removed when this is dropped, unless kept.
+struct RemoveOnDrop(Option<PathBuf>);
+
+impl RemoveOnDrop {
+    fn new(path: PathBuf) -> RemoveOnDrop {
+        RemoveOnDrop(Some(path))
+    }
+    fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
 }
 
 fn needs_disk(kind: &StepKind) -> bool {

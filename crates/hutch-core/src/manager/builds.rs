@@ -44,7 +44,12 @@ pub struct BuildRecord {
     pub build_id: String,
     pub key_id: String,
     pub status: BuildStatus,
-    pub entries: Vec<LogEntry>,
+    /// The newest `MAX_ENTRIES` entries; `dropped` older ones were let go, so an
+    /// entry's offset (what `logsOffset` counts) is its index plus `dropped`.
+    pub entries: std::collections::VecDeque<LogEntry>,
+    pub dropped: usize,
+    /// When it ended (records of ended builds are let go an hour later).
+    pub ended: Option<SystemTime>,
     /// (message, step) of a failed build.
     pub reason: Option<(String, String)>,
 }
@@ -88,15 +93,20 @@ pub struct ApiStep {
 
 pub struct Builds {
     records: Mutex<HashMap<String, Arc<Mutex<BuildRecord>>>>,
-    /// Upload tokens: hash → (token, valid until).
-    uploads: Mutex<HashMap<String, (String, SystemTime)>>,
+    /// Upload tokens: token → (the key's files directory name, hash, valid until).
+    uploads: Mutex<HashMap<String, (String, String, SystemTime)>>,
     /// One build at a time: each boots a VM and flattens a disk.
-    gate: tokio::sync::Semaphore,
+    gate: Arc<tokio::sync::Semaphore>,
 }
+
+/// Builds one API key may have started and not finished.
+const MAX_OPEN_PER_KEY: usize = 4;
+/// How long the record of an ended build is kept for its status.
+const KEEP_ENDED: Duration = Duration::from_secs(60 * 60);
 
 impl Default for Builds {
     fn default() -> Builds {
-        Builds { records: Default::default(), uploads: Default::default(), gate: tokio::sync::Semaphore::new(1) }
+        Builds { records: Default::default(), uploads: Default::default(), gate: Arc::new(tokio::sync::Semaphore::new(1)) }
     }
 }
 
@@ -124,15 +134,20 @@ impl BuildLog for RecordLog {
     fn log(&self, level: Level, step: Option<&str>, message: &str) {
         let mut record = lock(&self.0);
         if record.entries.len() >= MAX_ENTRIES {
-            record.entries.remove(0);
+            record.entries.pop_front();
+            record.dropped += 1;
         }
-        record.entries.push(LogEntry { timestamp: crate::store::rfc3339(SystemTime::now()), level: level.as_str(), message: message.to_string(), step: step.map(str::to_string) });
+        record.entries.push_back(LogEntry { timestamp: crate::store::rfc3339(SystemTime::now()), level: level.as_str(), message: message.to_string(), step: step.map(str::to_string) });
     }
 }
 
 impl SandboxManager {
-    fn files_dir(&self) -> PathBuf {
-        self.home.root().join("cache").join("build").join("files")
+    /// Where `key_id`'s uploaded COPY files are: each key's apart, so one key's upload
+    /// never stands in for another's (the SDK's hash of a file list is predictable).
+    fn files_dir(&self, key_id: &str) -> PathBuf {
+        use sha2::Digest;
+        let dir = hex::encode(&sha2::Sha256::digest(key_id.as_bytes())[..16]);
+        self.home.root().join("cache").join("build").join("files").join(dir)
     }
 
     fn owner_file(&self, name: &str) -> PathBuf {
@@ -152,23 +167,66 @@ impl SandboxManager {
         }
         match self.template_owner(alias) {
             Some(owner) if owner == key_id && self.home.template(alias).join("template.json").is_file() => Ok(false),
+            // Claimed by this key's build, not built (yet).
+            Some(owner) if owner == key_id => Err(ManagerError::Missing(format!("there is no template '{alias}' yet (no build of it finished)"))),
             Some(_) => Err(ManagerError::Forbidden(format!("template '{alias}' belongs to another API key"))),
             None => Err(ManagerError::Missing(format!("there is no template '{alias}'"))),
+        }
+    }
+
+    /// Claims `name` for `key_id` (its first build writes the owner file, created only
+    /// if absent, so two keys cannot both claim it), or checks the claim is this key's.
+    fn claim(&self, key_id: &str, name: &str) -> Result<(), ManagerError> {
+        use std::io::Write;
+        let taken = || ManagerError::Conflict(format!("template '{name}' belongs to another API key; choose another name"));
+        match self.template_owner(name) {
+            Some(owner) if owner == key_id => return Ok(()),
+            Some(_) => return Err(taken()),
+            None if self.home.template(name).join("template.json").is_file() => {
+                return Err(ManagerError::Conflict(format!("template '{name}' was built on this machine outside the API; choose another name")))
+            }
+            None => {}
+        }
+        let dir = self.home.template(name);
+        std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(self.owner_file(name)) {
+            Ok(mut f) => f.write_all(key_id.as_bytes()).map_err(|e| ManagerError::Internal(format!("claiming template '{name}': {e}"))),
+            // Another request claimed it first: it counts only if it was this key.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => match self.template_owner(name) {
+                Some(owner) if owner == key_id => Ok(()),
+                _ => Err(taken()),
+            },
+            Err(e) => Err(ManagerError::Internal(format!("claiming template '{name}': {e}"))),
         }
     }
 
     /// Starts a template build record (`POST /v3/templates`): (templateID, buildID).
     pub fn new_template_build(&self, key_id: &str, name: &str) -> Result<(String, String), ManagerError> {
         check_buildable(name)?;
-        if self.template_owner(name).is_some_and(|o| o != key_id) {
-            return Err(ManagerError::Conflict(format!("template '{name}' belongs to another API key; choose another name")));
-        }
-        if self.template_owner(name).is_none() && self.home.template(name).join("template.json").is_file() {
-            return Err(ManagerError::Conflict(format!("template '{name}' was built on this machine outside the API; choose another name")));
+        self.claim(key_id, name)?;
+        let mut records = lock(&self.builds.records);
+        // Ended builds are kept an hour for their status, then let go.
+        let now = SystemTime::now();
+        records.retain(|_, r| lock(r).ended.is_none_or(|t| now.duration_since(t).unwrap_or_default() < KEEP_ENDED));
+        let open = records.values().filter(|r| {
+            let r = lock(r);
+            r.key_id == key_id && r.ended.is_none()
+        });
+        if open.count() >= MAX_OPEN_PER_KEY {
+            return Err(ManagerError::Quota(format!("this API key has {MAX_OPEN_PER_KEY} template builds open; wait for one to finish")));
         }
         let build_id = crate::ids::SandboxId::generate().to_string();
-        let record = BuildRecord { template_id: name.to_string(), build_id: build_id.clone(), key_id: key_id.to_string(), status: BuildStatus::Waiting, entries: Vec::new(), reason: None };
-        lock(&self.builds.records).insert(build_id.clone(), Arc::new(Mutex::new(record)));
+        let record = BuildRecord {
+            template_id: name.to_string(),
+            build_id: build_id.clone(),
+            key_id: key_id.to_string(),
+            status: BuildStatus::Waiting,
+            entries: Default::default(),
+            dropped: 0,
+            ended: None,
+            reason: None,
+        };
+        records.insert(build_id.clone(), Arc::new(Mutex::new(record)));
         Ok((name.to_string(), build_id))
     }
 
@@ -199,31 +257,42 @@ impl SandboxManager {
         if !known {
             return Err(ManagerError::Missing(format!("no build of template '{template_id}' was started with this API key; POST /v3/templates first")));
         }
-        if self.files_dir().join(hash).is_file() {
+        let dir = self.files_dir(key_id);
+        if dir.join(hash).is_file() {
             return Ok(None);
         }
         let token = hex::encode(rand::random::<[u8; 24]>());
-        lock(&self.builds.uploads).insert(hash.to_string(), (token.clone(), SystemTime::now() + UPLOAD_VALID));
+        let now = SystemTime::now();
+        let mut uploads = lock(&self.builds.uploads);
+        uploads.retain(|_, (_, _, until)| *until > now);
+        let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        uploads.insert(token.clone(), (name, hash.to_string(), now + UPLOAD_VALID));
         Ok(Some(token))
     }
 
-    /// Where an upload of `hash` with `token` goes (a temporary path, then `commit_upload`).
-    pub fn upload_target(&self, hash: &str, token: &str) -> Result<PathBuf, ManagerError> {
-        let valid = lock(&self.builds.uploads)
-            .get(hash)
-            .is_some_and(|(t, until)| hutch_proto::access::secrets_equal(t, token) && SystemTime::now() < *until);
-        if !is_files_hash(hash) || !valid {
-            return Err(ManagerError::Missing("this upload URL is unknown or expired; ask for the files' URL again".into()));
+    /// Takes the one-time upload `token` for `hash`: where its bytes go (a temporary
+    /// file, then `commit_upload`), and where they end up.
+    pub fn upload_target(&self, hash: &str, token: &str) -> Result<(PathBuf, PathBuf), ManagerError> {
+        let gone = || ManagerError::Missing("this upload URL is unknown, used or expired; ask for the files' URL again".into());
+        let (dir_name, for_hash, until) = lock(&self.builds.uploads).remove(token).ok_or_else(gone)?;
+        if for_hash != hash || SystemTime::now() > until || !is_files_hash(hash) {
+            return Err(gone());
         }
-        let dir = self.files_dir();
+        let dir = self.home.root().join("cache").join("build").join("files").join(dir_name);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
-        Ok(dir.join(format!(".{hash}.{}.partial", hex::encode(rand::random::<[u8; 6]>()))))
+        Ok((dir.join(format!(".{hash}.{}.partial", hex::encode(rand::random::<[u8; 6]>()))), dir.join(hash)))
     }
 
-    pub fn commit_upload(&self, hash: &str, partial: &Path) -> Result<(), ManagerError> {
-        std::fs::rename(partial, self.files_dir().join(hash)).map_err(|e| ManagerError::Internal(format!("storing the upload: {e}")))?;
-        lock(&self.builds.uploads).remove(hash);
-        Ok(())
+    /// Puts a complete upload in place. One already there stays: an upload under a
+    /// hash never replaces what a build may be reading.
+    pub fn commit_upload(&self, partial: &Path, target: &Path) -> Result<(), ManagerError> {
+        let stored = match std::fs::hard_link(partial, target) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(ManagerError::Internal(format!("storing the upload: {e}"))),
+        };
+        let _ = std::fs::remove_file(partial);
+        stored
     }
 
     /// Starts build `build_id` (`POST /v2/templates/{id}/builds/{buildID}`). Checks what
@@ -241,37 +310,55 @@ impl SandboxManager {
                     Some(r) if r.kind == "registry" => r.username.clone().zip(r.password.clone()),
                     Some(r) => return Err(ManagerError::InvalidArgument(format!("fromImageRegistry type '{}' is not supported here; use 'registry' (user and password)", r.kind))),
                 };
-                Base::Image { reference: image.clone(), registry: RegistryOptions { credentials, insecure: Vec::new() } }
+                // Registries on this machine or its private networks only as the operator
+                // listed them (`hutch serve --insecure-registry`): a tenant's image
+                // reference must not reach the host's own services.
+                Base::Image { reference: image.clone(), registry: RegistryOptions { credentials, insecure: self.config.insecure_registries.clone(), local: false } }
             }
-            (None, Some(template)) => Base::Template(template.clone()),
+            (None, Some(template)) => {
+                // A base this key may use: a built-in template or one of its own.
+                self.template_alias(key_id, template).map_err(|_| super::unknown_template(template))?;
+                Base::Template(template.clone())
+            }
             _ => return Err(ManagerError::InvalidArgument("give exactly one of fromImage and fromTemplate".into())),
         };
+        // The name may have been claimed by another key since this record was made.
+        self.claim(key_id, template_id)?;
         // Every step is checked before anything runs.
         for (i, step) in req.steps.iter().enumerate() {
-            check_step(i + 1, step, &self.files_dir())?;
+            check_step(i + 1, step, &self.files_dir(key_id))?;
         }
-        lock(&record).status = BuildStatus::Building;
         let Some(me) = self.me.upgrade() else { return Err(ManagerError::Internal("the server is stopping".into())) };
+        lock(&record).status = BuildStatus::Building;
         let template_id = template_id.to_string();
         let key_id = key_id.to_string();
-        // The build's future is not Send (rustc cannot prove it for the closures its
-        // layer downloads and steps hold across awaits), so it runs on a blocking-pool
-        // thread of its own, driven by this runtime.
-        let runtime = tokio::runtime::Handle::current();
-        tokio::task::spawn_blocking(move || {
-            runtime.block_on(async move {
-                let log: Arc<dyn BuildLog> = Arc::new(RecordLog(record.clone()));
-                let _turn = me.builds.gate.acquire().await;
-                let result = me.run_api_build(&key_id, &template_id, base, req, log.clone()).await;
-                let mut r = lock(&record);
-                match result {
-                    Ok(()) => r.status = BuildStatus::Ready,
-                    Err(e) => {
-                        r.status = BuildStatus::Error;
-                        r.reason = Some((e.message.clone(), e.at.step_name()));
-                    }
-                }
+        tokio::spawn(async move {
+            // Waiting for its turn holds no thread.
+            let turn = me.builds.gate.clone().acquire_owned().await;
+            // The build's future is not Send (rustc cannot prove it for the closures its
+            // layer downloads and steps hold across awaits), so it runs on a blocking-pool
+            // thread of its own, driven by this runtime.
+            let runtime = tokio::runtime::Handle::current();
+            let (me2, record2) = (me.clone(), record.clone());
+            let ran = tokio::task::spawn_blocking(move || {
+                let log: Arc<dyn BuildLog> = Arc::new(RecordLog(record2));
+                runtime.block_on(me2.run_api_build(&key_id, &template_id, base, req, log))
             })
+            .await;
+            drop(turn);
+            let mut r = lock(&record);
+            r.ended = Some(SystemTime::now());
+            match ran {
+                Ok(Ok(())) => r.status = BuildStatus::Ready,
+                Ok(Err(e)) => {
+                    r.status = BuildStatus::Error;
+                    r.reason = Some((e.message.clone(), e.at.step_name()));
+                }
+                Err(e) => {
+                    r.status = BuildStatus::Error;
+                    r.reason = Some((format!("the build task failed: {e}"), "base".into()));
+                }
+            }
         });
         Ok(())
     }
@@ -279,7 +366,7 @@ impl SandboxManager {
     async fn run_api_build(&self, key_id: &str, name: &str, base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
         use crate::build::{BuildError, FailedAt};
         let scratch = crate::build::cache::BuildCache::new(&self.home).scratch().map_err(|e| BuildError { at: FailedAt::Base, message: e.to_string(), caller_fault: false })?;
-        let steps = api_steps(&req.steps, &self.files_dir(), &scratch);
+        let steps = api_steps(&req.steps, &self.files_dir(key_id), &scratch);
         let result = match steps {
             Ok(steps) => {
                 let spec = BuildSpec {
@@ -303,7 +390,6 @@ impl SandboxManager {
         };
         let _ = std::fs::remove_dir_all(&scratch);
         result?;
-        let _ = std::fs::write(self.owner_file(name), key_id);
         // Sandboxes created from now on use the new build.
         lock(&self.artifacts).remove(name);
         Ok(())

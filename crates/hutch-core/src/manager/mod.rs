@@ -50,6 +50,9 @@ pub struct ManagerConfig {
     /// Whether an E2B create that says nothing of `allow_internet_access` gets the
     /// public internet, as on E2B (its newest SDKs leave the field out by default).
     pub internet_by_default: bool,
+    /// Registries (`host:port`) on this machine or a private network that API template
+    /// builds may pull from, over plain HTTP (`hutch serve --insecure-registry`).
+    pub insecure_registries: Vec<String>,
 }
 
 impl Default for ManagerConfig {
@@ -65,6 +68,7 @@ impl Default for ManagerConfig {
             quota: KeyQuota::default(),
             net_env: Arc::new(hutch_net::Environment::default()),
             internet_by_default: true,
+            insecure_registries: Vec::new(),
         }
     }
 }
@@ -232,6 +236,15 @@ pub struct SandboxManager {
     builds: builds::Builds,
     /// This manager, for the background tasks it starts.
     me: std::sync::Weak<SandboxManager>,
+}
+
+/// The answer for a template name the caller may not use: the same whether it does not
+/// exist or is another key's.
+pub(crate) fn unknown_template(name: &str) -> ManagerError {
+    ManagerError::InvalidArgument(format!(
+        "unknown template '{name}': it is neither a built-in template ({}), one this API key built, nor a snapshot of yours",
+        hutch_image::rootfs::builtin_names().join(", ")
+    ))
 }
 
 /// What makes a template's artifacts (`Artifacts::prepare` but in unit tests).
@@ -407,10 +420,7 @@ impl SandboxManager {
             .map_err(|e| ManagerError::Internal(e.to_string()))?
             .map_err(|e| match e {
                 // Only the built-in names: templates other keys built are not this caller's business.
-                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Unknown { name, .. }) => ManagerError::InvalidArgument(format!(
-                    "unknown template '{name}': it is neither a built-in template ({}) nor a snapshot of yours",
-                    hutch_image::rootfs::builtin_names().join(", ")
-                )),
+                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Unknown { name, .. }) => unknown_template(&name),
                 other => ManagerError::Template(other),
             })
     }
@@ -484,6 +494,10 @@ impl SandboxManager {
         opts.cold = spec.cold;
         opts.network = spec.network.clone().unwrap_or_default();
         let named = self.store.snapshot(key_id, &template).await?;
+        // A template another API key built is not this one's to start (nor to learn of).
+        if named.is_none() && self.template_owner(&template).is_some_and(|o| o != key_id) {
+            return Err(unknown_template(&template));
+        }
         self.quota_running(key_id, 1)?;
         if named.is_none() && !spec.cold {
             if let Some((mut sandbox, slot)) = self.take_pooled(&canonical(&template), &opts).await {

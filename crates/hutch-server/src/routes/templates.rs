@@ -74,32 +74,42 @@ pub struct UploadQuery {
     token: String,
 }
 
-/// The upload itself (the signed URL `files` handed out): the body is stored as it comes.
+/// The upload itself (the signed URL `files` handed out): the body is stored as it
+/// comes, under a temporary name removed if the upload fails or the client leaves.
 pub async fn upload(State(state): State<AppState>, Path((_template_id, hash)): Path<(String, String)>, Query(q): Query<UploadQuery>, body: Body) -> Result<StatusCode, ApiError> {
-    let partial = state.manager.upload_target(&hash, &q.token)?;
-    hutch_core::space::check_room(&partial.parent().map(|p| p.to_path_buf()).unwrap_or_default(), 0).map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, m))?;
-    let written = async {
-        let mut file = tokio::fs::File::create(&partial).await.map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(format!("storing an upload: {e}"))))?;
-        let mut stream = body.into_data_stream();
-        let mut total = 0u64;
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
-            total += chunk.len() as u64;
-            if total > MAX_UPLOAD {
-                return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("a COPY's files may be {} GiB at most", MAX_UPLOAD >> 30)));
-            }
-            file.write_all(&chunk).await.map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(format!("storing an upload: {e}"))))?;
+    let (partial, target) = state.manager.upload_target(&hash, &q.token)?;
+    let guard = PartialFile(partial.clone());
+    let dir = partial.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+    let failed = |e: std::io::Error| ApiError::from(hutch_core::manager::ManagerError::Internal(format!("storing an upload: {e}")));
+    let mut file = tokio::fs::File::create(&partial).await.map_err(failed)?;
+    let mut stream = body.into_data_stream();
+    let mut total = 0u64;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the upload: {e}")))?;
+        total += chunk.len() as u64;
+        if total > MAX_UPLOAD {
+            return Err(ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("a COPY's files may be {} GiB at most", MAX_UPLOAD >> 30)));
         }
-        file.flush().await.map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(format!("storing an upload: {e}"))))?;
-        Ok(())
+        // Every 64 MiB: the upload stops before the server's disk is full.
+        if total % (64 << 20) < chunk.len() as u64 {
+            hutch_core::space::check_room(&dir, 64 << 20).map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, m))?;
+        }
+        file.write_all(&chunk).await.map_err(failed)?;
     }
-    .await;
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&partial);
-        return Err(e);
-    }
-    state.manager.commit_upload(&hash, &partial)?;
+    file.flush().await.map_err(failed)?;
+    drop(file);
+    state.manager.commit_upload(&partial, &target)?;
+    drop(guard);
     Ok(StatusCode::CREATED)
+}
+
+/// An upload's temporary file, removed when the request ends however it ends.
+struct PartialFile(std::path::PathBuf);
+
+impl Drop for PartialFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 pub async fn start(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, JsonBody(req): JsonBody<BuildRequest>) -> Result<StatusCode, ApiError> {
@@ -137,9 +147,10 @@ pub async fn status(State(state): State<AppState>, key: KeyId, Path((template_id
     let record = state.manager.template_build(&key.0, &template_id, &build_id)?;
     let floor = q.level.as_deref().map(rank).unwrap_or(0);
     let entries: Vec<_> = record.entries.iter().filter(|e| rank(e.level) >= floor).collect();
-    let offset = q.logs_offset.unwrap_or(0).min(entries.len());
+    // Offsets count from the build's first entry, also after old ones were let go.
+    let offset = q.logs_offset.unwrap_or(0).saturating_sub(record.dropped).min(entries.len());
     let limit = q.limit.unwrap_or(MAX_ENTRIES).min(MAX_ENTRIES);
-    let page: Vec<_> = entries[offset..].iter().take(limit).collect();
+    let page: Vec<_> = entries.iter().skip(offset).take(limit).collect();
     let status = match record.status {
         BuildStatus::Waiting => "waiting",
         BuildStatus::Building => "building",
