@@ -264,6 +264,7 @@ def builds_server(registry, net_world, monkeypatch):
     url = f"http://127.0.0.1:{port}"
     for var in ("E2B_API_URL", "E2B_SANDBOX_URL"):
         monkeypatch.setenv(var, url)
+    monkeypatch.setenv("E2B_API_KEY", API_KEY)
     yield url
     stop(proc)
     for name in SDK_TEMPLATES:
