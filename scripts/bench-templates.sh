@@ -11,15 +11,7 @@ ROUNDS="${1:-3}"
 ensure_host_packages
 ensure_test_packages
 ensure_rust
-missing=()
-for tool in skopeo umoci mmdebstrap; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
-if [ "${#missing[@]}" -gt 0 ]; then
-  [ "$(id -u)" = 0 ] || die "missing ${missing[*]}; run this as root so it can install them from Debian"
-  step "installing the benchmark's reference tools from Debian: ${missing[*]}"
-  apt-get update -qq || die "apt-get update failed (see above)"
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends skopeo umoci mmdebstrap >/dev/null \
-    || die "apt-get could not install ${missing[*]} (see above)"
-fi
+ensure_tools "the benchmark's reference tools" skopeo=skopeo umoci=umoci mmdebstrap=mmdebstrap
 build
 HUTCH="$PWD/target/release/hutch"
 "$HUTCH" setup --template base >/dev/null

@@ -118,6 +118,25 @@ ensure_host_packages() {
 # busybox-only image the template tests build and boot).
 TEST_PACKAGES=(docker-registry apache2-utils busybox-static)
 
+# ensure_tools WHAT COMMAND=PACKAGES... : installs from Debian the packages of each
+# COMMAND not on PATH (PACKAGES separated by commas), saying they are WHAT.
+ensure_tools() {
+  local what="$1" missing=() packages=() pair
+  shift
+  for pair in "$@"; do
+    command -v "${pair%%=*}" >/dev/null 2>&1 && continue
+    missing+=("${pair%%=*}")
+    IFS=, read -r -a more <<<"${pair#*=}"
+    packages+=("${more[@]}")
+  done
+  [ "${#missing[@]}" -eq 0 ] && return 0
+  [ "$(id -u)" = 0 ] || die "missing ${missing[*]} ($what); run this as root so it can install ${packages[*]} from Debian"
+  step "installing $what from Debian: ${packages[*]}"
+  apt-get update -qq || die "apt-get update failed (see above)"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${packages[@]}" >/dev/null \
+    || die "apt-get could not install ${packages[*]} (see above)"
+}
+
 ensure_test_packages() {
   command -v docker-registry >/dev/null 2>&1 && command -v htpasswd >/dev/null 2>&1 && [ -x /bin/busybox ] && return 0
   [ "$(id -u)" = 0 ] || die "the tests need ${TEST_PACKAGES[*]}; run this as root so it can install them"

@@ -5,9 +5,9 @@
 
 use crate::file_error::{at, FileError};
 use crate::progress::human_bytes;
-use crate::rootfs::{install, nix_is_root, ImageSource, Template, TemplateError, DISK_SIZE};
+use crate::rootfs::{nix_is_root, ImageSource, Template, TemplateError, DISK_SIZE};
 use crate::run::run;
-use crate::{HutchHome, Progress};
+use crate::Progress;
 use hutch_oci::{BlobStore, Digest, ImageDefaults};
 use std::path::Path;
 use std::process::Command;
@@ -42,25 +42,6 @@ pub fn check_name(name: &str) -> Result<(), FromImageError> {
     } else {
         Err(FromImageError::BadName(name.to_string()))
     }
-}
-
-/// Makes template `name` from an image whose layers are in `store`.
-pub fn build(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], source: ImageSource, progress: &dyn Progress) -> Result<Template, FromImageError> {
-    check_name(name)?;
-    if !nix_is_root() {
-        return Err(FromImageError::NotRoot);
-    }
-    let work = home.tmp().join(format!("template-image-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work).map_err(at("creating", &work))?;
-    let result = build_in(home, name, store, layers, source, &work, progress);
-    let _ = std::fs::remove_dir_all(&work);
-    result
-}
-
-fn build_in(home: &HutchHome, name: &str, store: &BlobStore, layers: &[Digest], source: ImageSource, work: &Path, progress: &dyn Progress) -> Result<Template, FromImageError> {
-    let image = make_image(store, layers, &source, work, progress)?;
-    Ok(install(home, &image, image_template(name, source))?)
 }
 
 /// The record of template `name` made from `source` (its image file set by `install`).

@@ -71,10 +71,6 @@ impl BuildCache {
         BuildCache { root: home.root().join("cache").join("build") }
     }
 
-    pub fn root(&self) -> &Path {
-        &self.root
-    }
-
     fn keys(&self) -> PathBuf {
         self.root.join("keys")
     }

@@ -244,20 +244,24 @@ fn write_tar(items: &[(PathBuf, PathBuf)], out: &Path) -> Result<CopyFiles, Cont
     Ok(CopyFiles { tar: out.to_path_buf(), single: false, hash: hex::encode(hashing.hash.finalize()), entries: items.len() })
 }
 
+/// A tar of one regular file `name` holding `content` (mode `mode`, root's, mtime 0).
+pub fn single_file_tar(name: &str, content: &[u8], mode: u32) -> std::io::Result<Vec<u8>> {
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(tar::EntryType::Regular);
+    header.set_mode(mode);
+    header.set_mtime(0);
+    header.set_size(content.len() as u64);
+    tar.append_data(&mut header, name, content)?;
+    tar.into_inner()
+}
+
 /// A `COPY <<EOF dest` here-document: one file of `content`.
 pub fn here_doc(name: &str, content: &str, out: &Path) -> Result<CopyFiles, ContextError> {
     let werr = |source| ContextError::Write { path: out.to_path_buf(), source };
-    let file = std::fs::File::create(out).map_err(werr)?;
-    let mut tar = tar::Builder::new(Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new() });
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o644);
-    header.set_mtime(0);
-    header.set_size(content.len() as u64);
-    tar.append_data(&mut header, name, content.as_bytes()).map_err(werr)?;
-    let mut hashing = tar.into_inner().map_err(werr)?;
-    hashing.flush().map_err(werr)?;
-    Ok(CopyFiles { tar: out.to_path_buf(), single: true, hash: hex::encode(hashing.hash.finalize()), entries: 1 })
+    let bytes = single_file_tar(name, content.as_bytes(), 0o644).map_err(werr)?;
+    std::fs::write(out, &bytes).map_err(werr)?;
+    Ok(CopyFiles { tar: out.to_path_buf(), single: true, hash: hex::encode(Sha256::digest(&bytes)), entries: 1 })
 }
 
 #[cfg(test)]

@@ -156,15 +156,8 @@ pub async fn execute(vm: &BuildVm, step: &Step, ctx: &mut Context, n: usize, tot
 /// and world-readable.
 pub async fn write_defaults(vm: &BuildVm, json: &str) -> Result<(), String> {
     let path = hutch_proto::agent::IMAGE_DEFAULTS_PATH;
-    let mut tar = tar::Builder::new(Vec::new());
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o644);
-    header.set_mtime(0);
-    header.set_size(json.len() as u64);
     let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("image.json");
-    tar.append_data(&mut header, name, json.as_bytes()).map_err(|e| e.to_string())?;
-    let bytes = tar.into_inner().map_err(|e| e.to_string())?;
+    let bytes = super::context::single_file_tar(name, json.as_bytes(), 0o644).map_err(|e| e.to_string())?;
     let target = hutch_envd::CopyTarget { dest: path, owner: "root", mode: Some("0644"), single: true };
     vm.sandbox.agent().copy_tar(&target, hutch_envd::full(bytes)).await.map_err(|e| format!("writing {path} in the builder VM: {e}"))
 }
