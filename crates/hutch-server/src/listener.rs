@@ -16,10 +16,9 @@ use tokio::sync::Semaphore;
 
 /// hyper's header deadline is also how long an idle keep-alive connection lives. The
 /// official E2B SDK keeps pooled connections 300 s (`E2B_KEEPALIVE_EXPIRY`): a server
-/// that closes them sooner races the client's next request on them, and the SDK's
-/// retry of a streamed upload then reached the agent malformed (an intermittent
-/// "incomplete multipart stream"). So idle connections outlive the SDK's pool; the cap
-/// on open connections, not this deadline, is what bounds a slow client's hold.
+/// that closes them sooner races the client's next request on them (the client sees a
+/// reset and has to retry). So idle connections outlive the SDK's pool; the cap on open
+/// connections, not this deadline, is what bounds a slow client's hold.
 const IDLE_KEEP_ALIVE: Duration = Duration::from_secs(330);
 
 #[derive(Debug, Clone)]

@@ -196,8 +196,9 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
                 Refusal::Plain(status, message) => (status, message),
             };
             let s = seen.lock().unwrap_or_else(|e| e.into_inner());
-            // What arrived, so a cut-short body says where it was cut (an intermittent
-            // "incomplete multipart stream" through the proxy is being chased with it).
+            // What arrived, so a body cut short says where it was cut (and a whole one
+            // that the parser still refuses shows as whole: how multer's first-boundary
+            // race, now worked around in `multipart`, was found).
             let detail = format!(
                 "{message} (received {} bytes in {} chunks; Content-Length {}; it began {:?})",
                 s.bytes,
@@ -240,7 +241,7 @@ struct Seen {
 }
 
 /// An upload's body, inflated if it came gzipped.
-type Upload = std::pin::Pin<Box<dyn Stream<Item = std::io::Result<bytes::Bytes>> + Send>>;
+type Upload = super::multipart::Body;
 
 async fn upload_multipart(
     user: &GuestUser,
@@ -250,6 +251,7 @@ async fn upload_multipart(
     metadata: &BTreeMap<String, String>,
 ) -> Result<Vec<WrittenFile>, Refusal> {
     let boundary = multer::parse_boundary(content_type).map_err(|e| Refusal::Plain(StatusCode::BAD_REQUEST, format!("bad multipart request: {e}")))?;
+    let body = super::multipart::first_boundary_read(body, &boundary).await;
     let mut parts = multer::Multipart::new(body, boundary);
     let mut written = Vec::new();
     loop {

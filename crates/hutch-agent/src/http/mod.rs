@@ -4,6 +4,7 @@ pub mod build;
 pub mod connect;
 pub mod files;
 mod gzip;
+mod multipart;
 pub mod misc;
 pub mod tunnel;
 
