@@ -37,6 +37,10 @@ pub async fn first_boundary_read(mut body: Body, boundary: &str) -> Body {
 mod tests {
     use super::*;
 
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread().build().expect("a current-thread runtime")
+    }
+
     const BOUNDARY: &str = "5af99fd917af9b093a65b95a45363267";
 
     /// The body of the SDK upload that failed in CI (e2b 2.45.1 writing hello.c).
@@ -79,7 +83,7 @@ mod tests {
     #[test]
     fn every_cut_and_pause_parses() {
         let body = body();
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = runtime();
         let (mut bare_failures, mut failures) = (0, Vec::new());
         for first in 0..=body.len() {
             for second in first..=body.len() {
@@ -100,7 +104,7 @@ mod tests {
 
     #[test]
     fn a_body_without_its_boundary_still_fails_cleanly() {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = runtime();
         let body = pieces("no boundary here", [3, 7], 0b101);
         let read = rt.block_on(async { file_bytes(first_boundary_read(body, BOUNDARY).await).await });
         assert!(matches!(read, Err(multer::Error::IncompleteStream)), "{read:?}");
@@ -108,7 +112,7 @@ mod tests {
 
     #[test]
     fn an_error_while_reading_ahead_reaches_multer() {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = runtime();
         let body: Body = Box::pin(stream::iter([Ok(bytes::Bytes::from_static(b"--5af9")), Err(std::io::Error::other("cut"))]));
         let read = rt.block_on(async { file_bytes(first_boundary_read(body, BOUNDARY).await).await });
         assert!(matches!(read, Err(multer::Error::StreamReadFailed(_))), "{read:?}");
