@@ -306,6 +306,26 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
         assert r.stdout.splitlines() == ["copied by the SDK", "built-by-1000", "root-step", "started", "from-sdk", "/home/user/work", "user"], r.stdout
     finally:
         sbx.kill()
+    # The template list and the template, parsed by the SDK's own generated models.
+    from e2b.api.client.api.templates import get_templates, get_templates_template_id
+    from e2b.api.client_sync import get_api_client
+    from e2b.connection_config import ConnectionConfig
+    client = get_api_client(ConnectionConfig(api_key=API_KEY, api_url=builds_server))
+    listed = get_templates.sync_detailed(client=client)
+    assert listed.status_code == 200 and listed.parsed is not None, listed.content
+    mine = {t.template_id: t for t in listed.parsed}
+    assert "sdktpl" in mine and not mine["sdktpl"].public and mine["sdktpl"].build_status == "ready", listed.content
+    one = get_templates_template_id.sync_detailed("sdktpl", client=client)
+    assert one.status_code == 200 and one.parsed is not None, one.content
+    assert [str(b.build_id) for b in one.parsed.builds] == [mine["sdktpl"].build_id] and one.parsed.names == ["sdktpl"], one.content
+    assert get_templates_template_id.sync_detailed("no-such-template", client=client).status_code == 404
+    # A cold boot (no memory snapshot) runs the start command too, and waits for ready.
+    cold_home = new_home("hutch-cold-")
+    try:
+        cold = hutch(cold_home, "run", "--cold", "--template", "sdktpl", "--", "cat", "/tmp/started")
+        assert cold.returncode == 0 and cold.stdout == "started\n", (cold.stdout, cold.stderr)
+    finally:
+        shutil.rmtree(cold_home, ignore_errors=True)
     # An unchanged rebuild reuses every layer.
     again = []
     Template.build(template, "sdktpl:v1", on_build_logs=lambda e: again.append(str(e.message)))

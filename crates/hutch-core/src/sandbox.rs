@@ -79,6 +79,8 @@ pub enum CreateError {
     RestoreTimeout { secs: u64, last: String },
     #[error("making the template's memory snapshot")]
     TemplateSnapshot(#[source] Box<crate::template_snapshot::TemplateSnapshotError>),
+    #[error("the template's start command failed: {detail}; last console lines:\n{console}")]
+    StartCmd { detail: String, console: String },
     #[error("the sandbox's record")]
     Record(#[source] crate::record::RecordError),
     #[error("connecting the sandbox's network stack to its VM's NIC")]
@@ -284,8 +286,21 @@ impl Sandbox {
     }
 
     /// A new sandbox that boots the guest kernel.
+    /// The template's start command runs as it does before a memory snapshot is taken:
+    /// started, then its ready command waited for.
     pub async fn create_cold(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
-        Self::boot_on(home, artifacts, backend, opts, &artifacts.template.image(), None).await
+        let sandbox = Self::boot_on(home, artifacts, backend, opts, &artifacts.template.image(), None).await?;
+        let Some(defaults) = artifacts.template.source.as_ref().map(|s| &s.defaults) else { return Ok(sandbox) };
+        match crate::template_snapshot::start_command(sandbox.agent(), defaults).await {
+            Ok(()) => Ok(sandbox),
+            Err(detail) => {
+                let console = sandbox.console_tail(20);
+                if let Err(e) = sandbox.destroy().await {
+                    tracing::warn!("stopping a sandbox whose start command failed: {e}");
+                }
+                Err(CreateError::StartCmd { detail, console })
+            }
+        }
     }
 
     /// A new sandbox that boots the guest kernel on an overlay of `disk` (a template
@@ -716,7 +731,6 @@ impl Sandbox {
         false
     }
 
-    /// The agent's console signals, while the VM runs.
     /// The running VM's agent socket.
     pub fn agent_socket(&self) -> Option<PathBuf> {
         self.vm.as_ref().map(|v| v.agent_socket())

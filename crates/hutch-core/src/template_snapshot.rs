@@ -303,7 +303,7 @@ const READY_WAIT: Duration = Duration::from_secs(300);
 /// Starts the template's start command (left running: the snapshot keeps it) and
 /// waits until its ready command exits 0, both as the template's user, in its workdir,
 /// with its env.
-async fn start_command(agent: &AgentClient, defaults: &hutch_proto::agent::ImageDefaults) -> Result<(), String> {
+pub(crate) async fn start_command(agent: &AgentClient, defaults: &hutch_proto::agent::ImageDefaults) -> Result<(), String> {
     let Some(start) = defaults.start_cmd.as_deref() else { return Ok(()) };
     let user = defaults.user.clone().unwrap_or_else(|| "user".into());
     let agent = agent.as_user(Some(&user));

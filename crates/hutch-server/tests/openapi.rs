@@ -61,7 +61,7 @@ async fn documented_operations_answer_documented_statuses() {
     let ops = operations(&doc);
     assert!(ops.len() >= 14, "only {} operations documented", ops.len());
     for (method, path, op) in ops {
-        let uri = path.replace("{sandboxID}", "inothere").replace("{snapshotID}", "nosnapshot");
+        let uri = path.replace("{sandboxID}", "inothere").replace("{snapshotID}", "nosnapshot").replace("{templateID}", "notemplate").replace("{alias}", "noalias");
         let what = format!("{method} {path}");
         let (status, body) = call(&app, &method, &uri, Some(KEY)).await;
         assert!(status != StatusCode::METHOD_NOT_ALLOWED && !String::from_utf8_lossy(&body).contains("no such route"), "{what} is not routed");

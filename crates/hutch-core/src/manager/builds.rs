@@ -54,6 +54,32 @@ pub struct BuildRecord {
     pub reason: Option<(String, String)>,
 }
 
+/// A built template as the API lists it.
+#[derive(Debug, Clone)]
+pub struct TemplateInfo {
+    pub name: String,
+    pub build_id: String,
+    /// RFC 3339.
+    pub built_at: String,
+    pub disk_size: u64,
+    /// A built-in template (every key may use it), not one a key built.
+    pub public: bool,
+    /// What a sandbox of it gets unless its create asks otherwise.
+    pub cpus: u32,
+    pub memory_mib: u32,
+}
+
+/// A template build's id as E2B shows it, a UUID (the SDK parses it as one): UUIDv8
+/// of the build's own id, which is a content hash, so the same build keeps its UUID.
+fn build_uuid(build_id: &str) -> String {
+    use sha2::Digest;
+    let mut b: [u8; 16] = sha2::Sha256::digest(format!("hutch-template-build:{build_id}"))[..16].try_into().unwrap_or_default();
+    b[6] = (b[6] & 0x0f) | 0x80;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h = hex::encode(b);
+    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
+}
+
 /// The steps of a build as the API received them (E2B's `TemplateBuildStartV2`).
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
@@ -172,6 +198,29 @@ impl SandboxManager {
             Some(_) => Err(ManagerError::Forbidden(format!("template '{alias}' belongs to another API key"))),
             None => Err(ManagerError::Missing(format!("there is no template '{alias}'"))),
         }
+    }
+
+    /// The templates `key_id` may start sandboxes of (`GET /templates`): the built-in
+    /// ones built on this machine, and the ones this key built.
+    pub fn templates(&self, key_id: &str) -> Vec<TemplateInfo> {
+        hutch_image::rootfs::list(&self.home).into_iter().filter_map(|name| self.template_info(key_id, &name).ok()).collect()
+    }
+
+    /// One template `key_id` may use (`GET /templates/{id}`).
+    pub fn template_info(&self, key_id: &str, name: &str) -> Result<TemplateInfo, ManagerError> {
+        let public = self.template_alias(key_id, name)?;
+        let template = hutch_image::rootfs::cached(&self.home, name)
+            .map_err(|e| ManagerError::Internal(format!("reading template '{name}': {e}")))?
+            .ok_or_else(|| ManagerError::Missing(format!("template '{name}' is not built on this server yet")))?;
+        Ok(TemplateInfo {
+            memory_mib: self.config.memory.unwrap_or_else(|| crate::ids::MemMib::of_template(name)).get(),
+            cpus: self.config.cpus,
+            name: template.name,
+            build_id: build_uuid(&template.build_id),
+            built_at: template.built_at,
+            disk_size: template.disk_size,
+            public,
+        })
     }
 
     /// Claims `name` for `key_id` (its first build writes the owner file, created only
@@ -462,4 +511,21 @@ fn unpack_upload(file: &Path, dir: &Path) -> std::io::Result<()> {
         entry?.unpack_in(dir)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::build_uuid;
+
+    #[test]
+    fn a_build_shows_as_the_same_uuid_every_time() {
+        let id = build_uuid("4ca41cc4113a2bd3");
+        assert_eq!(id, build_uuid("4ca41cc4113a2bd3"));
+        assert_ne!(id, build_uuid("4ca41cc4113a2bd4"));
+        let groups: Vec<usize> = id.split('-').map(str::len).collect();
+        assert_eq!(groups, [8, 4, 4, 4, 12], "{id}");
+        assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()), "{id}");
+        assert_eq!(&id[14..15], "8", "version 8: {id}");
+        assert!("89ab".contains(&id[19..20]), "RFC 4122 variant: {id}");
+    }
 }

@@ -9,7 +9,7 @@ mod templates;
 use crate::error::ApiError;
 use crate::AppState;
 use axum::http::StatusCode;
-use axum::routing::{delete, get, post, put};
+use axum::routing::{get, post, put};
 use axum::Router;
 
 pub fn rest() -> Router<AppState> {
@@ -33,7 +33,8 @@ pub fn rest() -> Router<AppState> {
         .route("/snapshots", get(sandboxes::list_snapshots))
         .route("/snapshots/archive", post(archives::import))
         .route("/snapshots/{id}/archive", get(archives::export))
-        .route("/templates/{id}", delete(templates::delete))
+        .route("/templates", get(templates::list))
+        .route("/templates/{id}", get(templates::get_one).delete(templates::delete))
         .route("/v3/templates", post(templates::create))
         .route("/templates/aliases/{alias}", get(templates::alias))
         .route("/templates/{id}/files/{hash}", get(templates::files))

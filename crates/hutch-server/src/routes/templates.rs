@@ -13,7 +13,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use futures::StreamExt;
-use hutch_core::manager::builds::{BuildRequest, BuildStatus, MAX_UPLOAD};
+use hutch_core::manager::builds::{BuildRequest, BuildStatus, TemplateInfo, MAX_UPLOAD};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -168,6 +168,33 @@ pub async fn status(State(state): State<AppState>, key: KeyId, Path((template_id
         let failed: Vec<_> = record.entries.iter().filter(|e| e.step.as_deref() == Some(step.as_str()) && rank(e.level) >= 2).collect();
         body["reason"] = json!({ "message": message, "step": step, "logEntries": failed });
     }
+    Ok(Json(body))
+}
+
+/// A template as E2B's `Template` object shows it. A template here is one build (no
+/// tags yet), so it was created, updated and built at the same moment.
+fn template_json(t: &TemplateInfo) -> Value {
+    json!({
+        "templateID": t.name, "buildID": t.build_id, "cpuCount": t.cpus, "memoryMB": t.memory_mib,
+        "diskSizeMB": t.disk_size >> 20, "public": t.public, "aliases": [t.name], "names": [t.name],
+        "createdAt": t.built_at, "updatedAt": t.built_at, "createdBy": null, "lastSpawnedAt": null,
+        "spawnCount": 0, "buildCount": 1, "envdVersion": hutch_proto::ENVD_VERSION, "buildStatus": "ready",
+    })
+}
+
+/// `GET /templates`: the built-in templates and this key's own.
+pub async fn list(State(state): State<AppState>, key: KeyId) -> Json<Value> {
+    Json(Value::Array(state.manager.templates(&key.0).iter().map(template_json).collect()))
+}
+
+/// `GET /templates/{id}`: one template with its builds (E2B's `TemplateWithBuilds`).
+pub async fn get_one(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    let t = state.manager.template_info(&key.0, &id)?;
+    let mut body = template_json(&t);
+    body["builds"] = json!([{
+        "buildID": t.build_id, "status": "ready", "createdAt": t.built_at, "updatedAt": t.built_at, "finishedAt": t.built_at,
+        "cpuCount": t.cpus, "memoryMB": t.memory_mib, "diskSizeMB": t.disk_size >> 20, "envdVersion": hutch_proto::ENVD_VERSION,
+    }]);
     Ok(Json(body))
 }
 
