@@ -353,10 +353,13 @@ def test_the_official_sdk_hears_why_a_build_failed(registry, builds_server, tmp_
 
 def test_api_builds_may_not_reach_registries_on_the_servers_machine(registry, server, tmp_path):
     """The session's server lists no registry: a tenant's image reference naming this
-    machine (or a private or link-local address) is refused before anything is sent."""
+    machine (or a private or link-local address) is refused before anything is sent,
+    also when only resolving its name tells (`LocalHost` is not `localhost` to a
+    comparison, but is to the resolver)."""
     from e2b import Template
     from e2b.exceptions import BuildException
-    for ref in (f"{registry}/bb:1", "169.254.169.254/latest:meta", "10.1.2.3:5000/x:1"):
+    port = registry.rsplit(":", 1)[1]
+    for ref in (f"{registry}/bb:1", f"LocalHost:{port}/bb:1", "169.254.169.254/latest:meta", "10.1.2.3:5000/x:1"):
         t = Template(file_context_path=str(tmp_path)).from_image(ref)
         with pytest.raises(BuildException) as e:
             Template.build(t, "sdkbad")

@@ -6,6 +6,7 @@
 pub mod dns;
 pub mod e2b;
 pub mod log;
+pub mod public_proxy;
 pub mod ranges;
 pub mod rules;
 pub mod seam;

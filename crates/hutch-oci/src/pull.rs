@@ -29,6 +29,10 @@ pub struct RegistryOptions {
     /// (the CLI, run by the machine's own user). Off for the server: a tenant's image
     /// reference must not reach the host's services; only `insecure` ones are allowed.
     pub local: bool,
+    /// A forward proxy every connection goes through (`hutch_net::public_proxy`, which
+    /// dials public addresses and `insecure` ones only), so neither a registry's name
+    /// nor its redirects reach the server's own network. Set for the server's builds.
+    pub proxy: Option<String>,
 }
 
 /// What is pulled, and what is only found in the cache.
@@ -100,6 +104,15 @@ fn registry_host(registry: &str) -> &str {
     }
 }
 
+/// The port a registry name gives, if any.
+fn registry_port(registry: &str) -> Option<u16> {
+    let port = match registry.strip_prefix('[') {
+        Some(rest) => rest.split_once("]:").map(|(_, p)| p),
+        None => registry.split_once(':').map(|(_, p)| p),
+    };
+    port.and_then(|p| p.parse().ok())
+}
+
 /// A registry on this machine (`localhost`, `127.0.0.1`, `[::1]`, with any port): spoken
 /// to over plain HTTP, as Docker does by default, since nothing crosses a network.
 fn is_loopback(registry: &str) -> bool {
@@ -126,6 +139,8 @@ impl Puller {
             protocol: if options.insecure.is_empty() { ClientProtocol::Https } else { ClientProtocol::HttpsExcept(options.insecure.clone()) },
             connect_timeout: Some(Duration::from_secs(10)),
             read_timeout: Some(Duration::from_secs(60)),
+            https_proxy: options.proxy.clone(),
+            http_proxy: options.proxy.clone(),
             ..Default::default()
         };
         let auth = match &options.credentials {
@@ -144,6 +159,16 @@ impl Puller {
         let listed = self.options.insecure.iter().any(|r| r == image.registry());
         if !self.options.local && !listed && is_local(image.registry()) {
             return Err(PullError::LocalRegistry { reference: reference.to_string() });
+        }
+        if self.options.proxy.is_some() && !listed {
+            // The proxy would refuse it anyway; asked first, the answer names the cause.
+            let (host, port) = (registry_host(image.registry()), registry_port(image.registry()).unwrap_or(443));
+            if let Err(e) = hutch_net::public_proxy::resolve_public(host, port, &self.options.insecure).await {
+                return Err(match e {
+                    hutch_net::public_proxy::Refused::NotPublic { .. } => PullError::LocalRegistry { reference: reference.to_string() },
+                    unresolvable => PullError::Unreachable { reference: reference.to_string(), reason: unresolvable.to_string() },
+                });
+            }
         }
         if is_loopback(image.registry()) && !listed {
             let mut options = self.options.clone();
@@ -308,5 +333,13 @@ mod tests {
             assert!(super::is_local(r), "{r}");
         }
         assert!(!super::is_local("ghcr.io") && !super::is_local("8.8.4.4:443"));
+    }
+
+    #[test]
+    fn registry_ports() {
+        assert_eq!(super::registry_port("ghcr.io"), None);
+        assert_eq!(super::registry_port("registry.example:5000"), Some(5000));
+        assert_eq!(super::registry_port("[fd00::1]:5000"), Some(5000));
+        assert_eq!(super::registry_port("[fd00::1]"), None);
     }
 }

@@ -63,7 +63,7 @@ impl Registry {
     }
 
     fn options(&self, login: Option<(&str, &str)>) -> RegistryOptions {
-        RegistryOptions { credentials: login.map(|(u, p)| (u.to_string(), p.to_string())), insecure: vec![self.addr.clone()], local: false }
+        RegistryOptions { credentials: login.map(|(u, p)| (u.to_string(), p.to_string())), insecure: vec![self.addr.clone()], local: false, proxy: None }
     }
 
     /// Where the registry keeps a blob's bytes.
@@ -157,7 +157,7 @@ async fn bad_pulls_are_one_clear_error_and_leave_nothing_in_the_cache() {
     assert!(partial.is_empty(), "no partial files: {partial:?}");
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").to_string();
-    let options = RegistryOptions { credentials: None, insecure: vec![closed.clone()], local: false };
+    let options = RegistryOptions { credentials: None, insecure: vec![closed.clone()], local: false, proxy: None };
     let err = puller(cache.path(), &options).pull(&format!("{closed}/app:1"), Arc::new(Quiet)).await.expect_err("nothing listens");
     assert!(matches!(err, PullError::Unreachable { .. }), "{err}");
 }

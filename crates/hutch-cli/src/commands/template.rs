@@ -116,7 +116,7 @@ impl BuildLog for TermLog {
 async fn build(home: &HutchHome, args: BuildArgs) -> anyhow::Result<i32> {
     hutch_image::from_image::check_name(&args.name)?;
     home.make_private().with_context(|| format!("creating {} (mode 0700)", home.root().display()))?;
-    let registry = RegistryOptions { credentials: args.registry_user.clone().zip(args.registry_password.clone()), insecure: args.insecure.clone(), local: true };
+    let registry = RegistryOptions { credentials: args.registry_user.clone().zip(args.registry_password.clone()), insecure: args.insecure.clone(), local: true, proxy: None };
     let mut build_args = BTreeMap::new();
     for pair in &args.build_args {
         let (k, v) = pair.split_once('=').with_context(|| format!("--build-arg {pair}: give NAME=VALUE"))?;

@@ -123,6 +123,8 @@ pub struct Builds {
     uploads: Mutex<HashMap<String, (String, String, SystemTime)>>,
     /// One build at a time: each boots a VM and flattens a disk.
     gate: Arc<tokio::sync::Semaphore>,
+    /// What image pulls connect through (started by the first build that pulls).
+    proxy: std::sync::OnceLock<hutch_net::public_proxy::PublicProxy>,
 }
 
 /// Builds one API key may have started and not finished.
@@ -132,7 +134,7 @@ const KEEP_ENDED: Duration = Duration::from_secs(60 * 60);
 
 impl Default for Builds {
     fn default() -> Builds {
-        Builds { records: Default::default(), uploads: Default::default(), gate: Arc::new(tokio::sync::Semaphore::new(1)) }
+        Builds { records: Default::default(), uploads: Default::default(), gate: Arc::new(tokio::sync::Semaphore::new(1)), proxy: Default::default() }
     }
 }
 
@@ -344,6 +346,18 @@ impl SandboxManager {
         stored
     }
 
+    /// The URL of the proxy API builds pull images through: it dials public addresses
+    /// and the operator's listed registries only.
+    fn public_proxy(&self) -> Result<String, ManagerError> {
+        if let Some(p) = self.builds.proxy.get() {
+            return Ok(p.url());
+        }
+        let started = hutch_net::public_proxy::PublicProxy::start(self.config.insecure_registries.clone())
+            .map_err(|e| ManagerError::Internal(format!("starting the proxy image pulls go through: {e}")))?;
+        // Two first builds at once: one proxy is kept, the other dropped (and stopped).
+        Ok(self.builds.proxy.get_or_init(|| started).url())
+    }
+
     /// Starts build `build_id` (`POST /v2/templates/{id}/builds/{buildID}`). Checks what
     /// can be checked at once (a 4xx); the rest fails the build, as its status says.
     pub fn start_template_build(&self, key_id: &str, template_id: &str, build_id: &str, req: BuildRequest) -> Result<(), ManagerError> {
@@ -362,7 +376,7 @@ impl SandboxManager {
                 // Registries on this machine or its private networks only as the operator
                 // listed them (`hutch serve --insecure-registry`): a tenant's image
                 // reference must not reach the host's own services.
-                Base::Image { reference: image.clone(), registry: RegistryOptions { credentials, insecure: self.config.insecure_registries.clone(), local: false } }
+                Base::Image { reference: image.clone(), registry: RegistryOptions { credentials, insecure: self.config.insecure_registries.clone(), local: false, proxy: Some(self.public_proxy()?) } }
             }
             (None, Some(template)) => {
                 // A base this key may use: a built-in template or one of its own.

@@ -1,0 +1,319 @@
+//! A forward proxy on loopback that connects only to public addresses, for the
+//! server's own outbound requests on a tenant's behalf (template builds pulling an
+//! image). A registry's host name may resolve to the server's network, and a registry
+//! may redirect a blob download anywhere (a cloud's metadata service among them); the
+//! HTTP client follows both. Sent through this proxy, every connection is decided here,
+//! on the addresses actually dialled, before a packet leaves: public ones (`ranges`)
+//! or a `host:port` the operator listed, nothing else.
+//!
+//! It speaks the two forms an HTTP client uses with a proxy: `CONNECT host:port` (for
+//! https; the bytes inside the tunnel are the client's TLS) and absolute-form requests
+//! (`GET http://host:port/path`, plain http), forwarded with `Connection: close` so
+//! the next request, whatever its host, comes on a new connection and is checked again.
+
+use crate::ranges::{Group, HostAddrs};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A request head longer than this is refused.
+const MAX_HEAD: usize = 16 * 1024;
+/// How long a client may take to send its request head, and resolving and connecting
+/// may take.
+const HEAD_WAIT: Duration = Duration::from_secs(30);
+const DIAL_WAIT: Duration = Duration::from_secs(15);
+
+/// Why a destination was refused or could not be reached.
+#[derive(Debug, thiserror::Error)]
+pub enum Refused {
+    #[error("{dest} resolves to {ip}, an address on this server's machine or a private network; outbound requests for tenants reach public addresses only (an operator may list a registry with --insecure-registry)")]
+    NotPublic { dest: String, ip: IpAddr },
+    #[error("{dest} could not be resolved: {reason}")]
+    Unresolvable { dest: String, reason: String },
+}
+
+/// The addresses of `host:port` to dial: all of them public, or `host:port` is one the
+/// operator listed. Any non-public address refuses the name (a name with one private
+/// address among public ones is a rebinding attempt as likely as not).
+pub async fn resolve_public(host: &str, port: u16, listed: &[String]) -> Result<Vec<SocketAddr>, Refused> {
+    let dest = if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+    let addrs: Vec<SocketAddr> = match tokio::time::timeout(DIAL_WAIT, tokio::net::lookup_host((host, port))).await {
+        Ok(Ok(found)) => found.collect(),
+        Ok(Err(e)) => return Err(Refused::Unresolvable { dest, reason: e.to_string() }),
+        Err(_) => return Err(Refused::Unresolvable { dest, reason: format!("no answer within {} s", DIAL_WAIT.as_secs()) }),
+    };
+    if addrs.is_empty() {
+        return Err(Refused::Unresolvable { dest, reason: "no addresses".into() });
+    }
+    if listed.contains(&dest) {
+        return Ok(addrs);
+    }
+    let this_machine = HostAddrs::of_this_machine();
+    match addrs.iter().find(|a| !Group::Public.contains(a.ip(), &this_machine)) {
+        Some(private) => Err(Refused::NotPublic { dest, ip: private.ip() }),
+        None => Ok(addrs),
+    }
+}
+
+/// The running proxy; it stops when dropped.
+pub struct PublicProxy {
+    addr: SocketAddr,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl PublicProxy {
+    /// Listens on a free loopback port; `listed` are `host:port`s allowed whatever
+    /// their addresses.
+    /// Call within a tokio runtime.
+    pub fn start(listed: Vec<String>) -> std::io::Result<PublicProxy> {
+        let listener = std::net::TcpListener::bind(("127.0.0.1", 0))?;
+        listener.set_nonblocking(true)?;
+        let listener = TcpListener::from_std(listener)?;
+        let addr = listener.local_addr()?;
+        let listed = std::sync::Arc::new(listed);
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else { continue };
+                let listed = listed.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve(client, &listed).await {
+                        tracing::warn!("outbound request refused: {e}");
+                    }
+                });
+            }
+        });
+        Ok(PublicProxy { addr, accept })
+    }
+
+    /// `http://127.0.0.1:PORT`, for an HTTP client's proxy settings (http and https).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for PublicProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ServeError {
+    #[error("{0}")]
+    Refused(#[from] Refused),
+    #[error("a bad proxy request: {0}")]
+    Bad(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One client connection: its first request decides where it goes.
+async fn serve(mut client: TcpStream, listed: &[String]) -> Result<(), ServeError> {
+    let (head, rest) = match tokio::time::timeout(HEAD_WAIT, read_head(&mut client)).await {
+        Ok(read) => read?,
+        Err(_) => return Err(ServeError::Bad("no request head in time".into())),
+    };
+    let request = match parse(&head) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = client.write_all(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").await;
+            return Err(e);
+        }
+    };
+    let upstream = match dial(&request.host, request.port, listed).await {
+        Ok(s) => s,
+        Err(e) => {
+            let status = if matches!(e, ServeError::Refused(Refused::NotPublic { .. })) { "403 Forbidden" } else { "502 Bad Gateway" };
+            let body = e.to_string();
+            let reply = format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+            let _ = client.write_all(reply.as_bytes()).await;
+            return Err(e);
+        }
+    };
+    let mut upstream = upstream;
+    match request.forward {
+        // A tunnel: the client's TLS runs inside it.
+        None => client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await?,
+        Some(origin_form_head) => upstream.write_all(&origin_form_head).await?,
+    }
+    upstream.write_all(&rest).await?;
+    // Either side ending ends both (errors here are the peers leaving).
+    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    Ok(())
+}
+
+async fn dial(host: &str, port: u16, listed: &[String]) -> Result<TcpStream, ServeError> {
+    let addrs = resolve_public(host, port, listed).await?;
+    let mut last = None;
+    for addr in addrs {
+        match tokio::time::timeout(DIAL_WAIT, TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => return Ok(s),
+            Ok(Err(e)) => last = Some(e),
+            Err(_) => last = Some(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {addr}"))),
+        }
+    }
+    Err(ServeError::Io(last.unwrap_or_else(|| std::io::Error::other("no address to connect to"))))
+}
+
+/// The request head (through its blank line) and whatever followed it in the same reads.
+async fn read_head(client: &mut TcpStream) -> Result<(Vec<u8>, Vec<u8>), ServeError> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(end + 4);
+            return Ok((buf, rest));
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(ServeError::Bad(format!("a request head over {MAX_HEAD} bytes")));
+        }
+        let n = client.read(&mut chunk).await?;
+        if n == 0 {
+            return Err(ServeError::Bad("the client left before its request head ended".into()));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+struct ProxyRequest {
+    host: String,
+    port: u16,
+    /// For a plain-http request, its head rewritten for the origin server; None for a
+    /// CONNECT.
+    forward: Option<Vec<u8>>,
+}
+
+fn parse(head: &[u8]) -> Result<ProxyRequest, ServeError> {
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut req = httparse::Request::new(&mut headers);
+    match req.parse(head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => return Err(ServeError::Bad("an incomplete request head".into())),
+        Err(e) => return Err(ServeError::Bad(e.to_string())),
+    }
+    let (method, target) = (req.method.unwrap_or(""), req.path.unwrap_or(""));
+    if method == "CONNECT" {
+        let (host, port) = split_authority(target, 443)?;
+        return Ok(ProxyRequest { host, port, forward: None });
+    }
+    let Some(after_scheme) = target.strip_prefix("http://") else {
+        return Err(ServeError::Bad(format!("'{target}' is not an absolute http:// URL or a CONNECT")));
+    };
+    let (authority, path) = match after_scheme.find('/') {
+        Some(i) => after_scheme.split_at(i),
+        None => (after_scheme, "/"),
+    };
+    let (host, port) = split_authority(authority, 80)?;
+    let mut forward = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
+    for h in req.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        if matches!(name.as_str(), "connection" | "proxy-connection" | "keep-alive" | "proxy-authorization") {
+            continue;
+        }
+        forward.extend_from_slice(h.name.as_bytes());
+        forward.extend_from_slice(b": ");
+        forward.extend_from_slice(h.value);
+        forward.extend_from_slice(b"\r\n");
+    }
+    forward.extend_from_slice(b"Connection: close\r\n\r\n");
+    Ok(ProxyRequest { host, port, forward: Some(forward) })
+}
+
+/// `host[:port]` or `[v6][:port]`.
+fn split_authority(authority: &str, default_port: u16) -> Result<(String, u16), ServeError> {
+    let bad = || ServeError::Bad(format!("'{authority}' is not host:port"));
+    let (host, port) = match authority.strip_prefix('[') {
+        Some(rest) => {
+            let (host, after) = rest.split_once(']').ok_or_else(bad)?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        },
+    };
+    let port = match port {
+        Some(p) => p.parse().map_err(|_| bad())?,
+        None => default_port,
+    };
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok((host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listener that records whether anything connected to it.
+    async fn target(ip: &str) -> (TcpListener, String) {
+        let l = TcpListener::bind((ip, 0)).await.expect("bind a loopback target");
+        let addr = l.local_addr().expect("addr").to_string();
+        (l, addr)
+    }
+
+    async fn ask(proxy: &PublicProxy, request: String) -> String {
+        let mut s = TcpStream::connect(proxy.addr).await.expect("connect to the proxy");
+        s.write_all(request.as_bytes()).await.expect("send");
+        let mut reply = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut reply)).await.expect("a reply in time").expect("read");
+        String::from_utf8_lossy(&reply).into_owned()
+    }
+
+    /// Whether no connection is waiting on `l` (the proxy answers only after deciding,
+    /// so one it made would be queued by then).
+    fn nothing_connected(l: &TcpListener) -> bool {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        !matches!(l.poll_accept(&mut cx), std::task::Poll::Ready(Ok(_)))
+    }
+
+    #[tokio::test]
+    async fn loopback_and_private_destinations_are_refused_before_connecting() {
+        let (listener, addr) = target("127.0.0.1").await;
+        let proxy = PublicProxy::start(vec![]).expect("proxy");
+        let tunnel = ask(&proxy, format!("CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n")).await;
+        assert!(tunnel.starts_with("HTTP/1.1 403"), "{tunnel}");
+        assert!(tunnel.contains("resolves to 127.0.0.1"), "{tunnel}");
+        let port = addr.rsplit_once(':').expect("port").1;
+        let plain = ask(&proxy, format!("GET http://localhost:{port}/v2/ HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n")).await;
+        assert!(plain.starts_with("HTTP/1.1 403"), "a name resolving to loopback is refused too: {plain}");
+        assert!(nothing_connected(&listener), "the refused destination saw no connection");
+    }
+
+    #[tokio::test]
+    async fn a_listed_destination_is_forwarded_with_connection_close() {
+        let (listener, addr) = target("127.0.0.1").await;
+        let proxy = PublicProxy::start(vec![addr.clone()]).expect("proxy");
+        let origin = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.expect("accept");
+            let mut buf = vec![0u8; 4096];
+            let n = s.read(&mut buf).await.expect("read");
+            s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await.expect("write");
+            String::from_utf8_lossy(&buf[..n]).into_owned()
+        });
+        let reply = ask(&proxy, format!("GET http://{addr}/v2/?x=1 HTTP/1.1\r\nHost: {addr}\r\nProxy-Connection: keep-alive\r\n\r\n")).await;
+        assert!(reply.starts_with("HTTP/1.1 200") && reply.ends_with("ok"), "{reply}");
+        let seen = origin.await.expect("origin");
+        assert!(seen.starts_with("GET /v2/?x=1 HTTP/1.1\r\n"), "origin-form request line: {seen}");
+        assert!(seen.contains("Connection: close\r\n") && !seen.to_ascii_lowercase().contains("proxy-connection"), "{seen}");
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_a_400() {
+        let proxy = PublicProxy::start(vec![]).expect("proxy");
+        let reply = ask(&proxy, "GET /relative HTTP/1.1\r\nHost: x\r\n\r\n".into()).await;
+        assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+    }
+
+    #[test]
+    fn authorities_split_with_default_ports() {
+        assert_eq!(split_authority("example.com", 443).expect("ok"), ("example.com".into(), 443));
+        assert_eq!(split_authority("example.com:5000", 443).expect("ok"), ("example.com".into(), 5000));
+        assert_eq!(split_authority("[::1]:8080", 80).expect("ok"), ("::1".into(), 8080));
+        assert_eq!(split_authority("[::1]", 80).expect("ok"), ("::1".into(), 80));
+        assert!(split_authority(":80", 80).is_err());
+        assert!(split_authority("h:notaport", 80).is_err());
+    }
+}
