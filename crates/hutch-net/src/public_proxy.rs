@@ -74,7 +74,15 @@ impl PublicProxy {
         let listed = std::sync::Arc::new(listed);
         let accept = tokio::spawn(async move {
             loop {
-                let Ok((client, _)) = listener.accept().await else { continue };
+                let client = match listener.accept().await {
+                    Ok((client, _)) => client,
+                    Err(e) => {
+                        // Out of descriptors, say: back off instead of spinning on it.
+                        tracing::warn!("the outbound proxy could not accept a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        continue;
+                    }
+                };
                 let listed = listed.clone();
                 tokio::spawn(async move {
                     if let Err(e) = serve(client, &listed).await {
