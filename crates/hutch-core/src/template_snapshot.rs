@@ -318,13 +318,23 @@ pub(crate) async fn start_command(agent: &AgentClient, defaults: &hutch_proto::a
     let Some(ready) = defaults.ready_cmd.as_deref() else { return Ok(()) };
     let started = Instant::now();
     loop {
-        let mut stream = agent.start(&request(ready, None)).await.map_err(|e| format!("the ready command `{ready}` could not start: {e}"))?;
-        let mut code = None;
-        while let Some(event) = stream.next().await {
-            if let Ok(hutch_proto::process::ProcessEvent::End(end)) = event {
-                code = Some(if end.exited { end.exit_code } else { -1 });
+        // Each attempt within what is left of READY_WAIT: a ready command that hangs
+        // must not hold the sandbox's start forever.
+        let attempt = async {
+            let mut stream = agent.start(&request(ready, None)).await.map_err(|e| format!("the ready command `{ready}` could not start: {e}"))?;
+            let mut code = None;
+            while let Some(event) = stream.next().await {
+                if let Ok(hutch_proto::process::ProcessEvent::End(end)) = event {
+                    code = Some(if end.exited { end.exit_code } else { -1 });
+                }
             }
-        }
+            Ok::<_, String>(code)
+        };
+        let left = READY_WAIT.saturating_sub(started.elapsed()).max(Duration::from_secs(1));
+        let code = match tokio::time::timeout(left, attempt).await {
+            Ok(code) => code?,
+            Err(_) => return Err(format!("the ready command `{ready}` did not finish within {} s", READY_WAIT.as_secs())),
+        };
         if code == Some(0) {
             return Ok(());
         }

@@ -8,8 +8,10 @@
 //!
 //! It speaks the two forms an HTTP client uses with a proxy: `CONNECT host:port` (for
 //! https; the bytes inside the tunnel are the client's TLS) and absolute-form requests
-//! (`GET http://host:port/path`, plain http), forwarded with `Connection: close` so
-//! the next request, whatever its host, comes on a new connection and is checked again.
+//! (`GET http://host:port/path`, plain http). A plain-http connection carries one
+//! bodiless GET or HEAD and its answer, then closes: a second request, whatever its
+//! host, needs a new connection and is checked again. A relayed direction silent for
+//! `IDLE` ends the connection, so a destination that never closes holds nothing.
 
 use crate::ranges::{Group, HostAddrs};
 use std::net::{IpAddr, SocketAddr};
@@ -19,15 +21,18 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A request head longer than this is refused.
 const MAX_HEAD: usize = 16 * 1024;
-/// How long a client may take to send its request head, and resolving and connecting
-/// may take.
+/// How long a client may take to send its request head.
 const HEAD_WAIT: Duration = Duration::from_secs(30);
+/// How long resolving and connecting may take, all addresses together.
 const DIAL_WAIT: Duration = Duration::from_secs(15);
+/// How long a relayed direction may go without a byte (the registry client's own read
+/// timeout is 60 s).
+const IDLE: Duration = Duration::from_secs(90);
 
 /// Why a destination was refused or could not be reached.
 #[derive(Debug, thiserror::Error)]
 pub enum Refused {
-    #[error("{dest} resolves to {ip}, an address on this server's machine or a private network; outbound requests for tenants reach public addresses only (an operator may list a registry with --insecure-registry)")]
+    #[error("{dest} resolves to {ip}, which is not a public address (it is this machine's, or on a private, link-local or reserved network); outbound requests for tenants reach public addresses only (an operator may list a registry with --insecure-registry HOST:PORT)")]
     NotPublic { dest: String, ip: IpAddr },
     #[error("{dest} could not be resolved: {reason}")]
     Unresolvable { dest: String, reason: String },
@@ -46,7 +51,7 @@ pub async fn resolve_public(host: &str, port: u16, listed: &[String]) -> Result<
     if addrs.is_empty() {
         return Err(Refused::Unresolvable { dest, reason: "no addresses".into() });
     }
-    if listed.contains(&dest) {
+    if is_listed(listed, host, port) {
         return Ok(addrs);
     }
     let this_machine = HostAddrs::of_this_machine();
@@ -54,6 +59,12 @@ pub async fn resolve_public(host: &str, port: u16, listed: &[String]) -> Result<
         Some(private) => Err(Refused::NotPublic { dest, ip: private.ip() }),
         None => Ok(addrs),
     }
+}
+
+/// Whether the operator listed `host:port`: an entry `HOST:PORT` for that port, or a
+/// bare `HOST` for any (host names compared case-insensitively).
+fn is_listed(listed: &[String], host: &str, port: u16) -> bool {
+    listed.iter().filter_map(|l| split_authority(l, 0).ok()).any(|(h, p)| h.eq_ignore_ascii_case(host) && (p == 0 || p == port))
 }
 
 /// The running proxy; it stops when dropped.
@@ -85,8 +96,10 @@ impl PublicProxy {
                 };
                 let listed = listed.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = serve(client, &listed).await {
-                        tracing::warn!("outbound request refused: {e}");
+                    match serve(client, &listed).await {
+                        Err(ServeError::Refused(e)) => tracing::warn!("outbound connection refused: {e}"),
+                        Err(e) => tracing::debug!("outbound proxy connection ended: {e}"),
+                        Ok(()) => {}
                     }
                 });
             }
@@ -116,49 +129,97 @@ enum ServeError {
     Io(#[from] std::io::Error),
 }
 
-/// One client connection: its first request decides where it goes.
+/// A reply the proxy makes itself, then closes. Refusals are 502s, not 403s: to the
+/// client the registry was not reached, which is not a credentials problem.
+async fn reply(client: &mut TcpStream, status: &str, body: &str) {
+    let reply = format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let _ = tokio::time::timeout(IDLE, client.write_all(reply.as_bytes())).await;
+}
+
+/// One client connection, for one destination: a CONNECT tunnel, or one plain-http
+/// request and its response.
 async fn serve(mut client: TcpStream, listed: &[String]) -> Result<(), ServeError> {
-    let (head, rest) = match tokio::time::timeout(HEAD_WAIT, read_head(&mut client)).await {
-        Ok(read) => read?,
-        Err(_) => return Err(ServeError::Bad("no request head in time".into())),
+    let read = match tokio::time::timeout(HEAD_WAIT, read_head(&mut client)).await {
+        Ok(read) => read,
+        Err(_) => Err(ServeError::Bad(format!("no request head within {} s", HEAD_WAIT.as_secs()))),
     };
-    let request = match parse(&head) {
+    let request = match read.and_then(|(head, rest)| parse(&head).map(|r| (r, rest))) {
         Ok(r) => r,
         Err(e) => {
-            let _ = client.write_all(b"HTTP/1.1 400 Bad Request\r\nConnection: close\r\nContent-Length: 0\r\n\r\n").await;
+            reply(&mut client, "400 Bad Request", &format!("hutch's outbound proxy: {e}")).await;
             return Err(e);
         }
     };
-    let upstream = match dial(&request.host, request.port, listed).await {
+    let (request, rest) = request;
+    let dialled = match tokio::time::timeout(DIAL_WAIT, dial(&request.host, request.port, listed)).await {
+        Ok(d) => d,
+        Err(_) => Err(ServeError::Io(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no connection within {} s", DIAL_WAIT.as_secs())))),
+    };
+    let mut upstream = match dialled {
         Ok(s) => s,
         Err(e) => {
-            let status = if matches!(e, ServeError::Refused(Refused::NotPublic { .. })) { "403 Forbidden" } else { "502 Bad Gateway" };
-            let body = e.to_string();
-            let reply = format!("HTTP/1.1 {status}\r\nConnection: close\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-            let _ = client.write_all(reply.as_bytes()).await;
+            reply(&mut client, "502 Bad Gateway", &format!("hutch's outbound proxy refused the connection: {e}")).await;
             return Err(e);
         }
     };
-    let mut upstream = upstream;
     match request.forward {
-        // A tunnel: the client's TLS runs inside it.
-        None => client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await?,
-        Some(origin_form_head) => upstream.write_all(&origin_form_head).await?,
+        // A tunnel: the client's TLS runs inside it, both ways.
+        None => {
+            client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await?;
+            upstream.write_all(&rest).await?;
+            relay(client, upstream, true).await;
+        }
+        // One bodiless request (`parse` takes no other); whatever else the client sends
+        // on this connection goes nowhere, so a request for another host cannot ride it.
+        Some(origin_form_head) => {
+            upstream.write_all(&origin_form_head).await?;
+            relay(client, upstream, false).await;
+        }
     }
-    upstream.write_all(&rest).await?;
-    // Either side ending ends both (errors here are the peers leaving).
-    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
     Ok(())
+}
+
+/// Copies upstream → client until the upstream ends, and client → upstream while it
+/// lasts if `both_ways`; a direction silent for `IDLE` ends it, so a destination that
+/// never closes holds nothing for long.
+async fn relay(client: TcpStream, upstream: TcpStream, both_ways: bool) {
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut upstream_read, mut upstream_write) = upstream.into_split();
+    let down = pump(&mut upstream_read, &mut client_write);
+    let up = async {
+        if both_ways {
+            let _ = pump(&mut client_read, &mut upstream_write).await;
+            let _ = upstream_write.shutdown().await;
+        }
+        // The client has finished sending: the answer may still be coming.
+        std::future::pending::<()>().await
+    };
+    tokio::select! {
+        _ = down => {}
+        _ = up => {}
+    }
+}
+
+/// Copies `from` to `to` until `from` ends, an error, or `IDLE` without progress.
+async fn pump(from: &mut (impl tokio::io::AsyncRead + Unpin), to: &mut (impl tokio::io::AsyncWrite + Unpin)) -> std::io::Result<()> {
+    let idle = || std::io::Error::new(std::io::ErrorKind::TimedOut, "idle");
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::time::timeout(IDLE, from.read(&mut buf)).await.map_err(|_| idle())??;
+        if n == 0 {
+            return Ok(());
+        }
+        tokio::time::timeout(IDLE, to.write_all(&buf[..n])).await.map_err(|_| idle())??;
+    }
 }
 
 async fn dial(host: &str, port: u16, listed: &[String]) -> Result<TcpStream, ServeError> {
     let addrs = resolve_public(host, port, listed).await?;
     let mut last = None;
     for addr in addrs {
-        match tokio::time::timeout(DIAL_WAIT, TcpStream::connect(addr)).await {
-            Ok(Ok(s)) => return Ok(s),
-            Ok(Err(e)) => last = Some(e),
-            Err(_) => last = Some(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("connecting to {addr}"))),
+        match TcpStream::connect(addr).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = Some(e),
         }
     }
     Err(ServeError::Io(last.unwrap_or_else(|| std::io::Error::other("no address to connect to"))))
@@ -208,17 +269,27 @@ fn parse(head: &[u8]) -> Result<ProxyRequest, ServeError> {
     let Some(after_scheme) = target.strip_prefix("http://") else {
         return Err(ServeError::Bad(format!("'{target}' is not an absolute http:// URL or a CONNECT")));
     };
-    let (authority, path) = match after_scheme.find('/') {
-        Some(i) => after_scheme.split_at(i),
-        None => (after_scheme, "/"),
+    if method != "GET" && method != "HEAD" {
+        return Err(ServeError::Bad(format!("plain-http {method} is not forwarded (GET and HEAD are)")));
+    }
+    let header = |name: &str| req.headers.iter().find(|h| h.name.eq_ignore_ascii_case(name)).map(|h| String::from_utf8_lossy(h.value).trim().to_string());
+    if header("transfer-encoding").is_some() || header("content-length").is_some_and(|l| l != "0") {
+        return Err(ServeError::Bad("a plain-http request with a body is not forwarded".into()));
+    }
+    let (authority, path) = match after_scheme.find(['/', '?']) {
+        Some(i) if after_scheme[i..].starts_with('?') => (&after_scheme[..i], format!("/{}", &after_scheme[i..])),
+        Some(i) => (&after_scheme[..i], after_scheme[i..].to_string()),
+        None => (after_scheme, "/".to_string()),
     };
+    if authority.contains('@') {
+        return Err(ServeError::Bad("credentials in a proxied URL are not forwarded".into()));
+    }
     let (host, port) = split_authority(authority, 80)?;
-    let mut forward = format!("{method} {path} HTTP/1.1\r\n").into_bytes();
-    for h in req.headers.iter() {
-        let name = h.name.to_ascii_lowercase();
-        if matches!(name.as_str(), "connection" | "proxy-connection" | "keep-alive" | "proxy-authorization") {
-            continue;
-        }
+    // Hop-by-hop headers stay here: the fixed ones and any the client's Connection names.
+    let mut hop_by_hop: Vec<String> = ["connection", "proxy-connection", "keep-alive", "proxy-authorization", "te", "trailer", "upgrade", "host"].map(String::from).to_vec();
+    hop_by_hop.extend(header("connection").into_iter().flat_map(|v| v.split(',').map(|n| n.trim().to_ascii_lowercase()).collect::<Vec<_>>()));
+    let mut forward = format!("{method} {path} HTTP/1.1\r\nHost: {authority}\r\n").into_bytes();
+    for h in req.headers.iter().filter(|h| !hop_by_hop.contains(&h.name.to_ascii_lowercase())) {
         forward.extend_from_slice(h.name.as_bytes());
         forward.extend_from_slice(b": ");
         forward.extend_from_slice(h.value);
@@ -282,11 +353,11 @@ mod tests {
         let (listener, addr) = target("127.0.0.1").await;
         let proxy = PublicProxy::start(vec![]).expect("proxy");
         let tunnel = ask(&proxy, format!("CONNECT {addr} HTTP/1.1\r\nHost: {addr}\r\n\r\n")).await;
-        assert!(tunnel.starts_with("HTTP/1.1 403"), "{tunnel}");
+        assert!(tunnel.starts_with("HTTP/1.1 502"), "{tunnel}");
         assert!(tunnel.contains("resolves to 127.0.0.1"), "{tunnel}");
         let port = addr.rsplit_once(':').expect("port").1;
         let plain = ask(&proxy, format!("GET http://localhost:{port}/v2/ HTTP/1.1\r\nHost: localhost:{port}\r\n\r\n")).await;
-        assert!(plain.starts_with("HTTP/1.1 403"), "a name resolving to loopback is refused too: {plain}");
+        assert!(plain.starts_with("HTTP/1.1 502") && plain.contains("not a public address"), "a name resolving to loopback is refused too: {plain}");
         assert!(nothing_connected(&listener), "the refused destination saw no connection");
     }
 
@@ -301,18 +372,41 @@ mod tests {
             s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok").await.expect("write");
             String::from_utf8_lossy(&buf[..n]).into_owned()
         });
-        let reply = ask(&proxy, format!("GET http://{addr}/v2/?x=1 HTTP/1.1\r\nHost: {addr}\r\nProxy-Connection: keep-alive\r\n\r\n")).await;
+        // A second request pipelined on the same connection (for another host) goes nowhere.
+        let reply = ask(
+            &proxy,
+            format!("GET http://{addr}/v2/?x=1 HTTP/1.1\r\nHost: elsewhere\r\nProxy-Connection: keep-alive\r\nConnection: X-Drop\r\nX-Drop: 1\r\nAccept: */*\r\n\r\nGET http://10.9.9.9/ HTTP/1.1\r\n\r\n"),
+        )
+        .await;
         assert!(reply.starts_with("HTTP/1.1 200") && reply.ends_with("ok"), "{reply}");
         let seen = origin.await.expect("origin");
-        assert!(seen.starts_with("GET /v2/?x=1 HTTP/1.1\r\n"), "origin-form request line: {seen}");
-        assert!(seen.contains("Connection: close\r\n") && !seen.to_ascii_lowercase().contains("proxy-connection"), "{seen}");
+        assert!(seen.starts_with(&format!("GET /v2/?x=1 HTTP/1.1\r\nHost: {addr}\r\n")), "origin-form request line, the URL's host: {seen}");
+        assert!(seen.contains("Accept: */*\r\n") && seen.ends_with("Connection: close\r\n\r\n"), "{seen}");
+        let lower = seen.to_ascii_lowercase();
+        assert!(!lower.contains("proxy-connection") && !lower.contains("x-drop") && !lower.contains("elsewhere") && !seen.contains("10.9.9.9"), "{seen}");
     }
 
     #[tokio::test]
     async fn bad_requests_get_a_400() {
         let proxy = PublicProxy::start(vec![]).expect("proxy");
-        let reply = ask(&proxy, "GET /relative HTTP/1.1\r\nHost: x\r\n\r\n".into()).await;
-        assert!(reply.starts_with("HTTP/1.1 400"), "{reply}");
+        for bad in [
+            "GET /relative HTTP/1.1\r\nHost: x\r\n\r\n",
+            "POST http://127.0.0.1:1/ HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi",
+            "GET http://127.0.0.1:1/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "GET http://user:pw@127.0.0.1:1/ HTTP/1.1\r\n\r\n",
+        ] {
+            let reply = ask(&proxy, bad.into()).await;
+            assert!(reply.starts_with("HTTP/1.1 400"), "{bad:?}: {reply}");
+        }
+    }
+
+    #[test]
+    fn listed_entries_match_by_host_and_port() {
+        let listed = vec!["Reg.Internal:5000".to_string(), "10.0.0.5".to_string(), "[fd00::1]:443".to_string()];
+        assert!(is_listed(&listed, "reg.internal", 5000));
+        assert!(!is_listed(&listed, "reg.internal", 80), "a listed port is that port only");
+        assert!(is_listed(&listed, "10.0.0.5", 80) && is_listed(&listed, "10.0.0.5", 443), "a bare host: any port");
+        assert!(is_listed(&listed, "fd00::1", 443) && !is_listed(&listed, "fd00::2", 443));
     }
 
     #[test]

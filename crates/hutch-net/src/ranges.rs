@@ -96,6 +96,10 @@ const SPECIAL_PURPOSE: &[&str] = &[
     "255.255.255.255/32",
     "::/128",
     "::1/128",
+    // Deprecated IPv4-compatible addresses (::a.b.c.d) and SIIT's IPv4-translated
+    // ones: IPv4 in IPv6 clothes, never public.
+    "::/96",
+    "::ffff:0:0:0/96",
     "::ffff:0:0/96",
     "64:ff9b::/96",
     "64:ff9b:1::/48",
@@ -190,6 +194,8 @@ mod tests {
         assert_eq!(groups_of("fe80::1", &host), ["link-local"]);
         assert_eq!(groups_of("2606:4700::1111", &host), ["public"]);
         assert!(groups_of("2001:db8::1", &host).is_empty());
+        assert!(groups_of("::7f00:1", &host).is_empty(), "IPv4-compatible 127.0.0.1 is not public");
+        assert!(groups_of("::ffff:0:a00:1", &host).is_empty(), "IPv4-translated 10.0.0.1 is not public");
     }
 
     #[test]
