@@ -299,12 +299,12 @@ fn parse(head: &[u8]) -> Result<ProxyRequest, ServeError> {
     Ok(ProxyRequest { host, port, forward: Some(forward) })
 }
 
-/// `host[:port]` or `[v6][:port]`.
-fn split_authority(authority: &str, default_port: u16) -> Result<(String, u16), ServeError> {
-    let bad = || ServeError::Bad(format!("'{authority}' is not host:port"));
+/// `host[:port]` or `[v6][:port]` as (host, port), `default_port` when none is given;
+/// None if it is neither. Also how a registry name (`reg.example:5000`) reads.
+pub fn host_and_port(authority: &str, default_port: u16) -> Option<(String, u16)> {
     let (host, port) = match authority.strip_prefix('[') {
         Some(rest) => {
-            let (host, after) = rest.split_once(']').ok_or_else(bad)?;
+            let (host, after) = rest.split_once(']')?;
             (host, after.strip_prefix(':'))
         }
         None => match authority.rsplit_once(':') {
@@ -313,13 +313,14 @@ fn split_authority(authority: &str, default_port: u16) -> Result<(String, u16), 
         },
     };
     let port = match port {
-        Some(p) => p.parse().map_err(|_| bad())?,
+        Some(p) => p.parse().ok()?,
         None => default_port,
     };
-    if host.is_empty() {
-        return Err(bad());
-    }
-    Ok((host.to_string(), port))
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+fn split_authority(authority: &str, default_port: u16) -> Result<(String, u16), ServeError> {
+    host_and_port(authority, default_port).ok_or_else(|| ServeError::Bad(format!("'{authority}' is not host:port")))
 }
 
 #[cfg(test)]
@@ -417,5 +418,10 @@ mod tests {
         assert_eq!(split_authority("[::1]", 80).expect("ok"), ("::1".into(), 80));
         assert!(split_authority(":80", 80).is_err());
         assert!(split_authority("h:notaport", 80).is_err());
+        // Registry names, as the image puller reads them.
+        assert_eq!(host_and_port("ghcr.io", 443), Some(("ghcr.io".into(), 443)));
+        assert_eq!(host_and_port("registry.example:5000", 443), Some(("registry.example".into(), 5000)));
+        assert_eq!(host_and_port("[fd00::1]:5000", 443), Some(("fd00::1".into(), 5000)));
+        assert_eq!(host_and_port("[fd00::1]", 443), Some(("fd00::1".into(), 443)));
     }
 }

@@ -104,15 +104,6 @@ fn registry_host(registry: &str) -> &str {
     }
 }
 
-/// The port a registry name gives, if any.
-fn registry_port(registry: &str) -> Option<u16> {
-    let port = match registry.strip_prefix('[') {
-        Some(rest) => rest.split_once("]:").map(|(_, p)| p),
-        None => registry.split_once(':').map(|(_, p)| p),
-    };
-    port.and_then(|p| p.parse().ok())
-}
-
 /// A registry on this machine (`localhost`, `127.0.0.1`, `[::1]`, with any port): spoken
 /// to over plain HTTP, as Docker does by default, since nothing crosses a network.
 fn is_loopback(registry: &str) -> bool {
@@ -162,8 +153,10 @@ impl Puller {
         }
         if self.options.proxy.is_some() && !listed {
             // The proxy would refuse it anyway; asked first, the answer names the cause.
-            let (host, port) = (registry_host(image.registry()), registry_port(image.registry()).unwrap_or(443));
-            if let Err(e) = hutch_net::public_proxy::resolve_public(host, port, &self.options.insecure).await {
+            let Some((host, port)) = hutch_net::public_proxy::host_and_port(image.registry(), 443) else {
+                return Err(PullError::BadReference { reference: reference.to_string(), reason: format!("'{}' is not HOST[:PORT]", image.registry()) });
+            };
+            if let Err(e) = hutch_net::public_proxy::resolve_public(&host, port, &self.options.insecure).await {
                 return Err(match e {
                     hutch_net::public_proxy::Refused::NotPublic { .. } => PullError::LocalRegistry { reference: reference.to_string() },
                     unresolvable => PullError::Unreachable { reference: reference.to_string(), reason: unresolvable.to_string() },
@@ -333,13 +326,5 @@ mod tests {
             assert!(super::is_local(r), "{r}");
         }
         assert!(!super::is_local("ghcr.io") && !super::is_local("8.8.4.4:443"));
-    }
-
-    #[test]
-    fn registry_ports() {
-        assert_eq!(super::registry_port("ghcr.io"), None);
-        assert_eq!(super::registry_port("registry.example:5000"), Some(5000));
-        assert_eq!(super::registry_port("[fd00::1]:5000"), Some(5000));
-        assert_eq!(super::registry_port("[fd00::1]"), None);
     }
 }
