@@ -168,8 +168,8 @@ CMD ["sh", "-c", "sleep 1000"]
 """
 
 
-def build_dockerfile(home: Path, ctx: Path, registry: str, *extra: str) -> subprocess.CompletedProcess:
-    return hutch(home, "template", "build", "-t", "bbdocker", "--insecure-registry", registry, "--build-arg", "WHO=there", *extra, str(ctx))
+def build_dockerfile(home: Path, ctx: Path, registry: str, *extra: str, name: str = "bbdocker") -> subprocess.CompletedProcess:
+    return hutch(home, "template", "build", "-t", name, "--insecure-registry", registry, "--build-arg", "WHO=there", *extra, str(ctx))
 
 
 def builder_lines(stderr: str) -> list[str]:
@@ -205,14 +205,20 @@ def test_a_dockerfile_builds_caches_and_rebuilds_from_the_changed_step(registry,
     assert len(lines) == 7 and all(l.startswith("CACHED") for l in lines), again.stderr
     assert "4 step(s) cached, 0 run" in again.stdout, again.stdout  # the steps that left layers
 
-    # Step 3 (COPY app.txt) changed: steps 1-2 stay cached, 3 and later run again.
+    # Step 3 (COPY app.txt) changed: steps 1-2 stay cached, 3 and later run again. Built
+    # under a tag, it is `bbdocker:edited`; `bbdocker` is still the first build.
     (ctx / "app.txt").write_text("app v2\n")
-    edited = build_dockerfile(home, ctx, registry)
+    edited = build_dockerfile(home, ctx, registry, name="bbdocker:edited")
     assert edited.returncode == 0, edited.stderr
     lines = builder_lines(edited.stderr)
     assert [l.startswith("CACHED") for l in lines] == [True, True, False, False, False, False, False], edited.stderr
-    ran = hutch(home, "run", "--template", "bbdocker", "--", "cat", "/srv/app/app.txt")
-    assert ran.stdout == "app v2\n", ran.stdout + ran.stderr
+    for reference, content in (("bbdocker:edited", "app v2\n"), ("bbdocker", "app v1\n")):
+        ran = hutch(home, "run", "--template", reference, "--", "cat", "/srv/app/app.txt")
+        assert ran.stdout == content, (reference, ran.stdout + ran.stderr)
+    listed = hutch(home, "template", "ls").stdout.splitlines()
+    assert [l.split()[0] for l in listed if l.startswith("bbdocker")] == ["bbdocker", "bbdocker:edited"], listed
+    unknown = hutch(home, "run", "--template", "bbdocker:nope", "--", "true")
+    assert unknown.returncode != 0 and "has no tag 'nope'; its tags: default, edited" in unknown.stderr, unknown.stderr
 
     # --no-cache runs every step again.
     forced = build_dockerfile(home, ctx, registry, "--no-cache")
@@ -272,16 +278,11 @@ def builds_server(registry, net_world, monkeypatch):
     shutil.rmtree(home, ignore_errors=True)
 
 
-def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry, builds_server, tmp_path):
-    """E2B's `Template.build` unchanged against hutch serve: base from the loopback
-    registry, COPY (uploaded through the file-hash handshake), ENV, WORKDIR, RUN, USER
-    and a start command; then `Sandbox.create(name)` sees all of it."""
-    from e2b import Sandbox, Template
-    push(registry, "bb", "1", busybox_image(), CONFIG)
-    ctx = tmp_path / "sdkctx"
-    ctx.mkdir()
-    (ctx / "app.txt").write_text("copied by the SDK\n")
-    template = (
+def sdk_template(ctx, registry, variant=None):
+    """The SDK test's template; a `variant` adds one last ENV step (every earlier step
+    is the same, so a build of it reuses their layers)."""
+    from e2b import Template
+    t = (
         Template(file_context_path=str(ctx))
         .from_image(f"{registry}/bb:1")
         .set_envs({"GREETING": "from-sdk"})
@@ -292,8 +293,22 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
         # The SDK runs commands with /bin/bash, which a busybox image lacks.
         .run_cmd("printf '#!/bin/sh\\nexec /bin/sh \"$@\"\\n' > /bin/bash && busybox chmod 755 /bin/bash", user="root")
         .set_user("user")
-        .set_start_cmd("echo started > /tmp/started; sleep 100000", "test -e /tmp/started")
     )
+    if variant:
+        t = t.set_envs({"VARIANT": variant})
+    return t.set_start_cmd("echo started > /tmp/started; sleep 100000", "test -e /tmp/started")
+
+
+def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry, builds_server, tmp_path):
+    """E2B's `Template.build` unchanged against hutch serve: base from the loopback
+    registry, COPY (uploaded through the file-hash handshake), ENV, WORKDIR, RUN, USER
+    and a start command; then `Sandbox.create(name)` sees all of it."""
+    from e2b import Sandbox, Template
+    push(registry, "bb", "1", busybox_image(), CONFIG)
+    ctx = tmp_path / "sdkctx"
+    ctx.mkdir()
+    (ctx / "app.txt").write_text("copied by the SDK\n")
+    template = sdk_template(ctx, registry)
     logs = []
     info = Template.build(template, "sdktpl:v1", on_build_logs=lambda e: logs.append(str(e.message)))
     assert info.template_id == "sdktpl", info
@@ -318,6 +333,8 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     one = get_templates_template_id.sync_detailed("sdktpl", client=client)
     assert one.status_code == 200 and one.parsed is not None, one.content
     assert [str(b.build_id) for b in one.parsed.builds] == [mine["sdktpl"].build_id] and one.parsed.names == ["sdktpl"], one.content
+    # One id per build: the one the build answered with is the one the list shows.
+    assert mine["sdktpl"].build_id == info.build_id, (mine["sdktpl"].build_id, info)
     assert get_templates_template_id.sync_detailed("no-such-template", client=client).status_code == 404
     # A cold boot (no memory snapshot) runs the start command too, and waits for ready.
     cold_home = new_home("hutch-cold-")
@@ -326,6 +343,7 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
         assert cold.returncode == 0 and cold.stdout == "started\n", (cold.stdout, cold.stderr)
     finally:
         shutil.rmtree(cold_home, ignore_errors=True)
+    check_tags(Sandbox, Template, template, info, ctx, registry)
     # An unchanged rebuild reuses every layer.
     again = []
     Template.build(template, "sdktpl:v1", on_build_logs=lambda e: again.append(str(e.message)))
@@ -334,6 +352,42 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     with httpx.Client(base_url=builds_server, headers={"X-API-Key": API_KEY}, timeout=120) as api:
         assert api.delete("/templates/sdktpl").status_code == 204
         assert api.get("/templates/aliases/sdktpl").status_code == 404
+
+
+def variant_of(Sandbox, reference):
+    sbx = Sandbox.create(reference)
+    try:
+        return sbx.commands.run('echo "[$VARIANT]"').stdout.strip()
+    finally:
+        sbx.kill()
+
+
+def check_tags(Sandbox, Template, template, v1, ctx, registry):
+    """E2B's tags through the SDK: a build tagged v2 leaves the template's default
+    build alone, `name:tag` starts the build its tag names, tags move (`default` too)
+    and go; a bad removal says why and removes nothing."""
+    from e2b.exceptions import TemplateException
+    v2 = Template.build(sdk_template(ctx, registry, "two"), "sdktpl:v2")
+    assert v2.build_id != v1.build_id, (v1, v2)
+    tags = {t.tag: t.build_id for t in Template.get_tags("sdktpl")}
+    assert tags == {"default": v1.build_id, "v1": v1.build_id, "v2": v2.build_id}, tags
+    assert variant_of(Sandbox, "sdktpl:v2") == "[two]"
+    assert variant_of(Sandbox, "sdktpl") == "[]"
+    assigned = Template.assign_tags("sdktpl:v2", ["Prod", "default"])
+    assert assigned.build_id == v2.build_id and sorted(assigned.tags) == ["default", "prod"], assigned
+    assert variant_of(Sandbox, "sdktpl") == "[two]"
+    Template.remove_tags("sdktpl", "prod")
+    for tag, why in (("default", "cannot be removed"), ("nope", "has no tag 'nope'")):
+        with pytest.raises(TemplateException) as e:
+            Template.remove_tags("sdktpl", tag)
+        assert why in str(e.value), str(e.value)
+    with pytest.raises(Exception) as e:
+        Sandbox.create("sdktpl:nope")
+    assert "has no tag 'nope'" in str(e.value), str(e.value)
+    tags = {t.tag: t.build_id for t in Template.get_tags("sdktpl")}
+    assert tags == {"default": v2.build_id, "v1": v1.build_id, "v2": v2.build_id}, tags
+    # Back to v1 as the default, as the rest of the test expects.
+    Template.assign_tags("sdktpl:v1", "default")
 
 
 def test_the_official_sdk_hears_why_a_build_failed(registry, builds_server, tmp_path):

@@ -196,7 +196,10 @@ pub fn artifacts(root: &std::path::Path) -> crate::Artifacts {
             image: String::new(),
             recipe: String::new(),
             source: None,
+            api_build: None,
+            tagged_at: None,
             dir: root.join("t"),
+            tag: None,
         },
     };
     std::fs::create_dir_all(&artifacts.template.dir).expect("template dir");

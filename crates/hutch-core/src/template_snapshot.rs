@@ -114,13 +114,15 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions, b
         h.update(part.as_bytes());
         h.update([0]);
     }
-    root(home).join(format!("{}-{}", shape_prefix(&t.name, opts), hex::encode(&h.finalize()[..8])))
+    root(home).join(format!("{}-{}", shape_prefix(t, opts), hex::encode(&h.finalize()[..8])))
 }
 
-/// The part of a snapshot's directory name that says which template and VM shape it
-/// is for: snapshots with the same prefix replace each other.
-fn shape_prefix(template: &str, opts: &SandboxOptions) -> String {
-    format!("{template}-{}cpu-{}mib-{}", opts.cpus, opts.memory.get(), opts.accel.as_str())
+/// The part of a snapshot's directory name that says which template (and tag: a
+/// tagged build's snapshot does not replace the current build's) and VM shape it is
+/// for: snapshots with the same prefix replace each other. Names have no '@'.
+fn shape_prefix(template: &hutch_image::rootfs::Template, opts: &SandboxOptions) -> String {
+    let tagged = template.tag.as_ref().map(|t| format!("{}@{t}", template.name));
+    format!("{}-{}cpu-{}mib-{}", tagged.as_deref().unwrap_or(&template.name), opts.cpus, opts.memory.get(), opts.accel.as_str())
 }
 
 /// The template snapshots something in this home still uses (`references.rs`): one
@@ -226,7 +228,7 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     drop(lock);
     if result.is_ok() {
         tracing::info!(template = %artifacts.template.name, "saved the template's memory snapshot in {}", dir.display());
-        prune_replaced(home, &dir, &shape_prefix(&artifacts.template.name, opts));
+        prune_replaced(home, &dir, &shape_prefix(&artifacts.template, opts));
         crate::references::prune_template_builds(home);
     }
     result

@@ -56,7 +56,10 @@ pub fn image_template(name: &str, source: ImageSource) -> Template {
         image: String::new(),
         recipe: String::new(),
         source: Some(source),
+        api_build: None,
+        tagged_at: None,
         dir: Default::default(),
+        tag: None,
     }
 }
 

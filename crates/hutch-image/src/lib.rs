@@ -15,6 +15,7 @@ pub mod progress;
 pub mod record;
 pub mod rootfs;
 mod run;
+pub mod tags;
 
 pub use home::HutchHome;
 pub use progress::Progress;

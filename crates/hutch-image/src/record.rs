@@ -32,6 +32,8 @@ pub enum Kind {
     Template,
     /// The guest kernel's manifest (`kernels/current.json`).
     Kernel,
+    /// A template's tags other than `default` (`tags.json`).
+    Tags,
 }
 
 impl Kind {
@@ -41,6 +43,7 @@ impl Kind {
             Kind::Snapshot => "hutch-snapshot-manifest",
             Kind::Template => "hutch-template-manifest",
             Kind::Kernel => "hutch-kernel-manifest",
+            Kind::Tags => "hutch-template-tags",
         }
     }
 }

@@ -168,8 +168,17 @@ pub struct Template {
     /// The OCI image it was made from, with that image's defaults (None: a recipe's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<ImageSource>,
+    /// The id the template API gave the build that made it (a UUID), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_build: Option<String>,
+    /// When the `default` tag was last pointed at this build (None: when it was built).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tagged_at: Option<String>,
     #[serde(skip)]
     pub dir: PathBuf,
+    /// The tag it was found by (None: the current build, `default`).
+    #[serde(skip)]
+    pub tag: Option<String>,
 }
 
 /// The OCI image a template was made from.
@@ -213,6 +222,8 @@ pub enum TemplateError {
     Manifest(crate::record::RecordError),
     #[error("pip did not leave a wheel for {spec} in {dir}")]
     Wheel { spec: String, dir: PathBuf },
+    #[error(transparent)]
+    Tag(Box<crate::tags::TagError>),
 }
 
 
@@ -250,7 +261,20 @@ pub(crate) fn install(home: &HutchHome, built: &Path, template: Template) -> Res
 
 /// `install` with the build's id given: a build whose id says what went into it (a
 /// template build's cache key) need not read its whole image to name it.
-pub fn install_as(home: &HutchHome, built: &Path, mut template: Template, build_id: &str) -> Result<Template, TemplateError> {
+pub fn install_as(home: &HutchHome, built: &Path, template: Template, build_id: &str) -> Result<Template, TemplateError> {
+    let template = store_build(home, built, template, build_id)?;
+    make_current(&template.dir, &template)?;
+    Ok(template)
+}
+
+/// Where build `build`'s own manifest is, in template directory `dir`.
+pub(crate) fn build_manifest_path(dir: &Path, build: &str) -> PathBuf {
+    dir.join(BUILDS).join(build).join(MANIFEST)
+}
+
+/// Keeps the image at `built` as build `build_id` of its template, with a manifest of
+/// its own (what a tag naming it boots), without making it the current build.
+pub fn store_build(home: &HutchHome, built: &Path, mut template: Template, build_id: &str) -> Result<Template, TemplateError> {
     let dir = home.template(&template.name);
     template.build_id = build_id.to_string();
     let relative = format!("{BUILDS}/{}/{IMAGE}", template.build_id);
@@ -265,9 +289,39 @@ pub fn install_as(home: &HutchHome, built: &Path, mut template: Template, build_
     }
     template.image = relative;
     template.dir = dir.clone();
-    // Replaced whole by a rename: the template names the old build or the new one.
-    crate::record::write(&dir.join(MANIFEST), crate::record::Kind::Template, &template).map_err(TemplateError::Manifest)?;
+    template.tagged_at = None;
+    if template.api_build.is_none() {
+        // Made again outside the API: it keeps the id an API build gave it.
+        template.api_build = crate::record::read::<Template>(&build_manifest_path(&dir, build_id), crate::record::Kind::Template).ok().and_then(|t| t.api_build);
+    }
+    crate::record::write(&build_manifest_path(&dir, build_id), crate::record::Kind::Template, &template).map_err(TemplateError::Manifest)?;
+    // The same build made again by an API build is known by that build's id from now
+    // on, also as the current build: one id per build wherever it is shown.
+    if template.api_build.is_some() {
+        if let Ok(mut current) = crate::record::read::<Template>(&dir.join(MANIFEST), crate::record::Kind::Template) {
+            if current.build_id == build_id && current.api_build != template.api_build {
+                current.api_build = template.api_build.clone();
+                make_current(&dir, &current)?;
+            }
+        }
+    }
     Ok(template)
+}
+
+/// Gives a build from before builds kept their own manifests one (a tag can name it).
+pub fn keep_manifest(template: &Template) -> Result<(), TemplateError> {
+    let path = build_manifest_path(&template.dir, &template.build_id);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(at("creating", dir))?;
+    }
+    let own = Template { tagged_at: None, tag: None, ..template.clone() };
+    crate::record::write(&path, crate::record::Kind::Template, &own).map_err(TemplateError::Manifest)
+}
+
+/// Makes `template` (a stored build) its template's current one: the manifest naming it
+/// replaces the old one in one rename, so readers see the old build or the new one.
+pub(crate) fn make_current(dir: &Path, template: &Template) -> Result<(), TemplateError> {
+    crate::record::write(&dir.join(MANIFEST), crate::record::Kind::Template, template).map_err(TemplateError::Manifest)
 }
 
 /// Removes the builds of every template that are not its current one and hold no file
@@ -282,12 +336,15 @@ pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<Pat
         let Ok(mut current) = crate::record::read::<Template>(&dir.join(MANIFEST), crate::record::Kind::Template) else { continue };
         current.dir = dir.clone();
         let current = canonical(&current.image());
+        // Builds a tag names stay; an unreadable tags file keeps every build.
+        let Some(tagged) = crate::tags::tagged_builds(&dir) else { continue };
         let mut candidates: Vec<PathBuf> = std::fs::read_dir(dir.join(BUILDS)).into_iter().flatten().flatten().map(|e| e.path().join(IMAGE)).collect();
         // A build from before builds were kept apart.
         candidates.push(dir.join(IMAGE));
         for image in candidates.into_iter().filter(|i| i.is_file()) {
             let image = canonical(&image);
-            if image == current || referenced.contains(&image) {
+            let build = image.parent().and_then(Path::file_name).map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            if image == current || referenced.contains(&image) || tagged.contains(&build) {
                 continue;
             }
             let gone = match image.parent().filter(|p| p.parent().and_then(Path::file_name).is_some_and(|n| n == BUILDS)) {
@@ -302,8 +359,17 @@ pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<Pat
     removed
 }
 
-pub fn cached(home: &HutchHome, name: &str) -> Result<Option<Template>, TemplateError> {
+/// Template `reference` (`name` or `name:tag`) if it is built; a tag it does not have is
+/// an error saying which tags it has.
+pub fn cached(home: &HutchHome, reference: &str) -> Result<Option<Template>, TemplateError> {
+    let (name, tag) = crate::tags::split(reference);
     let name = recipe(name).map(|r| r.name).unwrap_or(name);
+    if let Some(tag) = tag {
+        if !home.template(name).join(MANIFEST).is_file() {
+            return Ok(None);
+        }
+        return crate::tags::resolve(home, name, tag).map(Some).map_err(|e| TemplateError::Tag(Box::new(e)));
+    }
     let dir = home.template(name);
     let mut t: Template = match crate::record::read(&dir.join(MANIFEST), crate::record::Kind::Template) {
         Ok(t) => t,
@@ -330,8 +396,13 @@ pub fn list(home: &HutchHome) -> Vec<String> {
 }
 
 /// The template, built first if hutch knows how and it is not cached.
-pub fn ensure(home: &HutchHome, name: &str, progress: &dyn Progress) -> Result<Template, TemplateError> {
-    match cached(home, name) {
+pub fn ensure(home: &HutchHome, reference: &str, progress: &dyn Progress) -> Result<Template, TemplateError> {
+    // A tag names a build that exists or nothing; only the current build is made here.
+    let name = match crate::tags::split(reference) {
+        (name, None) => name,
+        (_, Some(_)) => reference,
+    };
+    match cached(home, reference) {
         Ok(Some(t)) => return Ok(t),
         Ok(None) => {}
         // A damaged manifest of a template hutch can build: the build replaces it (old
@@ -510,7 +581,10 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, m
         source: None,
         built_at,
         disk_size: DISK_SIZE,
+        api_build: None,
+        tagged_at: None,
         dir: PathBuf::new(),
+        tag: None,
     };
     install(home, &image, template)
 }
@@ -557,7 +631,7 @@ mod build_tests {
     }
 
     fn manifest(name: &str) -> Template {
-        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), source: None, dir: PathBuf::new() }
+        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), source: None, api_build: None, tagged_at: None, dir: PathBuf::new(), tag: None }
     }
 
     #[test]

@@ -28,8 +28,10 @@ pub enum TemplateCommand {
 
 #[derive(Args, Debug)]
 pub struct BuildArgs {
-    /// The template's name.
-    #[arg(short = 't', long = "tag", value_name = "NAME")]
+    /// The template's name, and a tag for this build: NAME[:TAG]. With no tag (or
+    /// `default`), the build becomes the template's current one; with a tag, only
+    /// `--template NAME:TAG` starts it (unless it is the template's first build).
+    #[arg(short = 't', long = "tag", value_name = "NAME[:TAG]")]
     pub name: String,
     /// The Dockerfile [default: CONTEXT/Dockerfile].
     #[arg(short = 'f', long = "file", value_name = "PATH")]
@@ -69,11 +71,16 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
     match cmd {
         TemplateCommand::Ls => {
             for name in hutch_image::rootfs::list(&home) {
-                let from = match hutch_image::rootfs::cached(&home, &name) {
-                    Ok(Some(t)) => t.source.map(|s| format!("{} ({})", s.reference, s.manifest_digest)).unwrap_or_else(|| format!("Debian {} recipe", t.suite)),
-                    _ => "unreadable manifest".into(),
-                };
-                crate::outln!("{name:<24} {from}");
+                // The template (its `default` build), then each other tag as NAME:TAG.
+                let tags = hutch_image::tags::list(&home, &name).map(|t| t.into_iter().map(|(tag, _)| tag).collect()).unwrap_or_else(|_| vec![hutch_image::tags::DEFAULT.to_string()]);
+                for tag in tags {
+                    let reference = if tag == hutch_image::tags::DEFAULT { name.clone() } else { format!("{name}:{tag}") };
+                    let from = match hutch_image::rootfs::cached(&home, &reference) {
+                        Ok(Some(t)) => t.source.map(|s| format!("{} ({})", s.reference, s.manifest_digest)).unwrap_or_else(|| format!("Debian {} recipe", t.suite)),
+                        _ => "unreadable manifest".into(),
+                    };
+                    crate::outln!("{reference:<24} {from}");
+                }
             }
             Ok(0)
         }
@@ -114,7 +121,11 @@ impl BuildLog for TermLog {
 }
 
 async fn build(home: &HutchHome, args: BuildArgs) -> anyhow::Result<i32> {
-    hutch_image::from_image::check_name(&args.name)?;
+    let (name, tag) = match args.name.split_once(':') {
+        Some((name, tag)) => (name.to_string(), Some(hutch_image::tags::check(tag)?)),
+        None => (args.name.clone(), None),
+    };
+    hutch_image::from_image::check_name(&name)?;
     home.make_private().with_context(|| format!("creating {} (mode 0700)", home.root().display()))?;
     let registry = RegistryOptions { credentials: args.registry_user.clone().zip(args.registry_password.clone()), insecure: args.insecure.clone(), local: true, proxy: None };
     let mut build_args = BTreeMap::new();
@@ -125,7 +136,7 @@ async fn build(home: &HutchHome, args: BuildArgs) -> anyhow::Result<i32> {
     let scratch = hutch_core::build::cache::BuildCache::new(home).scratch()?;
     let planned = plan(&args, &build_args, &scratch);
     let result = match planned {
-        Ok((base, steps)) => run_build(home, &args, base, steps, registry).await,
+        Ok((base, steps)) => run_build(home, &args, (name, tag), base, steps, registry).await,
         Err(e) => Err(e),
     };
     let _ = std::fs::remove_dir_all(&scratch);
@@ -150,7 +161,7 @@ fn plan(args: &BuildArgs, build_args: &BTreeMap<String, String>, scratch: &std::
     Ok((plan.from, plan.steps))
 }
 
-async fn run_build(home: &HutchHome, args: &BuildArgs, from: String, steps: Vec<hutch_core::build::Step>, registry: RegistryOptions) -> anyhow::Result<i32> {
+async fn run_build(home: &HutchHome, args: &BuildArgs, (name, tag): (String, Option<String>), from: String, steps: Vec<hutch_core::build::Step>, registry: RegistryOptions) -> anyhow::Result<i32> {
     let accel_choice = args.accel;
     let cache = home.root().join("accel-probe");
     let accel = tokio::task::spawn_blocking(move || hutch_vmm::accel::select(accel_choice, Some(&cache))).await??;
@@ -158,7 +169,9 @@ async fn run_build(home: &HutchHome, args: &BuildArgs, from: String, steps: Vec<
     // E2B's default base image name is hutch's base template.
     let base = if from == "e2bdev/base" { Base::Template("base".into()) } else { Base::Image { reference: from, registry } };
     let spec = BuildSpec {
-        name: args.name.clone(),
+        name,
+        tags: tag.into_iter().collect(),
+        api_build: None,
         base,
         steps,
         start_cmd: None,
@@ -181,13 +194,13 @@ async fn run_build(home: &HutchHome, args: &BuildArgs, from: String, steps: Vec<
     let built = built?;
     crate::outln!(
         "template {} (build {}) in {:.1} s: {} step(s) cached, {} run",
-        built.template.name,
+        args.name,
         built.template.build_id,
         started.elapsed().as_secs_f64(),
         built.cached_steps,
         built.built_steps
     );
-    crate::outln!("try: hutch run --template {} -- /bin/sh -c 'cat /etc/os-release'", built.template.name);
+    crate::outln!("try: hutch run --template {} -- /bin/sh -c 'cat /etc/os-release'", args.name);
     Ok(0)
 }
 

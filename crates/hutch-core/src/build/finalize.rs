@@ -22,17 +22,36 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
     let id = Key::of(Some(key), &[&layer.to_string_lossy(), source.defaults.start_cmd.as_deref().unwrap_or(""), source.defaults.ready_cmd.as_deref().unwrap_or("")]);
     let (home2, layer, scratch) = (home.clone(), layer.to_path_buf(), scratch.to_path_buf());
     let name = spec.name.clone();
+    let api_build = spec.api_build.clone();
+    let tags = tags_for(home, spec);
+    let tags2 = tags.clone();
     let template = tokio::task::spawn_blocking(move || {
         let raw = scratch.join("rootfs.ext4");
         flatten(&layer, &raw)?;
-        let template = hutch_image::from_image::image_template(&name, source);
-        hutch_image::rootfs::install_as(&home2, &raw, template, &id.0[..16]).map_err(|e| hutch_proto::error_chain(&e))
+        let mut template = hutch_image::from_image::image_template(&name, source);
+        template.api_build = api_build;
+        let stored = hutch_image::rootfs::store_build(&home2, &raw, template, &id.0[..16]).map_err(|e| hutch_proto::error_chain(&e))?;
+        hutch_image::tags::assign(&home2, &name, &stored.build_id, &tags2).map_err(|e| hutch_proto::error_chain(&e))?;
+        Ok::<_, String>(stored)
     })
     .await
     .map_err(|e| BuildError::at(FailedAt::Finalize, false, e.to_string()))?
     .map_err(|e| BuildError::at(FailedAt::Finalize, false, e))?;
-    log.log(Level::Info, Some("finalize"), &format!("template {} ready (build {}) in {:.1} s", template.name, template.build_id, started.elapsed().as_secs_f64()));
+    let named: Vec<String> = tags.iter().map(|t| format!("{}:{t}", template.name)).collect();
+    log.log(Level::Info, Some("finalize"), &format!("template {} ready (build {}) in {:.1} s", named.join(", "), template.build_id, started.elapsed().as_secs_f64()));
     Ok(template)
+}
+
+/// The tags a finished build gets: the spec's, or `default` when it names none or the
+/// template has no build yet (so its name alone starts something).
+fn tags_for(home: &HutchHome, spec: &BuildSpec) -> Vec<String> {
+    let mut tags = spec.tags.clone();
+    let first = !home.template(&spec.name).join("template.json").is_file();
+    if tags.is_empty() || first {
+        tags.insert(0, hutch_image::tags::DEFAULT.to_string());
+    }
+    tags.dedup();
+    tags
 }
 
 fn tool(cmd: &mut Command, what: &str) -> Result<Vec<u8>, String> {

@@ -60,6 +60,11 @@ pub struct Step {
 
 pub struct BuildSpec {
     pub name: String,
+    /// The tags the new build gets (checked, normal form); none means `default`, and a
+    /// template's first build is also its `default`.
+    pub tags: Vec<String>,
+    /// The id the template API gave this build (a UUID), kept in its manifest.
+    pub api_build: Option<String>,
     pub base: Base,
     pub steps: Vec<Step>,
     /// Started when a sandbox of the template starts (before its memory snapshot).

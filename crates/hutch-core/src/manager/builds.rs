@@ -50,6 +50,8 @@ pub struct BuildRecord {
     pub dropped: usize,
     /// When it ended (records of ended builds are let go an hour later).
     pub ended: Option<SystemTime>,
+    /// The tags the build gets when it finishes (checked, normal form).
+    pub tags: Vec<String>,
     /// (message, step) of a failed build.
     pub reason: Option<(String, String)>,
 }
@@ -67,14 +69,39 @@ pub struct TemplateInfo {
     /// What a sandbox of it gets unless its create asks otherwise.
     pub cpus: u32,
     pub memory_mib: u32,
+    /// Its builds a tag names, the current one first.
+    pub builds: Vec<BuildInfo>,
 }
 
-/// A template build's id as E2B shows it, a UUID (the SDK parses it as one): UUIDv8
-/// of the build's own id, which is a content hash, so the same build keeps its UUID.
-fn build_uuid(build_id: &str) -> String {
+/// One build of a template, as the API shows it.
+#[derive(Debug, Clone)]
+pub struct BuildInfo {
+    /// A UUID (`build_uuid`).
+    pub id: String,
+    /// RFC 3339.
+    pub built_at: String,
+    pub disk_size: u64,
+}
+
+/// A template build's id as E2B shows it, a UUID (the SDK parses it as one): the one
+/// the API gave the build that made it, else (a CLI or recipe build) UUIDv8 of the
+/// build's own id, a content hash, so the same build keeps its UUID.
+pub(crate) fn build_uuid(template: &hutch_image::rootfs::Template) -> String {
     use sha2::Digest;
-    let mut b: [u8; 16] = sha2::Sha256::digest(format!("hutch-template-build:{build_id}"))[..16].try_into().unwrap_or_default();
-    b[6] = (b[6] & 0x0f) | 0x80;
+    if let Some(id) = &template.api_build {
+        return id.clone();
+    }
+    let b: [u8; 16] = sha2::Sha256::digest(format!("hutch-template-build:{}", template.build_id))[..16].try_into().unwrap_or_default();
+    uuid_text(b, 8)
+}
+
+/// A new API build's id: a random UUIDv4.
+fn new_build_uuid() -> String {
+    uuid_text(rand::random(), 4)
+}
+
+fn uuid_text(mut b: [u8; 16], version: u8) -> String {
+    b[6] = (b[6] & 0x0f) | (version << 4);
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex::encode(b);
     format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
@@ -153,6 +180,10 @@ fn check_buildable(name: &str) -> Result<(), ManagerError> {
     if hutch_image::rootfs::builtin_names().contains(&name) {
         return Err(ManagerError::Conflict(format!("'{name}' is a built-in template; build under another name")));
     }
+    // `/templates/tags` is the tags endpoint, so no template can be reached by that name.
+    if name == "tags" {
+        return Err(ManagerError::InvalidArgument("'tags' cannot name a template (the API's /templates/tags is taken); choose another name".into()));
+    }
     Ok(())
 }
 
@@ -187,9 +218,22 @@ impl SandboxManager {
         std::fs::read_to_string(self.owner_file(name)).ok().map(|s| s.trim().to_string())
     }
 
-    /// Whether `alias` names a template `key_id` may use: Ok(public) for a built-in
-    /// one (true) or one it built (false).
-    pub fn template_alias(&self, key_id: &str, alias: &str) -> Result<bool, ManagerError> {
+    /// Whether `reference` (`name` or `name:tag`) names a template `key_id` may use:
+    /// Ok(public) for a built-in one (true) or one it built (false).
+    pub fn template_alias(&self, key_id: &str, reference: &str) -> Result<bool, ManagerError> {
+        let (alias, tag) = hutch_image::tags::split(reference);
+        let public = self.template_name_alias(key_id, alias)?;
+        if let Some(tag) = tag {
+            hutch_image::tags::resolve(&self.home, alias, tag).map_err(super::tags::manager_error)?;
+        }
+        Ok(public)
+    }
+
+    fn template_name_alias(&self, key_id: &str, alias: &str) -> Result<bool, ManagerError> {
+        // Not a name a template can have (a path param may carry '/' or '..' decoded).
+        if hutch_image::from_image::check_name(alias).is_err() {
+            return Err(ManagerError::Missing(format!("there is no template '{}'", alias.escape_default())));
+        }
         if hutch_image::rootfs::builtin_names().contains(&alias) {
             return Ok(true);
         }
@@ -210,15 +254,17 @@ impl SandboxManager {
 
     /// One template `key_id` may use (`GET /templates/{id}`).
     pub fn template_info(&self, key_id: &str, name: &str) -> Result<TemplateInfo, ManagerError> {
-        let public = self.template_alias(key_id, name)?;
+        let public = self.template_name_alias(key_id, name)?;
         let template = hutch_image::rootfs::cached(&self.home, name)
             .map_err(|e| ManagerError::Internal(format!("reading template '{name}': {e}")))?
             .ok_or_else(|| ManagerError::Missing(format!("template '{name}' is not built on this server yet")))?;
+        let (build_id, builds) = (build_uuid(&template), self.tagged_builds(&template));
         Ok(TemplateInfo {
             memory_mib: self.config.memory.unwrap_or_else(|| crate::ids::MemMib::of_template(name)).get(),
             cpus: self.config.cpus,
             name: template.name,
-            build_id: build_uuid(&template.build_id),
+            build_id,
+            builds,
             built_at: template.built_at,
             disk_size: template.disk_size,
             public,
@@ -251,9 +297,11 @@ impl SandboxManager {
         }
     }
 
-    /// Starts a template build record (`POST /v3/templates`): (templateID, buildID).
-    pub fn new_template_build(&self, key_id: &str, name: &str) -> Result<(String, String), ManagerError> {
+    /// Starts a template build record (`POST /v3/templates`) of `name` that will get
+    /// `tags`: (templateID, buildID, the tags in normal form).
+    pub fn new_template_build(&self, key_id: &str, name: &str, tags: &[String]) -> Result<(String, String, Vec<String>), ManagerError> {
         check_buildable(name)?;
+        let tags = super::tags::checked(tags)?;
         self.claim(key_id, name)?;
         let mut records = lock(&self.builds.records);
         // Ended builds are kept an hour for their status, then let go.
@@ -266,7 +314,7 @@ impl SandboxManager {
         if open.count() >= MAX_OPEN_PER_KEY {
             return Err(ManagerError::Quota(format!("this API key has {MAX_OPEN_PER_KEY} template builds open; wait for one to finish")));
         }
-        let build_id = crate::ids::SandboxId::generate().to_string();
+        let build_id = new_build_uuid();
         let record = BuildRecord {
             template_id: name.to_string(),
             build_id: build_id.clone(),
@@ -276,9 +324,10 @@ impl SandboxManager {
             dropped: 0,
             ended: None,
             reason: None,
+            tags: tags.clone(),
         };
         records.insert(build_id.clone(), Arc::new(Mutex::new(record)));
-        Ok((name.to_string(), build_id))
+        Ok((name.to_string(), build_id, tags))
     }
 
     fn record(&self, key_id: &str, template_id: &str, build_id: &str) -> Result<Arc<Mutex<BuildRecord>>, ManagerError> {
@@ -395,6 +444,7 @@ impl SandboxManager {
         lock(&record).status = BuildStatus::Building;
         let template_id = template_id.to_string();
         let key_id = key_id.to_string();
+        let target = (lock(&record).tags.clone(), build_id.to_string());
         tokio::spawn(async move {
             // Waiting for its turn holds no thread.
             let turn = me.builds.gate.clone().acquire_owned().await;
@@ -405,7 +455,7 @@ impl SandboxManager {
             let (me2, record2) = (me.clone(), record.clone());
             let ran = tokio::task::spawn_blocking(move || {
                 let log: Arc<dyn BuildLog> = Arc::new(RecordLog(record2));
-                runtime.block_on(me2.run_api_build(&key_id, &template_id, base, req, log))
+                runtime.block_on(me2.run_api_build(&key_id, &template_id, target, base, req, log))
             })
             .await;
             drop(turn);
@@ -426,7 +476,7 @@ impl SandboxManager {
         Ok(())
     }
 
-    async fn run_api_build(&self, key_id: &str, name: &str, base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
+    async fn run_api_build(&self, key_id: &str, name: &str, (tags, api_build): (Vec<String>, String), base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
         use crate::build::{BuildError, FailedAt};
         let scratch = crate::build::cache::BuildCache::new(&self.home).scratch().map_err(|e| BuildError { at: FailedAt::Base, message: e.to_string(), caller_fault: false })?;
         let steps = api_steps(&req.steps, &self.files_dir(key_id), &scratch);
@@ -434,6 +484,8 @@ impl SandboxManager {
             Ok(steps) => {
                 let spec = BuildSpec {
                     name: name.to_string(),
+                    tags,
+                    api_build: Some(api_build),
                     base,
                     steps,
                     start_cmd: req.start_cmd.filter(|c| !c.is_empty()),
@@ -454,7 +506,7 @@ impl SandboxManager {
         let _ = std::fs::remove_dir_all(&scratch);
         result?;
         // Sandboxes created from now on use the new build.
-        lock(&self.artifacts).remove(name);
+        self.forget_artifacts(name);
         Ok(())
     }
 }
@@ -529,13 +581,22 @@ fn unpack_upload(file: &Path, dir: &Path) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::build_uuid;
+    use super::{build_uuid, new_build_uuid};
+
+    fn uuid_of(build_id: &str) -> String {
+        let mut t = crate::fake_guest::artifacts(std::path::Path::new("/nonexistent")).template;
+        t.build_id = build_id.into();
+        build_uuid(&t)
+    }
 
     #[test]
     fn a_build_shows_as_the_same_uuid_every_time() {
-        let id = build_uuid("4ca41cc4113a2bd3");
-        assert_eq!(id, build_uuid("4ca41cc4113a2bd3"));
-        assert_ne!(id, build_uuid("4ca41cc4113a2bd4"));
+        let id = uuid_of("4ca41cc4113a2bd3");
+        assert_eq!(id, uuid_of("4ca41cc4113a2bd3"));
+        assert_ne!(id, uuid_of("4ca41cc4113a2bd4"));
+        let fresh = new_build_uuid();
+        assert_eq!((&fresh[14..15], fresh.len()), ("4", 36), "version 4: {fresh}");
+        assert_ne!(fresh, new_build_uuid());
         let groups: Vec<usize> = id.split('-').map(str::len).collect();
         assert_eq!(groups, [8, 4, 4, 4, 12], "{id}");
         assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()), "{id}");

@@ -9,6 +9,7 @@ mod pool;
 mod quota;
 mod snapshots;
 pub mod state;
+pub mod tags;
 #[cfg(test)]
 mod tests;
 
@@ -421,6 +422,7 @@ impl SandboxManager {
             .map_err(|e| match e {
                 // Only the built-in names: templates other keys built are not this caller's business.
                 ArtifactsError::Template(hutch_image::rootfs::TemplateError::Unknown { name, .. }) => unknown_template(&name),
+                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Tag(e)) => tags::manager_error(*e),
                 other => ManagerError::Template(other),
             })
     }
@@ -487,7 +489,12 @@ impl SandboxManager {
 
     async fn create_now(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
         let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
-        snapshots::validate_identifier("templateID", &template)?;
+        // `name:tag` starts the build the tag names.
+        let (name, tag) = hutch_image::tags::split(&template);
+        snapshots::validate_identifier("templateID", name)?;
+        if let Some(tag) = tag {
+            hutch_image::tags::check(tag).map_err(tags::manager_error)?;
+        }
         let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
         let token = spec.secure.then(hex_token);
         let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
@@ -495,7 +502,7 @@ impl SandboxManager {
         opts.network = spec.network.clone().unwrap_or_default();
         let named = self.store.snapshot(key_id, &template).await?;
         // A template another API key built is not this one's to start (nor to learn of).
-        if named.is_none() && self.template_owner(&template).is_some_and(|o| o != key_id) {
+        if named.is_none() && self.template_owner(name).is_some_and(|o| o != key_id) {
             return Err(unknown_template(&template));
         }
         self.quota_running(key_id, 1)?;

@@ -169,8 +169,11 @@ pub async fn run(agent: &AgentClient, script: &str) -> anyhow::Result<Output> {
 #[macro_export]
 macro_rules! check {
     ($cond:expr, $($fmt:tt)+) => {
-        if !$cond {
-            anyhow::bail!($($fmt)+);
+        {
+            let held: bool = $cond;
+            if !held {
+                anyhow::bail!($($fmt)+);
+            }
         }
     };
 }

@@ -4,6 +4,7 @@ mod archives;
 mod body;
 mod listing;
 mod sandboxes;
+mod template_tags;
 mod templates;
 
 use crate::error::ApiError;
@@ -35,6 +36,8 @@ pub fn rest() -> Router<AppState> {
         .route("/snapshots/{id}/archive", get(archives::export))
         .route("/templates", get(templates::list))
         .route("/templates/{id}", get(templates::get_one).delete(templates::delete))
+        .route("/templates/tags", post(template_tags::assign).delete(template_tags::remove))
+        .route("/templates/{id}/tags", get(template_tags::list))
         .route("/v3/templates", post(templates::create))
         .route("/templates/aliases/{alias}", get(templates::alias))
         .route("/templates/{id}/files/{hash}", get(templates::files))

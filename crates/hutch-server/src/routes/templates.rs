@@ -30,22 +30,18 @@ pub struct NewTemplate {
     tags: Option<Vec<String>>,
 }
 
-/// `name[:tag]` → (name, tag).
-fn split_tag(full: &str) -> (&str, Option<&str>) {
-    match full.split_once(':') {
-        Some((name, tag)) => (name, Some(tag)),
-        None => (full, None),
-    }
-}
-
 pub async fn create(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<NewTemplate>) -> Result<(StatusCode, Json<Value>), ApiError> {
     let Some(full) = body.name.or(body.alias).filter(|n| !n.is_empty()) else {
         return Err(ApiError::bad_request("name is required: the template's name, such as my-template or my-template:v1"));
     };
-    let (name, tag) = split_tag(&full);
-    let (template_id, build_id) = state.manager.new_template_build(&key.0, name)?;
-    let mut tags = body.tags.unwrap_or_default();
-    tags.extend(tag.map(str::to_string));
+    // `name:tag` and `tags` both tag the build; with neither, it becomes `default`.
+    let (name, tag) = match full.split_once(':') {
+        Some((name, tag)) => (name, Some(tag.to_string())),
+        None => (full.as_str(), None),
+    };
+    let mut tags: Vec<String> = tag.into_iter().collect();
+    tags.extend(body.tags.unwrap_or_default());
+    let (template_id, build_id, mut tags) = state.manager.new_template_build(&key.0, name, &tags)?;
     if tags.is_empty() {
         tags.push("default".into());
     }
@@ -171,14 +167,15 @@ pub async fn status(State(state): State<AppState>, key: KeyId, Path((template_id
     Ok(Json(body))
 }
 
-/// A template as E2B's `Template` object shows it. A template here is one build (no
-/// tags yet), so it was created, updated and built at the same moment.
+/// A template as E2B's `Template` object shows it: its current build's (the `default`
+/// tag's), with the builds its tags name counted.
 fn template_json(t: &TemplateInfo) -> Value {
+    let created = t.builds.iter().map(|b| b.built_at.as_str()).min().unwrap_or(&t.built_at);
     json!({
         "templateID": t.name, "buildID": t.build_id, "cpuCount": t.cpus, "memoryMB": t.memory_mib,
         "diskSizeMB": t.disk_size >> 20, "public": t.public, "aliases": [t.name], "names": [t.name],
-        "createdAt": t.built_at, "updatedAt": t.built_at, "createdBy": null, "lastSpawnedAt": null,
-        "spawnCount": 0, "buildCount": 1, "envdVersion": hutch_proto::ENVD_VERSION, "buildStatus": "ready",
+        "createdAt": created, "updatedAt": t.built_at, "createdBy": null, "lastSpawnedAt": null,
+        "spawnCount": 0, "buildCount": t.builds.len(), "envdVersion": hutch_proto::ENVD_VERSION, "buildStatus": "ready",
     })
 }
 
@@ -191,10 +188,17 @@ pub async fn list(State(state): State<AppState>, key: KeyId) -> Json<Value> {
 pub async fn get_one(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
     let t = state.manager.template_info(&key.0, &id)?;
     let mut body = template_json(&t);
-    body["builds"] = json!([{
-        "buildID": t.build_id, "status": "ready", "createdAt": t.built_at, "updatedAt": t.built_at, "finishedAt": t.built_at,
-        "cpuCount": t.cpus, "memoryMB": t.memory_mib, "diskSizeMB": t.disk_size >> 20, "envdVersion": hutch_proto::ENVD_VERSION,
-    }]);
+    let builds: Vec<Value> = t
+        .builds
+        .iter()
+        .map(|b| {
+            json!({
+                "buildID": b.id, "status": "ready", "createdAt": b.built_at, "updatedAt": b.built_at, "finishedAt": b.built_at,
+                "cpuCount": t.cpus, "memoryMB": t.memory_mib, "diskSizeMB": b.disk_size >> 20, "envdVersion": hutch_proto::ENVD_VERSION,
+            })
+        })
+        .collect();
+    body["builds"] = Value::Array(builds);
     Ok(Json(body))
 }
 

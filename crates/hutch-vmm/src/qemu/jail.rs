@@ -602,7 +602,7 @@ mod tests {
         let theirs = home.join("snapshots/t/theirs.qcow2");
         std::fs::write(&theirs, "their disk").expect("plan");
         s.base = Some(inside.clone());
-        assert!(confined_chain(&s, &config, &[inside.clone()]).is_ok());
+        assert!(confined_chain(&s, &config, std::slice::from_ref(&inside)).is_ok());
         let changed = confined_chain(&s, &config, std::slice::from_ref(&theirs)).expect_err("plan");
         assert!(matches!(changed, JailError::ChangedBacking { .. }));
         assert!(JailError::tampered_disk_in(&changed));

@@ -37,3 +37,47 @@ async fn a_template_build_holds_back_no_other_template_and_runs_once() {
     assert_eq!(builds.load(Ordering::SeqCst), 1, "two creates waiting for one template share its build");
     env.kill_all().await;
 }
+
+/// Only the key that built a template sees and changes its tags; names and tags are
+/// checked before anything is read.
+#[tokio::test]
+async fn template_tags_are_the_building_keys_alone() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let (a, b) = (env.keys[0].clone(), env.keys[1].clone());
+    let m = &env.manager;
+    let home = m.home().clone();
+    for (id, bytes) in [("b1", &b"one"[..]), ("b2", &b"two"[..])] {
+        std::fs::create_dir_all(home.tmp()).expect("tmp");
+        let raw = home.tmp().join("raw.ext4");
+        std::fs::write(&raw, bytes).expect("image");
+        let source = hutch_image::rootfs::ImageSource { reference: "r".into(), manifest_digest: String::new(), defaults: Default::default() };
+        hutch_image::rootfs::store_build(&home, &raw, hutch_image::from_image::image_template("app", source), id).expect("store");
+    }
+    hutch_image::tags::assign(&home, "app", "b1", &["default".into()]).expect("default");
+    hutch_image::tags::assign(&home, "app", "b2", &["v2".into()]).expect("v2");
+    std::fs::write(home.template("app").join("owner"), &a).expect("owner");
+
+    let tags = |key: &str| m.template_tags(key, "app").map(|t| t.into_iter().map(|t| t.tag).collect::<Vec<_>>());
+    assert!(matches!(tags(&b), Err(ManagerError::Forbidden(_))), "{:?}", tags(&b));
+    assert!(matches!(m.assign_template_tags(&b, "app:v2", &["x".into()]), Err(ManagerError::Forbidden(_))));
+    assert!(matches!(m.remove_template_tags(&b, "app", &["v2".into()]), Err(ManagerError::Forbidden(_))));
+    // Built-in templates' tags are hutch's.
+    assert!(matches!(m.assign_template_tags(&a, "base", &["x".into()]), Err(ManagerError::Forbidden(_))));
+
+    let (build, assigned) = m.assign_template_tags(&a, "app:v2", &[" Prod ".into(), "prod".into()]).expect("assign");
+    assert_eq!(assigned, ["prod"]);
+    let b2 = hutch_image::tags::build_manifest(&home, "app", "b2").expect("b2");
+    assert_eq!(build, crate::manager::builds::build_uuid(&b2));
+    assert_eq!(tags(&a).expect("tags"), ["default", "prod", "v2"]);
+
+    for bad in [m.assign_template_tags(&a, "app", &["not ok".into()]), m.assign_template_tags(&a, "app", &[])] {
+        assert!(matches!(bad, Err(ManagerError::InvalidArgument(_))), "{bad:?}");
+    }
+    assert!(matches!(m.remove_template_tags(&a, "app:v2", &["prod".into()]), Err(ManagerError::InvalidArgument(_))));
+    assert!(matches!(m.remove_template_tags(&a, "app", &["nope".into()]), Err(ManagerError::Missing(_))));
+    assert!(matches!(m.template_tags(&a, "../app"), Err(ManagerError::Missing(_))));
+    m.remove_template_tags(&a, "app", &["prod".into()]).expect("remove");
+    assert_eq!(tags(&a).expect("tags"), ["default", "v2"]);
+    assert!(matches!(m.template_alias(&a, "app:nope"), Err(ManagerError::Missing(_))));
+    assert!(matches!(m.template_alias(&a, "app:v2"), Ok(false)));
+}

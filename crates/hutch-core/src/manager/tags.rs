@@ -1,0 +1,126 @@
+//! Template tags through the API (E2B's `POST`/`DELETE /templates/tags` and `GET
+//! /templates/{id}/tags`): only the key that built a template tags it. The tags
+//! themselves are hutch-image's (`tags.rs`); this checks who may change them and keeps
+//! the manager's prepared artifacts in step with them.
+
+use super::builds::{build_uuid, BuildInfo};
+use super::{lock, ManagerError, SandboxManager};
+use hutch_image::rootfs::Template;
+use hutch_image::tags::{self, TagError};
+
+/// One tag as the API shows it.
+#[derive(Debug, Clone)]
+pub struct TagView {
+    pub tag: String,
+    /// The build's UUID.
+    pub build_id: String,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// Tags as E2B takes them: each checked, in normal form, once.
+pub(crate) fn checked(tags: &[String]) -> Result<Vec<String>, ManagerError> {
+    let mut out: Vec<String> = Vec::new();
+    for tag in tags {
+        let tag = tags::check(tag).map_err(manager_error)?;
+        if !out.contains(&tag) {
+            out.push(tag);
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) fn manager_error(e: TagError) -> ManagerError {
+    match e {
+        TagError::BadTag(_) | TagError::DefaultKept => ManagerError::InvalidArgument(e.to_string()),
+        TagError::UnknownTag { .. } | TagError::UnknownTemplate(_) | TagError::BuildGone { .. } => ManagerError::Missing(e.to_string()),
+        TagError::Template(_) | TagError::Io { .. } => ManagerError::Internal(hutch_proto::error_chain(&e)),
+    }
+}
+
+impl SandboxManager {
+    /// Template `name` if `key_id` built it (only the builder changes its tags).
+    fn own_template(&self, key_id: &str, name: &str) -> Result<(), ManagerError> {
+        if self.template_alias(key_id, name)? {
+            return Err(ManagerError::Forbidden(format!("template '{name}' is built in; its tags are hutch's")));
+        }
+        Ok(())
+    }
+
+    /// Every tag of template `name` (`GET /templates/{id}/tags`).
+    pub fn template_tags(&self, key_id: &str, name: &str) -> Result<Vec<TagView>, ManagerError> {
+        self.template_alias(key_id, name)?;
+        let mut out = Vec::new();
+        for (tag, entry) in tags::list(&self.home, name).map_err(manager_error)? {
+            let build = tags::build_manifest(&self.home, name, &entry.build).or_else(|_| self.current(name));
+            out.push(TagView { tag, build_id: build.map(|b| build_uuid(&b))?, created_at: entry.created_at });
+        }
+        Ok(out)
+    }
+
+    /// Points `tags` at the build `target` (`name` or `name:tag`) names (`POST
+    /// /templates/tags`): (the build's UUID, the tags in normal form).
+    pub fn assign_template_tags(&self, key_id: &str, target: &str, new_tags: &[String]) -> Result<(String, Vec<String>), ManagerError> {
+        let (name, _) = tags::split(target);
+        self.own_template(key_id, target)?;
+        let new_tags = checked(new_tags)?;
+        if new_tags.is_empty() {
+            return Err(ManagerError::InvalidArgument("tags is empty: name at least one tag to assign".into()));
+        }
+        let build = hutch_image::rootfs::cached(&self.home, target)
+            .map_err(|e| ManagerError::Internal(hutch_proto::error_chain(&e)))?
+            .ok_or_else(|| ManagerError::Missing(format!("template '{target}' is not built")))?;
+        // A build from before builds kept their own manifests gets one now.
+        if tags::build_manifest(&self.home, name, &build.build_id).is_err() {
+            hutch_image::rootfs::keep_manifest(&build).map_err(|e| ManagerError::Internal(hutch_proto::error_chain(&e)))?;
+        }
+        tags::assign(&self.home, name, &build.build_id, &new_tags).map_err(manager_error)?;
+        self.forget_artifacts(name);
+        Ok((build_uuid(&build), new_tags))
+    }
+
+    /// Removes `tags` from template `name` (`DELETE /templates/tags`); the builds only
+    /// they named go when nothing else uses them (the next prune).
+    pub fn remove_template_tags(&self, key_id: &str, name: &str, gone: &[String]) -> Result<(), ManagerError> {
+        if name.contains(':') {
+            return Err(ManagerError::InvalidArgument(format!("name '{name}' names a tag; give the template's name, and the tags in tags")));
+        }
+        self.own_template(key_id, name)?;
+        let gone = checked(gone)?;
+        if gone.is_empty() {
+            return Err(ManagerError::InvalidArgument("tags is empty: name at least one tag to remove".into()));
+        }
+        tags::remove(&self.home, name, &gone).map_err(manager_error)?;
+        self.forget_artifacts(name);
+        Ok(())
+    }
+
+    /// The builds of `current`'s template that a tag names, `current` first.
+    pub(crate) fn tagged_builds(&self, current: &Template) -> Vec<BuildInfo> {
+        let info = |t: &Template| BuildInfo { id: build_uuid(t), built_at: t.built_at.clone(), disk_size: t.disk_size };
+        let mut out = vec![info(current)];
+        let mut seen = vec![current.build_id.clone()];
+        for (_, entry) in tags::list(&self.home, &current.name).unwrap_or_default() {
+            if seen.contains(&entry.build) {
+                continue;
+            }
+            if let Ok(t) = tags::build_manifest(&self.home, &current.name, &entry.build) {
+                out.push(info(&t));
+            }
+            seen.push(entry.build);
+        }
+        out
+    }
+
+    fn current(&self, name: &str) -> Result<Template, ManagerError> {
+        hutch_image::rootfs::cached(&self.home, name)
+            .map_err(|e| ManagerError::Internal(hutch_proto::error_chain(&e)))?
+            .ok_or_else(|| ManagerError::Missing(format!("template '{name}' is not built on this server yet")))
+    }
+
+    /// Drops the prepared artifacts of template `name` and each of its tags: the next
+    /// sandbox finds the build its reference names now.
+    pub(crate) fn forget_artifacts(&self, name: &str) {
+        lock(&self.artifacts).retain(|reference, _| tags::split(reference).0 != name);
+    }
+}

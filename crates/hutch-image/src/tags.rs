@@ -1,0 +1,236 @@
+//! Template tags, as E2B has them: `name:tag` names one build of template `name`.
+//!
+//! The `default` tag is the template's current build, whose manifest is the template's
+//! `template.json` (what every caller that names no tag reads). Every other tag lives
+//! in the template's `tags.json`, a record mapping the tag to a build id; each build
+//! keeps its own manifest in `builds/<id>/template.json`, so a tagged build boots with
+//! the defaults it was built with. Changes are read-modify-write under an exclusive
+//! lock on the template's `.tags.lock`, so a CLI build and a server assigning tags at
+//! the same moment do not lose each other's tags.
+
+use crate::record::{self, Kind};
+use crate::rootfs::{Template, TemplateError};
+use crate::HutchHome;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The tag a name without one means.
+pub const DEFAULT: &str = "default";
+const TAGS: &str = "tags.json";
+const LOCK: &str = ".tags.lock";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TagError {
+    #[error("tag '{0}' is not allowed: use 1-64 lowercase letters, digits, '.', '-' or '_' (and not a UUID)")]
+    BadTag(String),
+    #[error("template '{name}' has no tag '{tag}'; its tags: {known}")]
+    UnknownTag { name: String, tag: String, known: String },
+    #[error("there is no template '{0}' here")]
+    UnknownTemplate(String),
+    #[error("the '{DEFAULT}' tag names the template's current build and cannot be removed; assign it to another build instead")]
+    DefaultKept,
+    #[error("build {build} of template '{name}' is gone (only builds something tags or uses are kept)")]
+    BuildGone { name: String, build: String },
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("{what} {}: {source}", path.display())]
+    Io { what: &'static str, path: PathBuf, source: std::io::Error },
+}
+
+/// One tag of a template: the build it names and when it was given.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TagEntry {
+    pub build: String,
+    /// RFC 3339.
+    pub created_at: String,
+}
+
+/// `name[:tag]` → (name, tag); an empty tag or `default` is no tag.
+pub fn split(reference: &str) -> (&str, Option<&str>) {
+    match reference.split_once(':') {
+        Some((name, tag)) if !tag.is_empty() && tag != DEFAULT => (name, Some(tag)),
+        Some((name, _)) => (name, None),
+        None => (reference, None),
+    }
+}
+
+/// A tag as E2B takes it: trimmed and lowercased, `[a-z0-9._-]`, and not a UUID (a
+/// UUID names a build). Returns the normal form.
+pub fn check(tag: &str) -> Result<String, TagError> {
+    let normal = tag.trim().to_ascii_lowercase();
+    let uuid_like = normal.len() == 36 && normal.bytes().enumerate().all(|(i, b)| if [8, 13, 18, 23].contains(&i) { b == b'-' } else { b.is_ascii_hexdigit() });
+    let ok = !normal.is_empty() && normal.len() <= 64 && normal.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b)) && !uuid_like;
+    if ok {
+        Ok(normal)
+    } else {
+        Err(TagError::BadTag(tag.to_string()))
+    }
+}
+
+fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TagError + 'a {
+    move |source| TagError::Io { what, path: path.to_path_buf(), source }
+}
+
+/// The non-default tags of `name` (none when it has no `tags.json`).
+fn read_tags(dir: &Path) -> Result<BTreeMap<String, TagEntry>, TagError> {
+    match record::read(&dir.join(TAGS), Kind::Tags) {
+        Ok(tags) => Ok(tags),
+        Err(e) if e.is_missing() => Ok(BTreeMap::new()),
+        Err(e) => Err(TagError::Template(TemplateError::Manifest(e))),
+    }
+}
+
+/// Holds the template's tag lock while alive.
+struct Locked(#[allow(dead_code)] std::fs::File);
+
+fn lock(dir: &Path) -> Result<Locked, TagError> {
+    let path = dir.join(LOCK);
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io("opening", &path))?;
+    file.lock().map_err(io("locking", &path))?;
+    Ok(Locked(file))
+}
+
+/// The manifest of build `build` of template `name`.
+pub fn build_manifest(home: &HutchHome, name: &str, build: &str) -> Result<Template, TagError> {
+    let dir = home.template(name);
+    let path = crate::rootfs::build_manifest_path(&dir, build);
+    let mut t: Template = match record::read(&path, Kind::Template) {
+        Ok(t) => t,
+        Err(e) if e.is_missing() => return Err(TagError::BuildGone { name: name.into(), build: build.into() }),
+        Err(e) => return Err(TagError::Template(TemplateError::Manifest(e))),
+    };
+    t.dir = dir;
+    if !t.image().is_file() {
+        return Err(TagError::BuildGone { name: name.into(), build: build.into() });
+    }
+    Ok(t)
+}
+
+/// The build `tag` of template `name` names (None: the current one, `cached`'s).
+pub fn resolve(home: &HutchHome, name: &str, tag: &str) -> Result<Template, TagError> {
+    let tags = read_tags(&home.template(name))?;
+    let Some(entry) = tags.get(tag) else {
+        let known: Vec<&str> = std::iter::once(DEFAULT).chain(tags.keys().map(String::as_str)).collect();
+        return Err(TagError::UnknownTag { name: name.into(), tag: tag.into(), known: known.join(", ") });
+    };
+    let mut t = build_manifest(home, name, &entry.build)?;
+    t.tag = Some(tag.to_string());
+    Ok(t)
+}
+
+/// Every tag of template `name`, `default` first.
+pub fn list(home: &HutchHome, name: &str) -> Result<Vec<(String, TagEntry)>, TagError> {
+    let current = crate::rootfs::cached(home, name)?.ok_or_else(|| TagError::UnknownTemplate(name.into()))?;
+    let mut all = vec![(DEFAULT.to_string(), TagEntry { build: current.build_id.clone(), created_at: current.tagged_at.clone().unwrap_or(current.built_at.clone()) })];
+    all.extend(read_tags(&current.dir)?);
+    Ok(all)
+}
+
+/// Points each of `tags` (checked, normal form) at build `build` of template `name`.
+/// `default` makes it the current build: its manifest replaces `template.json`.
+pub fn assign(home: &HutchHome, name: &str, build: &str, tags: &[String]) -> Result<(), TagError> {
+    let dir = home.template(name);
+    let _held = lock(&dir)?;
+    let mut manifest = build_manifest(home, name, build)?;
+    let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    let mut map = read_tags(&dir)?;
+    let before = map.clone();
+    for tag in tags {
+        if tag == DEFAULT {
+            manifest.tagged_at = Some(now.clone());
+            crate::rootfs::make_current(&dir, &manifest)?;
+        } else {
+            map.insert(tag.clone(), TagEntry { build: build.to_string(), created_at: now.clone() });
+        }
+    }
+    if map != before {
+        record::write(&dir.join(TAGS), Kind::Tags, &map).map_err(|e| TagError::Template(TemplateError::Manifest(e)))?;
+    }
+    Ok(())
+}
+
+/// Removes `tags` (checked, normal form) from template `name`; all of them or, if one is
+/// not there, none.
+pub fn remove(home: &HutchHome, name: &str, tags: &[String]) -> Result<(), TagError> {
+    if tags.iter().any(|t| t == DEFAULT) {
+        return Err(TagError::DefaultKept);
+    }
+    let dir = home.template(name);
+    if !dir.join("template.json").is_file() {
+        return Err(TagError::UnknownTemplate(name.into()));
+    }
+    let _held = lock(&dir)?;
+    let mut map = read_tags(&dir)?;
+    if let Some(missing) = tags.iter().find(|t| !map.contains_key(*t)) {
+        let known: Vec<&str> = std::iter::once(DEFAULT).chain(map.keys().map(String::as_str)).collect();
+        return Err(TagError::UnknownTag { name: name.into(), tag: missing.clone(), known: known.join(", ") });
+    }
+    map.retain(|t, _| !tags.contains(t));
+    record::write(&dir.join(TAGS), Kind::Tags, &map).map_err(|e| TagError::Template(TemplateError::Manifest(e)))
+}
+
+/// The builds of template `dir` some non-default tag names (pruning keeps them).
+pub(crate) fn tagged_builds(dir: &Path) -> Option<std::collections::HashSet<String>> {
+    read_tags(dir).ok().map(|m| m.into_values().map(|e| e.build).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tags_are_checked_and_normalised_as_e2b_does() {
+        assert_eq!(check(" V1.2_rc-1 ").expect("ok"), "v1.2_rc-1");
+        for bad in ["", "a b", "x/y", "a:b", "é", "3f2b8c1e-0d4a-4c8e-9b1a-2f3e4d5c6b7a", &"x".repeat(65)] {
+            assert!(matches!(check(bad), Err(TagError::BadTag(_))), "{bad:?}");
+        }
+        assert_eq!(split("app:v1"), ("app", Some("v1")));
+        assert_eq!(split("app:default"), ("app", None));
+        assert_eq!(split("app"), ("app", None));
+        assert_eq!(split("app:"), ("app", None));
+    }
+
+    fn store(home: &HutchHome, bytes: &[u8], id: &str) -> Template {
+        std::fs::create_dir_all(home.tmp()).expect("tmp");
+        let path = home.tmp().join("rootfs.ext4");
+        std::fs::write(&path, bytes).expect("image");
+        let mut t = crate::from_image::image_template("app", crate::rootfs::ImageSource { reference: format!("r/{id}"), manifest_digest: String::new(), defaults: Default::default() });
+        t.api_build = Some(format!("uuid-{id}"));
+        crate::rootfs::store_build(home, &path, t, id).expect("store")
+    }
+
+    fn tags_of(home: &HutchHome) -> Vec<(String, String)> {
+        list(home, "app").expect("list").into_iter().map(|(t, e)| (t, e.build)).collect()
+    }
+
+    #[test]
+    fn a_tag_names_one_build_and_keeps_it_from_pruning() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(root.path());
+        let one = store(&home, b"one", "b1");
+        assign(&home, "app", "b1", &[DEFAULT.into(), "v1".into()]).expect("assign v1");
+        let two = store(&home, b"two", "b2");
+        assign(&home, "app", "b2", &["v2".into()]).expect("assign v2");
+        // No tag, or `default`: the current build; a tag: its own build, with its manifest.
+        assert_eq!(crate::rootfs::cached(&home, "app").expect("cached").expect("built").build_id, "b1");
+        assert_eq!(crate::rootfs::cached(&home, "app:default").expect("cached").expect("built").build_id, "b1");
+        let v2 = crate::rootfs::cached(&home, "app:v2").expect("cached").expect("built");
+        assert_eq!((v2.build_id.as_str(), v2.image(), v2.tag.as_deref(), v2.api_build.as_deref()), ("b2", two.image(), Some("v2"), Some("uuid-b2")));
+        assert_eq!(tags_of(&home), [("default".into(), "b1".into()), ("v1".into(), "b1".into()), ("v2".into(), "b2".into())]);
+        let unknown = crate::rootfs::cached(&home, "app:v3").expect_err("no v3").to_string();
+        assert!(unknown.contains("has no tag 'v3'") && unknown.contains("default, v1, v2"), "{unknown}");
+        // A build only a tag names is not pruned; untagged, it is.
+        assert!(crate::rootfs::prune_builds(&home, &Default::default()).is_empty());
+        // `default` moves: the template's current build is now b2.
+        assign(&home, "app", "b2", &[DEFAULT.into()]).expect("assign default");
+        assert_eq!(crate::rootfs::cached(&home, "app").expect("cached").expect("built").build_id, "b2");
+        assert!(matches!(remove(&home, "app", &[DEFAULT.into()]), Err(TagError::DefaultKept)));
+        assert!(matches!(remove(&home, "app", &["v1".into(), "nope".into()]), Err(TagError::UnknownTag { .. })));
+        assert_eq!(tags_of(&home).len(), 3, "a failed removal removes nothing");
+        remove(&home, "app", &["v1".into()]).expect("remove v1");
+        assert_eq!(crate::rootfs::prune_builds(&home, &Default::default()), vec![one.image()]);
+        assert!(two.image().is_file());
+        assert_eq!(tags_of(&home), [("default".into(), "b2".into()), ("v2".into(), "b2".into())]);
+    }
+}
