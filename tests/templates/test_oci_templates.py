@@ -219,6 +219,15 @@ def test_a_dockerfile_builds_caches_and_rebuilds_from_the_changed_step(registry,
     assert [l.split()[0] for l in listed if l.startswith("bbdocker")] == ["bbdocker", "bbdocker:edited"], listed
     unknown = hutch(home, "run", "--template", "bbdocker:nope", "--", "true")
     assert unknown.returncode != 0 and "has no tag 'nope'; its tags: default, edited" in unknown.stderr, unknown.stderr
+    # `rm NAME:TAG` removes the tag alone; its build, its snapshot named by the tag and
+    # nothing else go with it.
+    snapshots = home / "snapshots" / "templates"
+    assert list(snapshots.glob("bbdocker@edited-*")), "running bbdocker:edited made its own memory snapshot"
+    removed = hutch(home, "template", "rm", "bbdocker:edited")
+    assert removed.returncode == 0 and "removed tag edited of template bbdocker" in removed.stdout, removed.stdout + removed.stderr
+    assert not list(snapshots.glob("bbdocker@edited-*")), list(snapshots.iterdir())
+    assert [l.split()[0] for l in hutch(home, "template", "ls").stdout.splitlines() if l.startswith("bbdocker")] == ["bbdocker"]
+    assert "app v1" in hutch(home, "run", "--template", "bbdocker", "--", "cat", "/srv/app/app.txt").stdout
 
     # --no-cache runs every step again.
     forced = build_dockerfile(home, ctx, registry, "--no-cache")
@@ -335,6 +344,19 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     assert [str(b.build_id) for b in one.parsed.builds] == [mine["sdktpl"].build_id] and one.parsed.names == ["sdktpl"], one.content
     # One id per build: the one the build answered with is the one the list shows.
     assert mine["sdktpl"].build_id == info.build_id, (mine["sdktpl"].build_id, info)
+    # The build's log, paged by the SDK's logs client: oldest first from a cursor, or
+    # newest first.
+    from e2b.api.client.api.templates import get_templates_template_id_builds_build_id_logs as build_logs
+    from e2b.api.client.models.logs_direction import LogsDirection
+    first = build_logs.sync_detailed("sdktpl", info.build_id, client=client, limit=2)
+    assert first.status_code == 200 and len(first.parsed.logs) == 2, first.content
+    later = build_logs.sync_detailed("sdktpl", info.build_id, client=client, cursor=int(first.parsed.logs[1].timestamp.timestamp() * 1000))
+    assert later.parsed.logs and later.parsed.logs[0].timestamp >= first.parsed.logs[1].timestamp, later.content
+    newest = build_logs.sync_detailed("sdktpl", info.build_id, client=client, direction=LogsDirection.BACKWARD, limit=1)
+    assert "template sdktpl" in newest.parsed.logs[0].message and "ready" in newest.parsed.logs[0].message, newest.content
+    from e2b.api.client.models.log_level import LogLevel
+    errors = build_logs.sync_detailed("sdktpl", info.build_id, client=client, level=LogLevel.ERROR)
+    assert errors.status_code == 200 and errors.parsed.logs == [], errors.content
     assert get_templates_template_id.sync_detailed("no-such-template", client=client).status_code == 404
     # A cold boot (no memory snapshot) runs the start command too, and waits for ready.
     cold_home = new_home("hutch-cold-")
@@ -355,27 +377,35 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
 
 
 def variant_of(Sandbox, reference):
+    """`[VARIANT] vCPUs MemTotal-in-MiB` of a sandbox of `reference`."""
     sbx = Sandbox.create(reference)
     try:
-        return sbx.commands.run('echo "[$VARIANT]"').stdout.strip()
+        out = sbx.commands.run('echo "[$VARIANT]" $(busybox nproc) $(( $(busybox awk \'/MemTotal/ {print $2}\' /proc/meminfo) / 1024 ))').stdout.split()
+        return out[0], int(out[1]), int(out[2])
     finally:
         sbx.kill()
 
 
 def check_tags(Sandbox, Template, template, v1, ctx, registry):
     """E2B's tags through the SDK: a build tagged v2 leaves the template's default
-    build alone, `name:tag` starts the build its tag names, tags move (`default` too)
-    and go; a bad removal says why and removes nothing."""
-    from e2b.exceptions import TemplateException
-    v2 = Template.build(sdk_template(ctx, registry, "two"), "sdktpl:v2")
+    build alone, `name:tag` starts the build its tag names (with the vCPUs and memory
+    it was built for), tags move (`default` too) and go; a bad removal says why and
+    removes nothing."""
+    from e2b.exceptions import BuildException, TemplateException
+    with pytest.raises(BuildException) as e:
+        Template.build(sdk_template(ctx, registry, "two"), "sdktpl:v2", cpu_count=65)
+    assert "cpuCount 65 is not allowed" in str(e.value), str(e.value)
+    v2 = Template.build(sdk_template(ctx, registry, "two"), "sdktpl:v2", cpu_count=2, memory_mb=768)
     assert v2.build_id != v1.build_id, (v1, v2)
     tags = {t.tag: t.build_id for t in Template.get_tags("sdktpl")}
     assert tags == {"default": v1.build_id, "v1": v1.build_id, "v2": v2.build_id}, tags
-    assert variant_of(Sandbox, "sdktpl:v2") == "[two]"
-    assert variant_of(Sandbox, "sdktpl") == "[]"
+    two = variant_of(Sandbox, "sdktpl:v2")
+    # The guest's MemTotal is its RAM less what the kernel keeps for itself.
+    assert two[:2] == ("[two]", 2) and 640 < two[2] <= 768, two
+    assert variant_of(Sandbox, "sdktpl")[:2] == ("[]", 1)
     assigned = Template.assign_tags("sdktpl:v2", ["Prod", "default"])
     assert assigned.build_id == v2.build_id and sorted(assigned.tags) == ["default", "prod"], assigned
-    assert variant_of(Sandbox, "sdktpl") == "[two]"
+    assert variant_of(Sandbox, "sdktpl") == two
     Template.remove_tags("sdktpl", "prod")
     for tag, why in (("default", "cannot be removed"), ("nope", "has no tag 'nope'")):
         with pytest.raises(TemplateException) as e:

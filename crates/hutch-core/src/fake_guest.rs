@@ -197,6 +197,7 @@ pub fn artifacts(root: &std::path::Path) -> crate::Artifacts {
             recipe: String::new(),
             source: None,
             api_build: None,
+            shape: Default::default(),
             tagged_at: None,
             dir: root.join("t"),
             tag: None,

@@ -146,6 +146,20 @@ fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
 
 /// Removes the snapshots `current` replaced (same template and shape, older build of
 /// something), unless something still uses one (`in_use`).
+/// Removes the memory snapshots of template `name`'s tag `tag` (the tag was removed or
+/// now names another build) that nothing uses.
+pub fn remove_tag_snapshots(home: &HutchHome, name: &str, tag: &str) {
+    let in_use = in_use(home);
+    let prefix = format!("{name}@{tag}-");
+    for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
+        let dir = entry.path();
+        if entry.file_name().to_string_lossy().starts_with(&prefix) && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
+            tracing::info!(dir = %dir.display(), "removing the memory snapshot of a tag that was removed or moved");
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+}
+
 fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
     let in_use = in_use(home);
     for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {

@@ -57,6 +57,7 @@ pub fn image_template(name: &str, source: ImageSource) -> Template {
         recipe: String::new(),
         source: Some(source),
         api_build: None,
+        shape: Default::default(),
         tagged_at: None,
         dir: Default::default(),
         tag: None,

@@ -97,8 +97,20 @@ pub fn write<T: Serialize>(path: &Path, kind: Kind, value: &T) -> Result<(), Rec
     let envelope = Envelope { kind: kind.name().into(), version: VERSION, sha256: digest(&body), body };
     let json = serde_json::to_vec_pretty(&envelope).map_err(|e| failed(e.into()))?;
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let temporary = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&temporary, json).map_err(failed)?;
+    // Unique per write, so two threads writing one record never share a temporary.
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let temporary = path.with_file_name(format!(".{name}.{}.{n}.tmp", std::process::id()));
+    let written = std::fs::File::create(&temporary).and_then(|mut f| {
+        use std::io::Write;
+        f.write_all(&json)?;
+        // On disk before the rename makes it the record: a crash leaves old or new whole.
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(failed(e));
+    }
     std::fs::rename(&temporary, path).map_err(|e| {
         let _ = std::fs::remove_file(&temporary);
         failed(e)

@@ -171,6 +171,9 @@ pub struct Template {
     /// The id the template API gave the build that made it (a UUID), if one did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_build: Option<String>,
+    /// The VM shape its build asked sandboxes to get (unset: the server's or caller's).
+    #[serde(default, flatten)]
+    pub shape: Shape,
     /// When the `default` tag was last pointed at this build (None: when it was built).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tagged_at: Option<String>,
@@ -179,6 +182,28 @@ pub struct Template {
     /// The tag it was found by (None: the current build, `default`).
     #[serde(skip)]
     pub tag: Option<String>,
+}
+
+/// The vCPUs and memory a template's sandboxes get, when its build named them (E2B's
+/// `cpuCount`/`memoryMB`, `hutch template build --cpus/--memory`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shape {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
+}
+
+impl Shape {
+    /// What a build id says of it: empty when it names nothing, so builds that name no
+    /// shape keep the ids they had.
+    pub fn id_part(&self) -> String {
+        match (self.cpus, self.memory_mib) {
+            (None, None) => String::new(),
+            (c, m) => format!("cpus={},mib={}", c.unwrap_or(0), m.unwrap_or(0)),
+        }
+    }
 }
 
 /// The OCI image a template was made from.
@@ -262,6 +287,9 @@ pub(crate) fn install(home: &HutchHome, built: &Path, template: Template) -> Res
 /// `install` with the build's id given: a build whose id says what went into it (a
 /// template build's cache key) need not read its whole image to name it.
 pub fn install_as(home: &HutchHome, built: &Path, template: Template, build_id: &str) -> Result<Template, TemplateError> {
+    let dir = home.template(&template.name);
+    std::fs::create_dir_all(&dir).map_err(at("creating", &dir))?;
+    let _held = crate::tags::lock(&dir).map_err(|e| TemplateError::Tag(Box::new(e)))?;
     let template = store_build(home, built, template, build_id)?;
     make_current(&template.dir, &template)?;
     Ok(template)
@@ -273,8 +301,9 @@ pub(crate) fn build_manifest_path(dir: &Path, build: &str) -> PathBuf {
 }
 
 /// Keeps the image at `built` as build `build_id` of its template, with a manifest of
-/// its own (what a tag naming it boots), without making it the current build.
-pub fn store_build(home: &HutchHome, built: &Path, mut template: Template, build_id: &str) -> Result<Template, TemplateError> {
+/// its own (what a tag naming it boots), without making it the current build. The
+/// caller holds the template's tag lock (`tags::lock`): a prune waits for neither.
+pub(crate) fn store_build(home: &HutchHome, built: &Path, mut template: Template, build_id: &str) -> Result<Template, TemplateError> {
     let dir = home.template(&template.name);
     template.build_id = build_id.to_string();
     let relative = format!("{BUILDS}/{}/{IMAGE}", template.build_id);
@@ -309,12 +338,21 @@ pub fn store_build(home: &HutchHome, built: &Path, mut template: Template, build
 }
 
 /// Gives a build from before builds kept their own manifests one (a tag can name it).
-pub fn keep_manifest(template: &Template) -> Result<(), TemplateError> {
+/// A build from before builds were kept apart (`rootfs.ext4` at the template's top) is
+/// hard-linked into `builds/<id>/` too, so it is a build like any other (the top file
+/// goes when it is no longer current; the link keeps the bytes for its tags).
+pub(crate) fn keep_manifest(template: &Template) -> Result<(), TemplateError> {
     let path = build_manifest_path(&template.dir, &template.build_id);
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(at("creating", dir))?;
+    let build_dir = path.parent().unwrap_or(&template.dir).to_path_buf();
+    std::fs::create_dir_all(&build_dir).map_err(at("creating", &build_dir))?;
+    let mut own = Template { tagged_at: None, tag: None, ..template.clone() };
+    if own.image.is_empty() {
+        let linked = build_dir.join(IMAGE);
+        if !linked.is_file() {
+            std::fs::hard_link(template.image(), &linked).map_err(at("linking the build into", &build_dir))?;
+        }
+        own.image = format!("{BUILDS}/{}/{IMAGE}", own.build_id);
     }
-    let own = Template { tagged_at: None, tag: None, ..template.clone() };
     crate::record::write(&path, crate::record::Kind::Template, &own).map_err(TemplateError::Manifest)
 }
 
@@ -332,6 +370,8 @@ pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<Pat
     let mut removed = Vec::new();
     for name in list(home) {
         let dir = home.template(&name);
+        // A template being built or retagged right now is left for the next prune.
+        let Ok(Some(_held)) = crate::tags::try_lock(&dir) else { continue };
         // A template whose manifest cannot be read keeps every build.
         let Ok(mut current) = crate::record::read::<Template>(&dir.join(MANIFEST), crate::record::Kind::Template) else { continue };
         current.dir = dir.clone();
@@ -582,6 +622,7 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, m
         built_at,
         disk_size: DISK_SIZE,
         api_build: None,
+        shape: Shape::default(),
         tagged_at: None,
         dir: PathBuf::new(),
         tag: None,
@@ -631,7 +672,7 @@ mod build_tests {
     }
 
     fn manifest(name: &str) -> Template {
-        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), source: None, api_build: None, tagged_at: None, dir: PathBuf::new(), tag: None }
+        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), source: None, api_build: None, shape: Shape::default(), tagged_at: None, dir: PathBuf::new(), tag: None }
     }
 
     #[test]

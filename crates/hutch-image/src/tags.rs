@@ -81,14 +81,29 @@ fn read_tags(dir: &Path) -> Result<BTreeMap<String, TagEntry>, TagError> {
     }
 }
 
-/// Holds the template's tag lock while alive.
-struct Locked(#[allow(dead_code)] std::fs::File);
+/// Holds the template's tag lock while alive: builds being stored, tags changing and
+/// prunes of the template's builds happen one at a time.
+pub(crate) struct Locked(#[allow(dead_code)] std::fs::File);
 
-fn lock(dir: &Path) -> Result<Locked, TagError> {
+fn lock_file(dir: &Path) -> Result<std::fs::File, TagError> {
     let path = dir.join(LOCK);
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io("opening", &path))?;
-    file.lock().map_err(io("locking", &path))?;
+    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io("opening", &path))
+}
+
+pub(crate) fn lock(dir: &Path) -> Result<Locked, TagError> {
+    let file = lock_file(dir)?;
+    file.lock().map_err(io("locking", &dir.join(LOCK)))?;
     Ok(Locked(file))
+}
+
+/// The lock if no one holds it (None: someone does).
+pub(crate) fn try_lock(dir: &Path) -> Result<Option<Locked>, TagError> {
+    let file = lock_file(dir)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(Locked(file))),
+        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+        Err(std::fs::TryLockError::Error(e)) => Err(io("locking", &dir.join(LOCK))(e)),
+    }
 }
 
 /// The manifest of build `build` of template `name`.
@@ -127,11 +142,37 @@ pub fn list(home: &HutchHome, name: &str) -> Result<Vec<(String, TagEntry)>, Tag
     Ok(all)
 }
 
-/// Points each of `tags` (checked, normal form) at build `build` of template `name`.
-/// `default` makes it the current build: its manifest replaces `template.json`.
-pub fn assign(home: &HutchHome, name: &str, build: &str, tags: &[String]) -> Result<(), TagError> {
+/// Stores the image at `built` as build `build_id` of its template and gives it `tags`,
+/// in one hold of the template's lock (a prune between the two would take the build).
+pub fn install_tagged(home: &HutchHome, built: &Path, template: Template, build_id: &str, tags: &[String]) -> Result<Template, TagError> {
+    let dir = home.template(&template.name);
+    std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
+    let _held = lock(&dir)?;
+    let stored = crate::rootfs::store_build(home, built, template, build_id)?;
+    assign_locked(home, &stored.name, build_id, tags)?;
+    Ok(stored)
+}
+
+/// Points each of `tags` (checked, normal form) at the build `target` of template `name`
+/// names (`name` or `name:tag`); returns that build. `default` makes it the current
+/// build: its manifest replaces `template.json`.
+pub fn assign(home: &HutchHome, name: &str, target: Option<&str>, tags: &[String]) -> Result<Template, TagError> {
     let dir = home.template(name);
     let _held = lock(&dir)?;
+    let build = match target {
+        Some(tag) => resolve(home, name, tag)?,
+        None => crate::rootfs::cached(home, name)?.ok_or_else(|| TagError::UnknownTemplate(name.into()))?,
+    };
+    // A build from before builds kept their own manifests gets one now.
+    if build_manifest(home, name, &build.build_id).is_err() {
+        crate::rootfs::keep_manifest(&build)?;
+    }
+    assign_locked(home, name, &build.build_id, tags)?;
+    Ok(build)
+}
+
+fn assign_locked(home: &HutchHome, name: &str, build: &str, tags: &[String]) -> Result<(), TagError> {
+    let dir = home.template(name);
     let mut manifest = build_manifest(home, name, build)?;
     let now = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
     let mut map = read_tags(&dir)?;
@@ -191,13 +232,14 @@ mod tests {
         assert_eq!(split("app:"), ("app", None));
     }
 
-    fn store(home: &HutchHome, bytes: &[u8], id: &str) -> Template {
+    fn store(home: &HutchHome, bytes: &[u8], id: &str, tags: &[&str]) -> Template {
         std::fs::create_dir_all(home.tmp()).expect("tmp");
         let path = home.tmp().join("rootfs.ext4");
         std::fs::write(&path, bytes).expect("image");
         let mut t = crate::from_image::image_template("app", crate::rootfs::ImageSource { reference: format!("r/{id}"), manifest_digest: String::new(), defaults: Default::default() });
         t.api_build = Some(format!("uuid-{id}"));
-        crate::rootfs::store_build(home, &path, t, id).expect("store")
+        let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
+        install_tagged(home, &path, t, id, &tags).expect("store")
     }
 
     fn tags_of(home: &HutchHome) -> Vec<(String, String)> {
@@ -208,10 +250,8 @@ mod tests {
     fn a_tag_names_one_build_and_keeps_it_from_pruning() {
         let root = tempfile::tempdir().expect("tempdir");
         let home = HutchHome::at(root.path());
-        let one = store(&home, b"one", "b1");
-        assign(&home, "app", "b1", &[DEFAULT.into(), "v1".into()]).expect("assign v1");
-        let two = store(&home, b"two", "b2");
-        assign(&home, "app", "b2", &["v2".into()]).expect("assign v2");
+        let one = store(&home, b"one", "b1", &[DEFAULT, "v1"]);
+        let two = store(&home, b"two", "b2", &["v2"]);
         // No tag, or `default`: the current build; a tag: its own build, with its manifest.
         assert_eq!(crate::rootfs::cached(&home, "app").expect("cached").expect("built").build_id, "b1");
         assert_eq!(crate::rootfs::cached(&home, "app:default").expect("cached").expect("built").build_id, "b1");
@@ -223,7 +263,7 @@ mod tests {
         // A build only a tag names is not pruned; untagged, it is.
         assert!(crate::rootfs::prune_builds(&home, &Default::default()).is_empty());
         // `default` moves: the template's current build is now b2.
-        assign(&home, "app", "b2", &[DEFAULT.into()]).expect("assign default");
+        assert_eq!(assign(&home, "app", Some("v2"), &[DEFAULT.into()]).expect("assign default").build_id, "b2");
         assert_eq!(crate::rootfs::cached(&home, "app").expect("cached").expect("built").build_id, "b2");
         assert!(matches!(remove(&home, "app", &[DEFAULT.into()]), Err(TagError::DefaultKept)));
         assert!(matches!(remove(&home, "app", &["v1".into(), "nope".into()]), Err(TagError::UnknownTag { .. })));
@@ -232,5 +272,25 @@ mod tests {
         assert_eq!(crate::rootfs::prune_builds(&home, &Default::default()), vec![one.image()]);
         assert!(two.image().is_file());
         assert_eq!(tags_of(&home), [("default".into(), "b2".into()), ("v2".into(), "b2".into())]);
+    }
+
+    /// A template from before builds were kept apart (its image at the top, no manifest
+    /// per build): tagging its build keeps those bytes after the default moves on.
+    #[test]
+    fn a_build_from_the_oldest_layout_can_be_tagged_and_outlives_a_new_default() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(root.path());
+        let dir = home.template("app");
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("rootfs.ext4"), b"legacy").expect("image");
+        let mut legacy = crate::from_image::image_template("app", crate::rootfs::ImageSource { reference: "r/old".into(), manifest_digest: String::new(), defaults: Default::default() });
+        legacy.build_id = "old1".into();
+        record::write(&dir.join("template.json"), Kind::Template, &legacy).expect("manifest");
+
+        assert_eq!(assign(&home, "app", None, &["old".into()]).expect("tag").build_id, "old1");
+        store(&home, b"new", "b2", &[DEFAULT]);
+        assert_eq!(crate::rootfs::prune_builds(&home, &Default::default()), vec![dir.join("rootfs.ext4")]);
+        let old = crate::rootfs::cached(&home, "app:old").expect("cached").expect("built");
+        assert_eq!(std::fs::read(old.image()).expect("the tagged build's bytes"), b"legacy");
     }
 }

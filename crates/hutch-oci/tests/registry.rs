@@ -71,14 +71,37 @@ impl Registry {
         self.dir.path().join("data/docker/registry/v2/blobs/sha256").join(&digest.hex()[..2]).join(digest.hex()).join("data")
     }
 
-    async fn push(&self, name: &str, layers: &[Vec<u8>], login: Option<(&str, &str)>) {
+    fn client(&self) -> oci_client::Client {
         hutch_oci::install_tls_provider();
-        let client = oci_client::Client::new(ClientConfig { protocol: ClientProtocol::HttpsExcept(vec![self.addr.clone()]), ..Default::default() });
+        oci_client::Client::new(ClientConfig { protocol: ClientProtocol::HttpsExcept(vec![self.addr.clone()]), ..Default::default() })
+    }
+
+    async fn push(&self, name: &str, layers: &[Vec<u8>], login: Option<(&str, &str)>) {
+        self.push_for(name, "amd64", layers, login).await;
+    }
+
+    /// Pushes an image for linux/`arch`; returns its manifest's (digest, size).
+    async fn push_for(&self, name: &str, arch: &str, layers: &[Vec<u8>], login: Option<(&str, &str)>) -> (String, usize) {
+        let client = self.client();
         let reference: oci_client::Reference = format!("{}/{name}", self.addr).parse().expect("reference");
         let layers: Vec<ImageLayer> = layers.iter().map(|l| ImageLayer::new(l.clone(), LAYER.into(), None)).collect();
-        let config = br#"{"architecture":"amd64","os":"linux","config":{"Env":["GREETING=hi"],"WorkingDir":"/srv","User":"1000"},"rootfs":{"type":"layers","diff_ids":[]}}"#;
+        let config = format!(r#"{{"architecture":"{arch}","os":"linux","config":{{"Env":["GREETING=hi"],"WorkingDir":"/srv","User":"1000"}},"rootfs":{{"type":"layers","diff_ids":[]}}}}"#);
         let auth = login.map(|(u, p)| RegistryAuth::Basic(u.into(), p.into())).unwrap_or(RegistryAuth::Anonymous);
-        client.push(&reference, &layers, Config::new(config.to_vec(), CONFIG.into(), None), &auth, None).await.expect("push");
+        client.push(&reference, &layers, Config::new(config.into_bytes(), CONFIG.into(), None), &auth, None).await.expect("push");
+        let (bytes, digest) = client.pull_manifest_raw(&reference, &auth, &[oci_client::manifest::OCI_IMAGE_MEDIA_TYPE]).await.expect("its manifest");
+        (digest, bytes.len())
+    }
+
+    /// Pushes a multi-platform index naming `(manifest digest, size, arch)` images.
+    async fn push_index(&self, name: &str, images: &[(String, usize, &str)]) {
+        let manifests: Vec<serde_json::Value> = images
+            .iter()
+            .map(|(digest, size, arch)| serde_json::json!({"mediaType": oci_client::manifest::OCI_IMAGE_MEDIA_TYPE, "digest": digest, "size": size, "platform": {"architecture": arch, "os": "linux"}}))
+            .collect();
+        let index: oci_client::manifest::OciImageIndex =
+            serde_json::from_value(serde_json::json!({"schemaVersion": 2, "mediaType": oci_client::manifest::OCI_IMAGE_INDEX_MEDIA_TYPE, "manifests": manifests})).expect("an index");
+        let reference: oci_client::Reference = format!("{}/{name}", self.addr).parse().expect("reference");
+        self.client().push_manifest(&reference, &oci_client::manifest::OciManifest::ImageIndex(index)).await.expect("push the index");
     }
 }
 
@@ -160,6 +183,27 @@ async fn bad_pulls_are_one_clear_error_and_leave_nothing_in_the_cache() {
     let options = RegistryOptions { credentials: None, insecure: vec![closed.clone()], local: false, proxy: None };
     let err = puller(cache.path(), &options).pull(&format!("{closed}/app:1"), Arc::new(Quiet)).await.expect_err("nothing listens");
     assert!(matches!(err, PullError::Unreachable { .. }), "{err}");
+}
+
+/// A multi-platform index: linux/amd64 is the one pulled; an index without it is
+/// refused with a sentence naming what it has, and nothing is cached.
+#[tokio::test]
+async fn a_multi_platform_index_gives_linux_amd64_or_says_what_it_has() {
+    let registry = Registry::start(None);
+    let (amd, arm) = (layer(&[("arch", b"amd64")]), layer(&[("arch", b"arm64")]));
+    let amd_image = registry.push_for("plat:amd64", "amd64", std::slice::from_ref(&amd), None).await;
+    let arm_image = registry.push_for("plat:arm64", "arm64", std::slice::from_ref(&arm), None).await;
+    registry.push_index("plat:both", &[(arm_image.0.clone(), arm_image.1, "arm64"), (amd_image.0.clone(), amd_image.1, "amd64")]).await;
+    registry.push_index("plat:armonly", &[(arm_image.0.clone(), arm_image.1, "arm64")]).await;
+    let cache = tempfile::tempdir().expect("cache");
+    let p = puller(cache.path(), &registry.options(None));
+
+    let both = p.pull(&format!("{}/plat:both", registry.addr), Arc::new(Quiet)).await.expect("the amd64 image of the index");
+    assert_eq!(both.layers, [Digest::of(&amd)]);
+    let err = p.pull(&format!("{}/plat:armonly", registry.addr), Arc::new(Quiet)).await.expect_err("no amd64 image");
+    assert!(matches!(err, PullError::WrongPlatform { .. }), "{err}");
+    assert!(err.to_string().contains("linux/arm64"), "{err}");
+    assert!(!p.store().has(&Digest::of(&arm)), "nothing of the refused image is cached");
 }
 
 #[tokio::test]

@@ -12,11 +12,11 @@ pub struct RunArgs {
     /// Template whose root filesystem the sandbox boots.
     #[arg(long, default_value = "base")]
     pub template: String,
-    /// Virtual CPUs.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
-    pub cpus: u32,
-    /// Guest memory in MiB (or with a unit: 512M, 2G) [default: the template's own: 2 GiB
-    /// for code-interpreter, else 512 MiB].
+    /// Virtual CPUs [default: the template's own (`hutch template build --cpus`), else 1].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub cpus: Option<u32>,
+    /// Guest memory in MiB (or with a unit: 512M, 2G) [default: the template's own: what
+    /// its build asked for, 2 GiB for code-interpreter, else 512 MiB].
     #[arg(long)]
     pub memory: Option<MemMib>,
     /// Accelerator: auto picks KVM only when it runs at native speed.
@@ -63,8 +63,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     let local = Local::prepare(&args.template, args.accel).await?;
     let net_env = hutch_net::Environment::from_env(Vec::new(), Vec::new()).map_err(anyhow::Error::msg)?;
     let opts = SandboxOptions {
-        cpus: args.cpus,
-        memory: args.memory.unwrap_or_else(|| MemMib::of_template(&args.template)),
+        cpus: args.cpus.or(local.artifacts.template.shape.cpus).unwrap_or(1),
+        memory: args.memory.or_else(|| local.artifacts.template.shape.memory_mib.and_then(|m| MemMib::new(m).ok())).unwrap_or_else(|| MemMib::of_template(&args.template)),
         accel: local.accel.accel,
         cold: args.cold,
         network: hutch_net::Settings::native(args.net.clone()),

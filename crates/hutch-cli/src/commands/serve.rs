@@ -30,6 +30,14 @@ pub struct ServeArgs {
     /// Stored snapshots one API key may have; more answer 429.
     #[arg(long, default_value_t = KeyQuota::default().snapshots)]
     pub key_max_snapshots: usize,
+    /// The most vCPUs a template one API key builds (E2B's cpuCount) may give its
+    /// sandboxes; more answer 400.
+    #[arg(long, default_value_t = KeyQuota::default().cpus, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub key_max_cpus: u32,
+    /// The most memory a template one API key builds (E2B's memoryMB) may give its
+    /// sandboxes (MiB, or 512M, 8G); more answer 400.
+    #[arg(long, default_value = "8G")]
+    pub key_max_memory: MemMib,
     /// Seconds a sandbox lives when the request names no timeout.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -102,7 +110,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
         cpus: args.cpus,
         memory: args.memory,
         pool: args.pool.iter().cloned().collect(),
-        quota: KeyQuota { running: args.key_max_running, paused: args.key_max_paused, snapshots: args.key_max_snapshots },
+        quota: KeyQuota {
+            running: args.key_max_running,
+            paused: args.key_max_paused,
+            snapshots: args.key_max_snapshots,
+            cpus: args.key_max_cpus,
+            memory: args.key_max_memory,
+        },
         net_env: std::sync::Arc::new(hutch_net::Environment::from_env(args.net_open.clone(), args.net_public.clone()).map_err(anyhow::Error::msg)?),
         internet_by_default: args.egress_default == "public",
         insecure_registries: args.insecure_registries.clone(),

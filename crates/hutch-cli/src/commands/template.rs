@@ -14,12 +14,13 @@ use std::sync::{Arc, Mutex};
 #[derive(Subcommand, Debug)]
 pub enum TemplateCommand {
     /// Build a template from a Dockerfile (in CONTEXT, or -f) or from an image in any registry.
-    Build(BuildArgs),
+    Build(Box<BuildArgs>),
     /// List the templates on this machine.
     Ls,
-    /// Remove a template (its builds and memory snapshots) that nothing uses.
+    /// Remove a template (its builds and memory snapshots) that nothing uses, or with
+    /// NAME:TAG only that tag (its build goes once nothing else names or uses it).
     Rm {
-        /// The template's name.
+        /// NAME or NAME:TAG.
         name: String,
     },
     /// Remove the build cache (every cached step); templates stay.
@@ -46,6 +47,12 @@ pub struct BuildArgs {
     /// Rebuild every step, ignoring the build cache.
     #[arg(long)]
     pub no_cache: bool,
+    /// vCPUs the template's sandboxes get unless a run asks otherwise.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub cpus: Option<u32>,
+    /// Memory the template's sandboxes get unless a run asks otherwise (MiB, or 512M, 2G).
+    #[arg(long)]
+    pub memory: Option<hutch_core::MemMib>,
     /// Where RUN steps may connect: `public` (the internet, nothing private), `none`, or
     /// egress rules separated by commas.
     #[arg(long, default_value = "public", value_parser = super::run::parse_policy)]
@@ -85,6 +92,14 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
         TemplateCommand::Rm { name } => {
+            if let Some((template, tag)) = name.split_once(':') {
+                let tag = hutch_image::tags::check(tag)?;
+                hutch_image::tags::remove(&home, template, std::slice::from_ref(&tag))?;
+                hutch_core::template_snapshot::remove_tag_snapshots(&home, template, &tag);
+                hutch_core::references::prune_template_builds(&home);
+                crate::outln!("removed tag {tag} of template {template}");
+                return Ok(0);
+            }
             hutch_core::build::remove_template(&home, &name)?;
             crate::outln!("removed template {name}");
             Ok(0)
@@ -94,7 +109,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
             crate::outln!("removed the build cache ({})", hutch_image::progress::human_bytes(freed));
             Ok(0)
         }
-        TemplateCommand::Build(args) => build(&home, args).await,
+        TemplateCommand::Build(args) => build(&home, *args).await,
     }
 }
 
@@ -172,6 +187,7 @@ async fn run_build(home: &HutchHome, args: &BuildArgs, (name, tag): (String, Opt
         name,
         tags: tag.into_iter().collect(),
         api_build: None,
+        shape: hutch_image::rootfs::Shape { cpus: args.cpus, memory_mib: args.memory.map(|m| m.get()) },
         base,
         steps,
         start_cmd: None,

@@ -19,7 +19,14 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
     log.log(Level::Info, Some("finalize"), "[finalize] writing the template's image");
     // A forced rebuild has the key of the build before it but a new top layer: the id
     // names both, and the defaults, so a changed start command is a new build too.
-    let id = Key::of(Some(key), &[&layer.to_string_lossy(), source.defaults.start_cmd.as_deref().unwrap_or(""), source.defaults.ready_cmd.as_deref().unwrap_or("")]);
+    // So is another VM shape; a build that names none keeps the id it always had.
+    let shape = spec.shape;
+    let (layer_name, shape_part) = (layer.to_string_lossy(), shape.id_part());
+    let mut inputs = vec![layer_name.as_ref(), source.defaults.start_cmd.as_deref().unwrap_or(""), source.defaults.ready_cmd.as_deref().unwrap_or("")];
+    if !shape_part.is_empty() {
+        inputs.push(&shape_part);
+    }
+    let id = Key::of(Some(key), &inputs);
     let (home2, layer, scratch) = (home.clone(), layer.to_path_buf(), scratch.to_path_buf());
     let name = spec.name.clone();
     let api_build = spec.api_build.clone();
@@ -30,9 +37,8 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
         flatten(&layer, &raw)?;
         let mut template = hutch_image::from_image::image_template(&name, source);
         template.api_build = api_build;
-        let stored = hutch_image::rootfs::store_build(&home2, &raw, template, &id.0[..16]).map_err(|e| hutch_proto::error_chain(&e))?;
-        hutch_image::tags::assign(&home2, &name, &stored.build_id, &tags2).map_err(|e| hutch_proto::error_chain(&e))?;
-        Ok::<_, String>(stored)
+        template.shape = shape;
+        hutch_image::tags::install_tagged(&home2, &raw, template, &id.0[..16], &tags2).map_err(|e| hutch_proto::error_chain(&e))
     })
     .await
     .map_err(|e| BuildError::at(FailedAt::Finalize, false, e.to_string()))?
@@ -47,10 +53,9 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
 fn tags_for(home: &HutchHome, spec: &BuildSpec) -> Vec<String> {
     let mut tags = spec.tags.clone();
     let first = !home.template(&spec.name).join("template.json").is_file();
-    if tags.is_empty() || first {
+    if (tags.is_empty() || first) && !tags.iter().any(|t| t == hutch_image::tags::DEFAULT) {
         tags.insert(0, hutch_image::tags::DEFAULT.to_string());
     }
-    tags.dedup();
     tags
 }
 

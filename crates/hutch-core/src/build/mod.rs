@@ -65,6 +65,8 @@ pub struct BuildSpec {
     pub tags: Vec<String>,
     /// The id the template API gave this build (a UUID), kept in its manifest.
     pub api_build: Option<String>,
+    /// The vCPUs and memory its sandboxes get (checked by the caller).
+    pub shape: hutch_image::rootfs::Shape,
     pub base: Base,
     pub steps: Vec<Step>,
     /// Started when a sandbox of the template starts (before its memory snapshot).

@@ -6,6 +6,7 @@
 use super::{ManagerError, SandboxManager};
 use crate::build::{context, Base, BuildLog, BuildSpec, Level, Step, StepKind};
 use hutch_oci::pull::RegistryOptions;
+pub use hutch_image::rootfs::Shape;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -52,6 +53,8 @@ pub struct BuildRecord {
     pub ended: Option<SystemTime>,
     /// The tags the build gets when it finishes (checked, normal form).
     pub tags: Vec<String>,
+    /// The VM shape (checked) its sandboxes will get.
+    pub shape: Shape,
     /// (message, step) of a failed build.
     pub reason: Option<(String, String)>,
 }
@@ -129,6 +132,26 @@ pub struct RegistryAuth {
     pub username: Option<String>,
     #[serde(default)]
     pub password: Option<String>,
+    /// Type `gcp`: a service account's key file, JSON.
+    #[serde(default)]
+    pub service_account_json: Option<String>,
+}
+
+impl RegistryAuth {
+    /// The user and password a pull logs in with. `gcp` is Google's basic-auth login
+    /// (`_json_key` and the key file), which Artifact Registry and GCR take; `aws` needs
+    /// a token from AWS's API, which this server does not ask for.
+    pub fn credentials(&self) -> Result<(String, String), ManagerError> {
+        let missing = |what: &str| ManagerError::InvalidArgument(format!("fromImageRegistry of type '{}' needs {what}", self.kind));
+        match self.kind.as_str() {
+            "registry" => Ok((self.username.clone().ok_or_else(|| missing("username"))?, self.password.clone().ok_or_else(|| missing("password"))?)),
+            "gcp" => Ok(("_json_key".into(), self.service_account_json.clone().filter(|j| !j.is_empty()).ok_or_else(|| missing("serviceAccountJson"))?)),
+            "aws" => Err(ManagerError::InvalidArgument(
+                "fromImageRegistry type 'aws' is not supported here (its login is a token from AWS's API); give the registry's user and password as type 'registry' (`aws ecr get-login-password` prints one for user AWS)".into(),
+            )),
+            other => Err(ManagerError::InvalidArgument(format!("fromImageRegistry type '{other}' is not one of registry, gcp"))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -142,6 +165,13 @@ pub struct ApiStep {
     pub files_hash: Option<String>,
     #[serde(default)]
     pub force: bool,
+}
+
+/// What a finished API build becomes: its tags, its id, its sandboxes' shape.
+struct BuildTarget {
+    tags: Vec<String>,
+    api_build: String,
+    shape: Shape,
 }
 
 pub struct Builds {
@@ -259,9 +289,10 @@ impl SandboxManager {
             .map_err(|e| ManagerError::Internal(format!("reading template '{name}': {e}")))?
             .ok_or_else(|| ManagerError::Missing(format!("template '{name}' is not built on this server yet")))?;
         let (build_id, builds) = (build_uuid(&template), self.tagged_builds(&template));
+        let (cpus, memory) = self.shape(name);
         Ok(TemplateInfo {
-            memory_mib: self.config.memory.unwrap_or_else(|| crate::ids::MemMib::of_template(name)).get(),
-            cpus: self.config.cpus,
+            memory_mib: memory.get(),
+            cpus,
             name: template.name,
             build_id,
             builds,
@@ -299,9 +330,15 @@ impl SandboxManager {
 
     /// Starts a template build record (`POST /v3/templates`) of `name` that will get
     /// `tags`: (templateID, buildID, the tags in normal form).
-    pub fn new_template_build(&self, key_id: &str, name: &str, tags: &[String]) -> Result<(String, String, Vec<String>), ManagerError> {
+    pub fn new_template_build(&self, key_id: &str, name: &str, tags: &[String], shape: Shape) -> Result<(String, String, Vec<String>), ManagerError> {
         check_buildable(name)?;
-        let tags = super::tags::checked(tags)?;
+        let mut tags = super::tags::checked(tags)?;
+        self.config.quota.check_shape(&shape)?;
+        // A template's first build is also its `default` (finalize does the same).
+        let first = !self.home.template(name).join("template.json").is_file();
+        if first && !tags.is_empty() && !tags.iter().any(|t| t == hutch_image::tags::DEFAULT) {
+            tags.insert(0, hutch_image::tags::DEFAULT.to_string());
+        }
         self.claim(key_id, name)?;
         let mut records = lock(&self.builds.records);
         // Ended builds are kept an hour for their status, then let go.
@@ -325,6 +362,7 @@ impl SandboxManager {
             ended: None,
             reason: None,
             tags: tags.clone(),
+            shape,
         };
         records.insert(build_id.clone(), Arc::new(Mutex::new(record)));
         Ok((name.to_string(), build_id, tags))
@@ -417,11 +455,7 @@ impl SandboxManager {
         let base = match (&req.from_image, &req.from_template) {
             (Some(image), None) if image == "e2bdev/base" => Base::Template("base".into()),
             (Some(image), None) => {
-                let credentials = match &req.from_image_registry {
-                    None => None,
-                    Some(r) if r.kind == "registry" => r.username.clone().zip(r.password.clone()),
-                    Some(r) => return Err(ManagerError::InvalidArgument(format!("fromImageRegistry type '{}' is not supported here; use 'registry' (user and password)", r.kind))),
-                };
+                let credentials = req.from_image_registry.as_ref().map(RegistryAuth::credentials).transpose()?;
                 // Registries on this machine or its private networks only as the operator
                 // listed them (`hutch serve --insecure-registry`): a tenant's image
                 // reference must not reach the host's own services.
@@ -444,7 +478,10 @@ impl SandboxManager {
         lock(&record).status = BuildStatus::Building;
         let template_id = template_id.to_string();
         let key_id = key_id.to_string();
-        let target = (lock(&record).tags.clone(), build_id.to_string());
+        let target = {
+            let r = lock(&record);
+            BuildTarget { tags: r.tags.clone(), api_build: build_id.to_string(), shape: r.shape }
+        };
         tokio::spawn(async move {
             // Waiting for its turn holds no thread.
             let turn = me.builds.gate.clone().acquire_owned().await;
@@ -476,7 +513,7 @@ impl SandboxManager {
         Ok(())
     }
 
-    async fn run_api_build(&self, key_id: &str, name: &str, (tags, api_build): (Vec<String>, String), base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
+    async fn run_api_build(&self, key_id: &str, name: &str, target: BuildTarget, base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
         use crate::build::{BuildError, FailedAt};
         let scratch = crate::build::cache::BuildCache::new(&self.home).scratch().map_err(|e| BuildError { at: FailedAt::Base, message: e.to_string(), caller_fault: false })?;
         let steps = api_steps(&req.steps, &self.files_dir(key_id), &scratch);
@@ -484,8 +521,9 @@ impl SandboxManager {
             Ok(steps) => {
                 let spec = BuildSpec {
                     name: name.to_string(),
-                    tags,
-                    api_build: Some(api_build),
+                    tags: target.tags,
+                    api_build: Some(target.api_build),
+                    shape: target.shape,
                     base,
                     steps,
                     start_cmd: req.start_cmd.filter(|c| !c.is_empty()),
@@ -581,7 +619,25 @@ fn unpack_upload(file: &Path, dir: &Path) -> std::io::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{build_uuid, new_build_uuid};
+    use super::{build_uuid, new_build_uuid, RegistryAuth};
+
+    #[test]
+    fn registry_logins_are_the_users_and_passwords_registries_take() {
+        let auth = |json: serde_json::Value| serde_json::from_value::<RegistryAuth>(json).expect("a registry login").credentials();
+        let plain = auth(serde_json::json!({"type": "registry", "username": "me", "password": "pw"})).expect("registry");
+        assert_eq!(plain, ("me".into(), "pw".into()));
+        let gcp = auth(serde_json::json!({"type": "gcp", "serviceAccountJson": "{\"type\":\"service_account\"}"})).expect("gcp");
+        assert_eq!(gcp, ("_json_key".into(), "{\"type\":\"service_account\"}".into()));
+        for (json, says) in [
+            (serde_json::json!({"type": "registry", "username": "me"}), "needs password"),
+            (serde_json::json!({"type": "gcp"}), "needs serviceAccountJson"),
+            (serde_json::json!({"type": "aws", "awsAccessKeyId": "a", "awsSecretAccessKey": "b", "awsRegion": "r"}), "aws ecr get-login-password"),
+            (serde_json::json!({"type": "azure"}), "is not one of registry, gcp"),
+        ] {
+            let e = auth(json).expect_err("refused").to_string();
+            assert!(e.contains(says), "{e}");
+        }
+    }
 
     fn uuid_of(build_id: &str) -> String {
         let mut t = crate::fake_guest::artifacts(std::path::Path::new("/nonexistent")).template;

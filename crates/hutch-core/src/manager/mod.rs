@@ -467,11 +467,20 @@ impl SandboxManager {
 
     /// A sandbox's options. `template` sets its memory when the server sets none (a
     /// sandbox started from a stored snapshot takes the snapshot's instead).
+    /// The VM shape sandboxes of `template` get: the one its build asked for, else the
+    /// server's (`--cpus`, `--memory`), else the template's default.
+    pub(crate) fn shape(&self, template: &str) -> (u32, MemMib) {
+        let own = hutch_image::rootfs::cached(&self.home, template).ok().flatten().map(|t| t.shape).unwrap_or_default();
+        let memory = own.memory_mib.and_then(|m| MemMib::new(m).ok()).or(self.config.memory).unwrap_or_else(|| MemMib::of_template(template));
+        (own.cpus.unwrap_or(self.config.cpus), memory)
+    }
+
     fn options(&self, template: &str, env_vars: &BTreeMap<String, String>, metadata: &BTreeMap<String, String>, token: Option<String>) -> SandboxOptions {
+        let (cpus, memory) = self.shape(template);
         SandboxOptions {
             access_token: token,
-            cpus: self.config.cpus,
-            memory: self.config.memory.unwrap_or_else(|| MemMib::of_template(template)),
+            cpus,
+            memory,
             accel: self.config.accel,
             envs: env_vars.clone(),
             metadata: metadata.clone(),
@@ -488,13 +497,18 @@ impl SandboxManager {
     }
 
     async fn create_now(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
-        let template = if spec.template.is_empty() { "base".to_string() } else { spec.template.clone() };
-        // `name:tag` starts the build the tag names.
-        let (name, tag) = hutch_image::tags::split(&template);
+        let asked = if spec.template.is_empty() { "base" } else { spec.template.as_str() };
+        // `name:tag` starts the build the tag names. Normal form (`NAME:V1` is
+        // `name:v1`... for the tag; `name:default` is `name`), so one template is one key
+        // for prepared artifacts, pools and shapes.
+        let (name, tag) = hutch_image::tags::split(asked);
         snapshots::validate_identifier("templateID", name)?;
-        if let Some(tag) = tag {
-            hutch_image::tags::check(tag).map_err(tags::manager_error)?;
-        }
+        let tag = tag.map(hutch_image::tags::check).transpose().map_err(tags::manager_error)?;
+        let name = name.to_string();
+        let template = match &tag {
+            Some(tag) => format!("{name}:{tag}"),
+            None => name.clone(),
+        };
         let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
         let token = spec.secure.then(hex_token);
         let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
@@ -502,7 +516,7 @@ impl SandboxManager {
         opts.network = spec.network.clone().unwrap_or_default();
         let named = self.store.snapshot(key_id, &template).await?;
         // A template another API key built is not this one's to start (nor to learn of).
-        if named.is_none() && self.template_owner(name).is_some_and(|o| o != key_id) {
+        if named.is_none() && self.template_owner(&name).is_some_and(|o| o != key_id) {
             return Err(unknown_template(&template));
         }
         self.quota_running(key_id, 1)?;
@@ -514,7 +528,7 @@ impl SandboxManager {
                     return Err(ManagerError::Create(e));
                 }
                 let artifacts = self.prepare(&template).await?;
-                let row = self.register(key_id, &template, &artifacts, sandbox, spec, token, timeout).await;
+                let row = self.register(key_id, &name, &artifacts, sandbox, spec, token, timeout).await;
                 drop(slot);
                 self.refill(&canonical(&template));
                 return row;
@@ -529,7 +543,10 @@ impl SandboxManager {
                 (sandbox, artifacts)
             }
         };
-        self.register(key_id, &template, &base_template, sandbox, spec, token, timeout).await
+        // The row names the template, not the tag: what happens to the sandbox later
+        // (pause, fork, snapshots, export) needs its kernel and disk, never the tag again,
+        // which may be gone by then.
+        self.register(key_id, &name, &base_template, sandbox, spec, token, timeout).await
     }
 
     /// Records a freshly started sandbox and starts serving it.

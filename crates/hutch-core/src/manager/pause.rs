@@ -184,9 +184,13 @@ impl SandboxManager {
         self.quota_running(&row.key_id, 1)?;
         let _reserved = self.reserve_slot()?;
         let mut opts = self.options(&row.template, &row.env_vars, &row.metadata, row.envd_token.clone());
-        // A reboot keeps the sandbox's own size, whatever the server's is now.
+        // A reboot keeps the sandbox's own size, whatever the server's (or the
+        // template's current build's) is now.
         if let Some(mib) = u32::try_from(row.memory_mb).ok().and_then(|m| crate::MemMib::new(m).ok()) {
             opts.memory = mib;
+        }
+        if let Some(cpus) = u32::try_from(row.cpu_count).ok().filter(|c| *c > 0) {
+            opts.cpus = cpus;
         }
         let dir = Path::new(&row.dir);
         let boot = on_resume == OnResume::Reboot || paused_mode(dir) == Some(PauseMode::Filesystem);

@@ -4,6 +4,8 @@
 //! overshoot by the few in flight at once (bounded by the per-key request cap).
 
 use super::{lock, ManagerError, SandboxManager};
+use crate::ids::MemMib;
+use hutch_image::rootfs::Shape;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyQuota {
@@ -13,11 +15,36 @@ pub struct KeyQuota {
     pub paused: usize,
     /// Stored snapshots of one key (each holds a disk, and RAM unless imported).
     pub snapshots: usize,
+    /// The most vCPUs a template one key builds may give its sandboxes.
+    pub cpus: u32,
+    /// The most memory a template one key builds may give its sandboxes.
+    pub memory: MemMib,
 }
 
 impl Default for KeyQuota {
     fn default() -> Self {
-        KeyQuota { running: 8, paused: 16, snapshots: 32 }
+        KeyQuota { running: 8, paused: 16, snapshots: 32, cpus: 8, memory: MemMib::new(8192).unwrap_or(MemMib::DEFAULT) }
+    }
+}
+
+impl KeyQuota {
+    /// A template build's `cpuCount`/`memoryMB`, checked against what a key may ask.
+    pub fn check_shape(&self, shape: &Shape) -> Result<(), ManagerError> {
+        if let Some(cpus) = shape.cpus {
+            if cpus == 0 || cpus > self.cpus {
+                return Err(ManagerError::InvalidArgument(format!("cpuCount {cpus} is not allowed: a template's sandboxes may have 1 to {} vCPUs on this server", self.cpus)));
+            }
+        }
+        if let Some(mib) = shape.memory_mib {
+            if !(MemMib::MIN..=self.memory.get()).contains(&mib) {
+                return Err(ManagerError::InvalidArgument(format!(
+                    "memoryMB {mib} is not allowed: a template's sandboxes may have {} to {} MiB on this server",
+                    MemMib::MIN,
+                    self.memory.get()
+                )));
+            }
+        }
+        Ok(())
     }
 }
 

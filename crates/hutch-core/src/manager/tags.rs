@@ -34,6 +34,7 @@ pub(crate) fn manager_error(e: TagError) -> ManagerError {
     match e {
         TagError::BadTag(_) | TagError::DefaultKept => ManagerError::InvalidArgument(e.to_string()),
         TagError::UnknownTag { .. } | TagError::UnknownTemplate(_) | TagError::BuildGone { .. } => ManagerError::Missing(e.to_string()),
+        TagError::Template(hutch_image::rootfs::TemplateError::Tag(inner)) => manager_error(*inner),
         TagError::Template(_) | TagError::Io { .. } => ManagerError::Internal(hutch_proto::error_chain(&e)),
     }
 }
@@ -47,13 +48,20 @@ impl SandboxManager {
         Ok(())
     }
 
-    /// Every tag of template `name` (`GET /templates/{id}/tags`).
+    /// Every tag of template `name` (`GET /templates/{id}/tags`); a tag whose build is
+    /// gone (a damaged home) is left out.
     pub fn template_tags(&self, key_id: &str, name: &str) -> Result<Vec<TagView>, ManagerError> {
+        if name.contains(':') {
+            return Err(ManagerError::InvalidArgument(format!("'{name}' names a tag; give the template's name")));
+        }
         self.template_alias(key_id, name)?;
+        let current = self.current(name)?;
         let mut out = Vec::new();
         for (tag, entry) in tags::list(&self.home, name).map_err(manager_error)? {
-            let build = tags::build_manifest(&self.home, name, &entry.build).or_else(|_| self.current(name));
-            out.push(TagView { tag, build_id: build.map(|b| build_uuid(&b))?, created_at: entry.created_at });
+            let build = if entry.build == current.build_id { Ok(current.clone()) } else { tags::build_manifest(&self.home, name, &entry.build) };
+            if let Ok(build) = build {
+                out.push(TagView { tag, build_id: build_uuid(&build), created_at: entry.created_at });
+            }
         }
         Ok(out)
     }
@@ -61,21 +69,15 @@ impl SandboxManager {
     /// Points `tags` at the build `target` (`name` or `name:tag`) names (`POST
     /// /templates/tags`): (the build's UUID, the tags in normal form).
     pub fn assign_template_tags(&self, key_id: &str, target: &str, new_tags: &[String]) -> Result<(String, Vec<String>), ManagerError> {
-        let (name, _) = tags::split(target);
-        self.own_template(key_id, target)?;
+        let (name, tag) = tags::split(target);
+        let tag = tag.map(tags::check).transpose().map_err(manager_error)?;
+        self.own_template(key_id, name)?;
         let new_tags = checked(new_tags)?;
         if new_tags.is_empty() {
             return Err(ManagerError::InvalidArgument("tags is empty: name at least one tag to assign".into()));
         }
-        let build = hutch_image::rootfs::cached(&self.home, target)
-            .map_err(|e| ManagerError::Internal(hutch_proto::error_chain(&e)))?
-            .ok_or_else(|| ManagerError::Missing(format!("template '{target}' is not built")))?;
-        // A build from before builds kept their own manifests gets one now.
-        if tags::build_manifest(&self.home, name, &build.build_id).is_err() {
-            hutch_image::rootfs::keep_manifest(&build).map_err(|e| ManagerError::Internal(hutch_proto::error_chain(&e)))?;
-        }
-        tags::assign(&self.home, name, &build.build_id, &new_tags).map_err(manager_error)?;
-        self.forget_artifacts(name);
+        let build = tags::assign(&self.home, name, tag.as_deref(), &new_tags).map_err(manager_error)?;
+        self.tags_changed(name, &new_tags);
         Ok((build_uuid(&build), new_tags))
     }
 
@@ -91,8 +93,23 @@ impl SandboxManager {
             return Err(ManagerError::InvalidArgument("tags is empty: name at least one tag to remove".into()));
         }
         tags::remove(&self.home, name, &gone).map_err(manager_error)?;
-        self.forget_artifacts(name);
+        self.tags_changed(name, &gone);
         Ok(())
+    }
+
+    /// After `changed` tags of template `name` were moved or removed: the next sandbox
+    /// finds the build its reference names now, and what only those tags kept (their
+    /// memory snapshots, builds nothing else names) goes, off the request's thread.
+    fn tags_changed(&self, name: &str, changed: &[String]) {
+        self.forget_artifacts(name);
+        let (home, name, changed) = (self.home.clone(), name.to_string(), changed.to_vec());
+        tokio::task::spawn_blocking(move || {
+            // The default tag's snapshot is replaced when the current build is next used.
+            for tag in changed.iter().filter(|t| *t != tags::DEFAULT) {
+                crate::template_snapshot::remove_tag_snapshots(&home, &name, tag);
+            }
+            crate::references::prune_template_builds(&home);
+        });
     }
 
     /// The builds of `current`'s template that a tag names, `current` first.

@@ -44,6 +44,7 @@ pub fn rest() -> Router<AppState> {
         .route("/templates/{id}/files/{hash}/upload", put(templates::upload))
         .route("/v2/templates/{id}/builds/{build}", post(templates::start))
         .route("/templates/{id}/builds/{build}/status", get(templates::status))
+        .route("/templates/{id}/builds/{build}/logs", get(templates::logs))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
 }
 

@@ -28,6 +28,11 @@ pub struct NewTemplate {
     alias: Option<String>,
     #[serde(default)]
     tags: Option<Vec<String>>,
+    /// The vCPUs and memory (MiB) sandboxes of the template get.
+    #[serde(default)]
+    cpu_count: Option<u32>,
+    #[serde(default, rename = "memoryMB")]
+    memory_mb: Option<u32>,
 }
 
 pub async fn create(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<NewTemplate>) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -41,7 +46,8 @@ pub async fn create(State(state): State<AppState>, key: KeyId, JsonBody(body): J
     };
     let mut tags: Vec<String> = tag.into_iter().collect();
     tags.extend(body.tags.unwrap_or_default());
-    let (template_id, build_id, mut tags) = state.manager.new_template_build(&key.0, name, &tags)?;
+    let shape = hutch_core::manager::builds::Shape { cpus: body.cpu_count, memory_mib: body.memory_mb };
+    let (template_id, build_id, mut tags) = state.manager.new_template_build(&key.0, name, &tags, shape)?;
     if tags.is_empty() {
         tags.push("default".into());
     }
@@ -165,6 +171,49 @@ pub async fn status(State(state): State<AppState>, key: KeyId, Path((template_id
         body["reason"] = json!({ "message": message, "step": step, "logEntries": failed });
     }
     Ok(Json(body))
+}
+
+#[derive(Deserialize)]
+pub struct LogsQuery {
+    /// Milliseconds since the epoch: entries from (forward) or up to (backward) it.
+    #[serde(default)]
+    cursor: Option<u64>,
+    #[serde(default)]
+    limit: Option<usize>,
+    #[serde(default)]
+    direction: Option<String>,
+    #[serde(default)]
+    level: Option<String>,
+    /// E2B's `persistent`/`temporary`: a build's log here is one (kept an hour).
+    #[serde(default)]
+    #[allow(dead_code)]
+    source: Option<String>,
+}
+
+/// `GET /templates/{id}/builds/{buildID}/logs` (E2B's `TemplateBuildLogsResponse`):
+/// the build's entries from a timestamp cursor, forward (oldest first) or backward
+/// (newest first), at most `limit` (≤ 100), at `level` or above.
+pub async fn logs(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, Query(q): Query<LogsQuery>) -> Result<Json<Value>, ApiError> {
+    if let Some(level) = q.level.as_deref().filter(|l| !["debug", "info", "warn", "error"].contains(l)) {
+        return Err(ApiError::bad_request(format!("level '{level}' is not one of debug, info, warn, error")));
+    }
+    let backward = match q.direction.as_deref() {
+        None | Some("forward") => false,
+        Some("backward") => true,
+        Some(other) => return Err(ApiError::bad_request(format!("direction '{other}' is not forward or backward"))),
+    };
+    let record = state.manager.template_build(&key.0, &template_id, &build_id)?;
+    let floor = q.level.as_deref().map(rank).unwrap_or(0);
+    let millis = |e: &&hutch_core::manager::builds::LogEntry| {
+        humantime::parse_rfc3339(&e.timestamp).ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as u64)
+    };
+    let kept = record.entries.iter().filter(|e| rank(e.level) >= floor);
+    let limit = q.limit.unwrap_or(MAX_ENTRIES).min(MAX_ENTRIES);
+    let page: Vec<&hutch_core::manager::builds::LogEntry> = match (backward, q.cursor) {
+        (false, cursor) => kept.filter(|e| cursor.is_none_or(|c| millis(e) >= c)).take(limit).collect(),
+        (true, cursor) => kept.rev().filter(|e| cursor.is_none_or(|c| millis(e) <= c)).take(limit).collect(),
+    };
+    Ok(Json(json!({ "logs": page })))
 }
 
 /// A template as E2B's `Template` object shows it: its current build's (the `default`

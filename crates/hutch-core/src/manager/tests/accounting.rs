@@ -7,7 +7,7 @@ use super::*;
 fn config(max_sandboxes: usize, pool: usize) -> ManagerConfig {
     ManagerConfig {
         max_sandboxes,
-        quota: KeyQuota { running: 2, paused: 1, snapshots: 1 },
+        quota: KeyQuota { running: 2, paused: 1, snapshots: 1, ..KeyQuota::default() },
         pool: BTreeMap::from([("base".to_string(), pool)]),
         ..ManagerConfig::default()
     }

@@ -46,15 +46,13 @@ async fn template_tags_are_the_building_keys_alone() {
     let (a, b) = (env.keys[0].clone(), env.keys[1].clone());
     let m = &env.manager;
     let home = m.home().clone();
-    for (id, bytes) in [("b1", &b"one"[..]), ("b2", &b"two"[..])] {
+    for (id, bytes, tag) in [("b1", &b"one"[..], "default"), ("b2", &b"two"[..], "v2")] {
         std::fs::create_dir_all(home.tmp()).expect("tmp");
         let raw = home.tmp().join("raw.ext4");
         std::fs::write(&raw, bytes).expect("image");
         let source = hutch_image::rootfs::ImageSource { reference: "r".into(), manifest_digest: String::new(), defaults: Default::default() };
-        hutch_image::rootfs::store_build(&home, &raw, hutch_image::from_image::image_template("app", source), id).expect("store");
+        hutch_image::tags::install_tagged(&home, &raw, hutch_image::from_image::image_template("app", source), id, &[tag.into()]).expect("store");
     }
-    hutch_image::tags::assign(&home, "app", "b1", &["default".into()]).expect("default");
-    hutch_image::tags::assign(&home, "app", "b2", &["v2".into()]).expect("v2");
     std::fs::write(home.template("app").join("owner"), &a).expect("owner");
 
     let tags = |key: &str| m.template_tags(key, "app").map(|t| t.into_iter().map(|t| t.tag).collect::<Vec<_>>());
@@ -76,8 +74,11 @@ async fn template_tags_are_the_building_keys_alone() {
     assert!(matches!(m.remove_template_tags(&a, "app:v2", &["prod".into()]), Err(ManagerError::InvalidArgument(_))));
     assert!(matches!(m.remove_template_tags(&a, "app", &["nope".into()]), Err(ManagerError::Missing(_))));
     assert!(matches!(m.template_tags(&a, "../app"), Err(ManagerError::Missing(_))));
+    assert!(matches!(m.template_tags(&a, "app:v2"), Err(ManagerError::InvalidArgument(_))));
+    // A tag is found in any case, as E2B lowercases tags.
+    assert_eq!(m.assign_template_tags(&a, "app:V2", &["stable".into()]).expect("assign").0, build);
     m.remove_template_tags(&a, "app", &["prod".into()]).expect("remove");
-    assert_eq!(tags(&a).expect("tags"), ["default", "v2"]);
+    assert_eq!(tags(&a).expect("tags"), ["default", "stable", "v2"]);
     assert!(matches!(m.template_alias(&a, "app:nope"), Err(ManagerError::Missing(_))));
     assert!(matches!(m.template_alias(&a, "app:v2"), Ok(false)));
 }
