@@ -13,6 +13,7 @@ import socket
 import subprocess
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -149,6 +150,13 @@ def test_bad_builds_say_why_and_leave_no_template(registry, home):
     assert missing.returncode != 0 and "was not found in its registry" in missing.stderr, missing.stderr
     bad_name = hutch(home, "template", "build", "-t", "Bad Name", "--from-image", f"{registry}/bb:1", "--insecure-registry", registry)
     assert bad_name.returncode != 0 and "template names are" in bad_name.stderr, bad_name.stderr
+    # A layer whose one file is larger than the template disk (its header says 5 GiB;
+    # the check comes before any byte of it is read or written).
+    huge = tarfile.TarInfo("big.bin")
+    huge.size = 5 << 30
+    push(registry, "huge", "1", busybox_image()[:1] + [gzip.compress(huge.tobuf(format=tarfile.GNU_FORMAT))], CONFIG)
+    too_big = hutch(home, "template", "build", "-t", "nope", "--from-image", f"{registry}/huge:1", "--insecure-registry", registry)
+    assert too_big.returncode != 0 and "would not fit the template disk" in too_big.stderr, too_big.stderr
     assert not (home / "templates" / "nope").exists()
     leftovers = list((home / "tmp").glob("template-image-*")) if (home / "tmp").exists() else []
     assert not leftovers, leftovers
@@ -429,6 +437,14 @@ def test_the_official_sdk_hears_why_a_build_failed(registry, builds_server, tmp_
         Template.build(bad, "sdkbad")
     assert "exited with 3" in str(e.value) and "about-to-fail" in str(e.value), str(e.value)
     assert not Template.exists("sdkbad")
+    # The same, in the background: the SDK's status call says which step failed and why.
+    started = Template.build_in_background(bad, "sdkbad")
+    deadline = time.monotonic() + 300
+    while (status := Template.get_build_status(started, logs_offset=0)).status.value in ("waiting", "building"):
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+    assert status.status.value == "error" and status.reason.step == "1" and "exited with 3" in status.reason.message, status
+    assert any("about-to-fail" in entry.message for entry in status.log_entries), status.log_entries
     missing = Template(file_context_path=str(tmp_path)).from_image(f"{registry}/bb:nope")
     with pytest.raises(BuildException) as e:
         Template.build(missing, "sdkbad")

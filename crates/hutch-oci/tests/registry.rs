@@ -185,6 +185,91 @@ async fn bad_pulls_are_one_clear_error_and_leave_nothing_in_the_cache() {
     assert!(matches!(err, PullError::Unreachable { .. }), "{err}");
 }
 
+/// A tar (not compressed) of `(path, contents, mode)` files and `(path, target)` hard
+/// links, owned by root.
+fn tar_of(files: &[(&str, &[u8], u32)], links: &[(&str, &str)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    let header = |mode: u32, size: u64| {
+        let mut h = tar::Header::new_gnu();
+        h.set_uid(0);
+        h.set_gid(0);
+        h.set_mtime(1_700_000_000);
+        h.set_mode(mode);
+        h.set_size(size);
+        h
+    };
+    for (path, data, mode) in files {
+        b.append_data(&mut header(*mode, data.len() as u64), path, *data).expect("file");
+    }
+    for (path, target) in links {
+        let mut h = header(0o644, 0);
+        h.set_entry_type(tar::EntryType::Link);
+        b.append_link(&mut h, path, target).expect("link");
+    }
+    b.into_inner().expect("tar")
+}
+
+/// Layers as registries serve them: a Docker v2 image (Docker's manifest, config and
+/// gzip layer types), and an OCI image whose layers are gzip, zstd and plain tar, told
+/// apart by their bytes. Applied in order, they give one tree: setuid kept, a hard link
+/// across layers, a whiteout and an opaque directory honoured.
+#[tokio::test]
+async fn docker_v2_images_and_zstd_and_plain_layers_pull_and_apply() {
+    use oci_client::manifest::{OciImageManifest, IMAGE_DOCKER_CONFIG_MEDIA_TYPE, IMAGE_DOCKER_LAYER_GZIP_MEDIA_TYPE, IMAGE_LAYER_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE};
+    let registry = Registry::start(None);
+    let client = registry.client();
+    let config = br#"{"architecture":"amd64","os":"linux","config":{"Env":["FROM=docker"]},"rootfs":{"type":"layers","diff_ids":[]}}"#.to_vec();
+
+    let base = layer(&[("bin/tool", b"setuid tool"), ("data/keep", b"whited out above"), ("opt/old", b"hidden by an opaque dir")]);
+    // `layer` makes 0644 root files; the setuid bit comes from a second gzip layer.
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar_of(&[("bin/su", b"setuid", 0o4755)], &[])).expect("gzip");
+    let setuid = gz.finish().expect("gzip");
+    let docker_layers: Vec<ImageLayer> = [&base, &setuid].iter().map(|l| ImageLayer::new(l.to_vec(), IMAGE_DOCKER_LAYER_GZIP_MEDIA_TYPE.into(), None)).collect();
+    let docker_config = Config::new(config.clone(), IMAGE_DOCKER_CONFIG_MEDIA_TYPE.into(), None);
+    let mut manifest = OciImageManifest::build(&docker_layers, &docker_config, None);
+    manifest.media_type = Some(IMAGE_MANIFEST_MEDIA_TYPE.into());
+    let docker_ref: oci_client::Reference = format!("{}/docker-v2:1", registry.addr).parse().expect("reference");
+    client.push(&docker_ref, &docker_layers, docker_config, &RegistryAuth::Anonymous, Some(manifest)).await.expect("push the Docker v2 image");
+    let (raw, _) = client.pull_manifest_raw(&docker_ref, &RegistryAuth::Anonymous, &[IMAGE_MANIFEST_MEDIA_TYPE]).await.expect("the manifest");
+    assert!(String::from_utf8_lossy(&raw).contains(IMAGE_MANIFEST_MEDIA_TYPE), "the registry holds a Docker v2 manifest");
+
+    // On top, as an OCI image: a zstd layer (a hard link to the lower layer's file, a
+    // whiteout) and a plain one (an opaque directory with one new file).
+    let zstd = zstd::stream::encode_all(&tar_of(&[("data/.wh.keep", b"", 0o644)], &[("bin/su-link", "bin/su")])[..], 3).expect("zstd");
+    let plain = tar_of(&[("opt/.wh..wh..opq", b"", 0o644), ("opt/new", b"above the opaque dir", 0o644)], &[]);
+    let oci_layers = vec![
+        ImageLayer::new(base.clone(), LAYER.into(), None),
+        ImageLayer::new(setuid.clone(), LAYER.into(), None),
+        ImageLayer::new(zstd.clone(), "application/vnd.oci.image.layer.v1.tar+zstd".into(), None),
+        ImageLayer::new(plain.clone(), IMAGE_LAYER_MEDIA_TYPE.into(), None),
+    ];
+    let oci_ref: oci_client::Reference = format!("{}/layers:1", registry.addr).parse().expect("reference");
+    client.push(&oci_ref, &oci_layers, Config::new(config, CONFIG.into(), None), &RegistryAuth::Anonymous, None).await.expect("push the OCI image");
+
+    let cache = tempfile::tempdir().expect("cache");
+    let p = puller(cache.path(), &registry.options(None));
+    let docker = p.pull(&format!("{}/docker-v2:1", registry.addr), Arc::new(Quiet)).await.expect("pull the Docker v2 image");
+    assert_eq!(docker.layers, [Digest::of(&base), Digest::of(&setuid)]);
+    assert_eq!(docker.defaults.env.get("FROM").map(String::as_str), Some("docker"));
+    let oci = p.pull(&format!("{}/layers:1", registry.addr), Arc::new(Quiet)).await.expect("pull the OCI image");
+    assert_eq!((oci.layers_downloaded, oci.layers_cached), (2, 2), "the Docker image's layers are the same blobs");
+
+    let tree = tempfile::tempdir().expect("tree");
+    let root = std::fs::canonicalize(tree.path()).expect("root");
+    for d in &oci.layers {
+        hutch_oci::unpack::apply_layer(&root, std::fs::File::open(p.store().path(d)).expect("blob"), d.short(), &mut unlimited()).expect("apply");
+    }
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let su = std::fs::metadata(root.join("bin/su")).expect("su");
+    assert_eq!(su.permissions().mode() & 0o7777, 0o4755, "setuid kept");
+    let link = std::fs::metadata(root.join("bin/su-link")).expect("the hard link");
+    assert_eq!((link.ino(), su.nlink()), (su.ino(), 2), "a hard link across layers is one file");
+    assert!(!root.join("data/keep").exists(), "the whiteout removed the lower file");
+    assert!(!root.join("opt/old").exists() && std::fs::read(root.join("opt/new")).expect("new") == b"above the opaque dir", "the opaque directory hides what was below");
+    assert_eq!(std::fs::read(root.join("bin/tool")).expect("tool"), b"setuid tool");
+}
+
 /// A multi-platform index: linux/amd64 is the one pulled; an index without it is
 /// refused with a sentence naming what it has, and nothing is cached.
 #[tokio::test]
