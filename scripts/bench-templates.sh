@@ -11,7 +11,7 @@ ROUNDS="${1:-3}"
 ensure_host_packages
 ensure_test_packages
 ensure_rust
-ensure_tools "the benchmark's reference tools" skopeo=skopeo umoci=umoci mmdebstrap=mmdebstrap
+ensure_tools "the benchmark's reference tools" skopeo=skopeo umoci=umoci mmdebstrap=mmdebstrap mkfs.erofs=erofs-utils
 build
 HUTCH="$PWD/target/release/hutch"
 "$HUTCH" setup --template base >/dev/null
@@ -19,7 +19,7 @@ HUTCH="$PWD/target/release/hutch"
 WORK="$(mktemp -d /tmp/hutch-bench-templates.XXXXXX)"
 REG_PID=""
 cleanup() {
-  [ -n "$REG_PID" ] && kill "$REG_PID" 2>/dev/null && wait "$REG_PID" 2>/dev/null
+  if [ -n "$REG_PID" ]; then kill "$REG_PID" 2>/dev/null; wait "$REG_PID" 2>/dev/null || true; fi
   rm -rf "$WORK"
   return 0
 }
@@ -99,6 +99,18 @@ for round in $(seq 1 "$ROUNDS"); do
   t2=$(now)
   T[ref_cold]+="$(elapsed "$t0" "$t1") "
   T[ref_second]+="$(elapsed "$t1" "$t2") "
+  # The on-disk form: the unpacked base tree as one ext4 (hutch's form, 4 GiB sparse)
+  # and as an EROFS image (microsandbox's per-layer form), time and bytes on disk.
+  truncate -s 4G "$ref/base.ext4"
+  t0=$(now); mkfs.ext4 -q -F -d "$ref/bundle-base/rootfs" "$ref/base.ext4"; t1=$(now)
+  mkfs.erofs --quiet "$ref/base.erofs" "$ref/bundle-base/rootfs" >/dev/null; t2=$(now)
+  mkfs.erofs --quiet -zlz4hc "$ref/base-lz4.erofs" "$ref/bundle-base/rootfs" >/dev/null; t3=$(now)
+  T[form_ext4]+="$(elapsed "$t0" "$t1") "
+  T[form_erofs]+="$(elapsed "$t1" "$t2") "
+  T[form_erofs_lz4]+="$(elapsed "$t2" "$t3") "
+  T[size_ext4]+="$(du -m "$ref/base.ext4" | cut -f1) "
+  T[size_erofs]+="$(du -m "$ref/base.erofs" | cut -f1) "
+  T[size_erofs_lz4]+="$(du -m "$ref/base-lz4.erofs" | cut -f1) "
   rm -rf "$ref"
 
   # hutch: pull + convert to a bootable template, cold (an empty cache), then the
@@ -142,5 +154,11 @@ echo "| Dockerfile (COPY + RUN) on the cached base, first build | $(median "${T[
 echo "| the same Dockerfile rebuilt, all CACHED | $(median "${T[hutch_cached]}") | | |"
 echo "| first command in a sandbox of the new template (makes its memory snapshot) | $(median "${T[hutch_first_run]}") | | |"
 echo "| a later command (restores the snapshot) | $(median "${T[hutch_next_run]}") | | |"
+echo
+echo "| the base tree as (median of $ROUNDS) | seconds to make | MiB on disk |"
+echo "|---|---|---|"
+echo "| one ext4 (mkfs.ext4 -d, 4 GiB sparse) | $(median "${T[form_ext4]}") | $(median "${T[size_ext4]}") |"
+echo "| EROFS, uncompressed (mkfs.erofs) | $(median "${T[form_erofs]}") | $(median "${T[size_erofs]}") |"
+echo "| EROFS, lz4hc | $(median "${T[form_erofs_lz4]}") | $(median "${T[size_erofs_lz4]}") |"
 echo
 echo "raw: $(for k in "${!T[@]}"; do printf '%s=[%s] ' "$k" "${T[$k]}"; done)"

@@ -271,7 +271,7 @@ def test_bad_dockerfiles_say_where_and_leave_nothing(registry, home, tmp_path):
     assert left.stdout == "", "no QEMU of this home is left running"
 
 
-SDK_TEMPLATES = ("sdktpl", "sdkbad")
+SDK_TEMPLATES = ("sdktpl", "sdkbad", "sdkchild")
 
 
 @pytest.fixture
@@ -374,6 +374,7 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     finally:
         shutil.rmtree(cold_home, ignore_errors=True)
     check_tags(Sandbox, Template, template, info, ctx, registry)
+    check_from_template_and_skip_cache(Sandbox, Template)
     # An unchanged rebuild reuses every layer.
     again = []
     Template.build(template, "sdktpl:v1", on_build_logs=lambda e: again.append(str(e.message)))
@@ -382,6 +383,27 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     with httpx.Client(base_url=builds_server, headers={"X-API-Key": API_KEY}, timeout=120) as api:
         assert api.delete("/templates/sdktpl").status_code == 204
         assert api.get("/templates/aliases/sdktpl").status_code == 404
+
+
+def check_from_template_and_skip_cache(Sandbox, Template):
+    """A template built on another (`from_template`; the built-in base here, as a build
+    cache layer stacked on a key's template would keep it from being deleted): it has
+    the parent's files; built again, the step before `skip_cache()` is CACHED and the
+    one after runs again."""
+    child = Template().from_template("base").run_cmd("echo one > /home/user/one").skip_cache().run_cmd("echo two > /home/user/two")
+    for attempt in ("first", "again"):
+        logs = []
+        Template.build(child, "sdkchild", on_build_logs=lambda e: logs.append(str(e.message)))
+        steps = [l for l in logs if "[builder" in l]
+        assert len(steps) == 2, logs
+        cached = ["CACHED" in l for l in steps]
+        assert cached == ([False, False] if attempt == "first" else [True, False]), (attempt, steps)
+    sbx = Sandbox.create("sdkchild")
+    try:
+        lines = sbx.commands.run("cat /etc/debian_version /home/user/one /home/user/two").stdout.splitlines()
+        assert lines[0].startswith("12.") and lines[1:] == ["one", "two"], lines
+    finally:
+        sbx.kill()
 
 
 def variant_of(Sandbox, reference):
