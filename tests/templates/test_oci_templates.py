@@ -383,6 +383,10 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     with httpx.Client(base_url=builds_server, headers={"X-API-Key": API_KEY}, timeout=120) as api:
         assert api.delete("/templates/sdktpl").status_code == 204
         assert api.get("/templates/aliases/sdktpl").status_code == 404
+    # The server had it prepared: a create now hears it is gone (a 400), not a failed boot.
+    with pytest.raises(Exception) as e:
+        Sandbox.create("sdktpl")
+    assert "unknown template 'sdktpl'" in str(e.value), str(e.value)
 
 
 def check_from_template_and_skip_cache(Sandbox, Template):

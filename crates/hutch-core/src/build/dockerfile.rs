@@ -30,7 +30,10 @@ pub struct Plan {
 }
 
 struct Planner<'a> {
+    /// The Dockerfile with each `RUN cmd <<EOF` rewritten (`run_heredoc.rs`); errors
+    /// name the original's lines.
     text: &'a str,
+    rewritten: &'a super::run_heredoc::Rewritten,
     file: &'a str,
     context: &'a Path,
     ignore: Ignore,
@@ -47,9 +50,23 @@ struct Planner<'a> {
 /// Plans the Dockerfile `text` (named `file` in errors) whose context is `context`;
 /// `COPY` tars are written into `scratch`.
 pub fn plan(text: &str, file: &str, context: &Path, build_args: &BTreeMap<String, String>, scratch: &Path) -> Result<Plan, DockerfileError> {
-    let parsed = parse_dockerfile::parse(text).map_err(|e| DockerfileError { file: file.into(), line: e.line(), column: e.column(), message: strip_position(&e.to_string()) })?;
+    let rewritten = super::run_heredoc::rewrite(text);
+    let parsed = parse_dockerfile::parse(&rewritten.text)
+        .map_err(|e| DockerfileError { file: file.into(), line: rewritten.original_line(e.line()), column: e.column(), message: strip_position(&e.to_string()) })?;
     let ignore = Ignore::of_context(context).map_err(|e| DockerfileError { file: ".dockerignore".into(), line: 1, column: 1, message: e.to_string() })?;
-    let mut p = Planner { text, file, context, ignore, scratch, build_args, env: BTreeMap::new(), args: BTreeMap::new(), steps: Vec::new(), warnings: Vec::new() };
+    let mut p = Planner {
+        text: &rewritten.text,
+        rewritten: &rewritten,
+        file,
+        context,
+        ignore,
+        scratch,
+        build_args,
+        env: BTreeMap::new(),
+        args: BTreeMap::new(),
+        steps: Vec::new(),
+        warnings: Vec::new(),
+    };
     // Global ARGs (before FROM) serve FROM only.
     let mut global = BTreeMap::new();
     for arg in parsed.global_args() {
@@ -92,7 +109,7 @@ fn strip_position(message: &str) -> String {
 impl Planner<'_> {
     fn error(&self, offset: usize, message: String) -> DockerfileError {
         let before = &self.text[..offset.min(self.text.len())];
-        let line = before.matches('\n').count() + 1;
+        let line = self.rewritten.original_line(before.matches('\n').count() + 1);
         let column = before.rfind('\n').map(|i| before.len() - i).unwrap_or(before.len() + 1);
         DockerfileError { file: self.file.into(), line, column, message }
     }
@@ -536,6 +553,19 @@ mod tests {
         assert!(e.to_string().contains("URLs are not supported"), "{e}");
         let e = plan_text("FROM a\nCOPY missing.txt /x\n").expect_err("missing");
         assert!(e.to_string().starts_with("Dockerfile:2:6:") && e.to_string().contains("not in the build context"), "{e}");
+    }
+
+    #[test]
+    fn a_here_document_after_a_command_runs_as_buildkit_runs_it() {
+        let plan = plan_text("FROM a\nRUN cat <<EOF > /etc/app.conf\nkey=$HOME\nEOF\nEXPOSE 80\n").expect("plan");
+        match &plan.steps[0].kind {
+            StepKind::Run { cmd, .. } => assert_eq!(cmd.trim(), "cat <<EOF > /etc/app.conf\nkey=$HOME\nEOF"),
+            other => panic!("{other:?}"),
+        }
+        // Warnings and errors still name the Dockerfile's own lines.
+        assert!(plan.warnings.iter().any(|w| w.starts_with("Dockerfile:5:")), "{:?}", plan.warnings);
+        let e = plan_text("FROM a\nRUN cat <<EOF\nx\nEOF\nCOPY missing.txt /x\n").expect_err("missing");
+        assert!(e.to_string().starts_with("Dockerfile:5:"), "{e}");
     }
 
     #[test]

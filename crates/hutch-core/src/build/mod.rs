@@ -13,6 +13,7 @@ pub mod context;
 pub mod dockerfile;
 mod finalize;
 mod guest;
+mod run_heredoc;
 
 use cache::{BuildCache, Key};
 use context::CopyFiles;

@@ -136,8 +136,8 @@ impl SandboxManager {
     }
 
     /// Drops the prepared artifacts of template `name` and each of its tags: the next
-    /// sandbox finds the build its reference names now.
-    pub(crate) fn forget_artifacts(&self, name: &str) {
+    /// sandbox finds the build its reference names now (or that it is gone).
+    pub fn forget_artifacts(&self, name: &str) {
         lock(&self.artifacts).retain(|reference, _| tags::split(reference).0 != name);
     }
 }

@@ -262,11 +262,16 @@ pub async fn alias(State(state): State<AppState>, key: KeyId, Path(alias): Path<
 pub async fn delete(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
     if state.manager.template_owner(&id).as_deref() == Some(key.0.as_str()) {
         let home = state.manager.home().clone();
-        let removed = tokio::task::spawn_blocking(move || hutch_core::build::remove_template(&home, &id))
+        let name = id.clone();
+        let removed = tokio::task::spawn_blocking(move || hutch_core::build::remove_template(&home, &name))
             .await
             .map_err(|e| ApiError::from(hutch_core::manager::ManagerError::Internal(e.to_string())))?;
         return match removed {
-            Ok(()) => Ok(StatusCode::NO_CONTENT),
+            Ok(()) => {
+                // A create of it now says it is gone instead of booting a removed image.
+                state.manager.forget_artifacts(&id);
+                Ok(StatusCode::NO_CONTENT)
+            }
             Err(e @ hutch_core::build::RemoveError::InUse { .. }) => Err(ApiError::new(StatusCode::CONFLICT, e.to_string())),
             Err(e @ hutch_core::build::RemoveError::Unknown(_)) => Err(ApiError::new(StatusCode::NOT_FOUND, e.to_string())),
             Err(e) => Err(hutch_core::manager::ManagerError::Internal(e.to_string()).into()),
