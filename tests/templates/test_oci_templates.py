@@ -358,8 +358,11 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     from e2b.api.client.models.logs_direction import LogsDirection
     first = build_logs.sync_detailed("sdktpl", info.build_id, client=client, limit=2)
     assert first.status_code == 200 and len(first.parsed.logs) == 2, first.content
-    later = build_logs.sync_detailed("sdktpl", info.build_id, client=client, cursor=int(first.parsed.logs[1].timestamp.timestamp() * 1000))
-    assert later.parsed.logs and later.parsed.logs[0].timestamp >= first.parsed.logs[1].timestamp, later.content
+    # From a cursor just past the first entry: it is left out, later ones come.
+    cursor = round(first.parsed.logs[0].timestamp.timestamp() * 1000) + 1
+    later = build_logs.sync_detailed("sdktpl", info.build_id, client=client, cursor=cursor)
+    assert later.parsed.logs and all(round(e.timestamp.timestamp() * 1000) >= cursor for e in later.parsed.logs), later.content
+    assert first.parsed.logs[0].message not in [e.message for e in later.parsed.logs], later.content
     newest = build_logs.sync_detailed("sdktpl", info.build_id, client=client, direction=LogsDirection.BACKWARD, limit=1)
     assert "template sdktpl" in newest.parsed.logs[0].message and "ready" in newest.parsed.logs[0].message, newest.content
     from e2b.api.client.models.log_level import LogLevel

@@ -144,22 +144,37 @@ fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
     }
 }
 
-/// Removes the snapshots `current` replaced (same template and shape, older build of
-/// something), unless something still uses one (`in_use`).
 /// Removes the memory snapshots of template `name`'s tag `tag` (the tag was removed or
-/// now names another build) that nothing uses.
+/// now names another build) that nothing uses. Only that tag's: the rest of the name
+/// must be the shape and hash (`-1cpu-512mib-kvm-<16 hex>`), so tag `v1` leaves
+/// `v1-rc`'s alone.
 pub fn remove_tag_snapshots(home: &HutchHome, name: &str, tag: &str) {
     let in_use = in_use(home);
     let prefix = format!("{name}@{tag}-");
+    let is_shape_and_hash = |rest: &str| {
+        let parts: Vec<&str> = rest.split('-').collect();
+        let number_then = |p: &str, unit: &str| p.strip_suffix(unit).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        parts.len() == 4
+            && number_then(parts[0], "cpu")
+            && number_then(parts[1], "mib")
+            && !parts[2].is_empty()
+            && parts[2].bytes().all(|b| b.is_ascii_alphanumeric())
+            && parts[3].len() == 16
+            && parts[3].bytes().all(|b| b.is_ascii_hexdigit())
+    };
     for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
         let dir = entry.path();
-        if entry.file_name().to_string_lossy().starts_with(&prefix) && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
+        let file_name = entry.file_name().to_string_lossy().into_owned();
+        let ours = file_name.strip_prefix(&prefix).is_some_and(is_shape_and_hash);
+        if ours && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
             tracing::info!(dir = %dir.display(), "removing the memory snapshot of a tag that was removed or moved");
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
 }
 
+/// Removes the snapshots `current` replaced (same template and shape, older build of
+/// something), unless something still uses one (`in_use`).
 fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
     let in_use = in_use(home);
     for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
@@ -388,6 +403,23 @@ async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn removing_a_tags_snapshots_leaves_a_longer_tags_alone() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(tmp.path());
+        let make = |name: &str| {
+            let dir = root(&home).join(name);
+            std::fs::create_dir_all(&dir).expect("dir");
+            std::fs::write(dir.join(crate::snapshot::MANIFEST), b"{}").expect("manifest");
+            dir
+        };
+        let v1 = make("app@v1-1cpu-512mib-kvm-0123456789abcdef");
+        let v1_rc = make("app@v1-rc-1cpu-512mib-kvm-0123456789abcdef");
+        let current = make("app-1cpu-512mib-kvm-0123456789abcdef");
+        remove_tag_snapshots(&home, "app", "v1");
+        assert!(!v1.exists() && v1_rc.exists() && current.exists());
+    }
 
     #[tokio::test]
     async fn a_held_snapshot_lock_is_waited_for_within_a_deadline_and_its_removal_frees_the_path() {

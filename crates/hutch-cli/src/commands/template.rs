@@ -93,6 +93,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
         }
         TemplateCommand::Rm { name } => {
             if let Some((template, tag)) = name.split_once(':') {
+                hutch_image::from_image::check_name(template)?;
                 let tag = hutch_image::tags::check(tag)?;
                 hutch_image::tags::remove(&home, template, std::slice::from_ref(&tag))?;
                 hutch_core::template_snapshot::remove_tag_snapshots(&home, template, &tag);

@@ -30,14 +30,39 @@ impl Rewritten {
 }
 
 /// The delimiters of the here-documents `command` opens (`<<WORD`, `<<-WORD`,
-/// `<<'WORD'`, `<<"WORD"`), in order, with whether `<<-` strips leading tabs. A
-/// here-string (`<<<`) opens none.
+/// `<<'WORD'`, `<<"WORD"`, `<<\WORD`), in order, with whether `<<-` strips leading
+/// tabs. A here-string (`<<<`) opens none, nor does a `<<` inside quotes or escaped,
+/// which the shell reads as words (as BuildKit does, splitting words first).
 fn delimiters(command: &str) -> Vec<(String, bool)> {
     let bytes = command.as_bytes();
     let mut out = Vec::new();
+    let mut quote: Option<u8> = None;
     let mut i = 0;
-    while let Some(at) = command[i..].find("<<").map(|p| p + i) {
-        let mut j = at + 2;
+    while i < bytes.len() {
+        let b = bytes[i];
+        if let Some(q) = quote {
+            if b == q {
+                quote = None;
+            } else if q == b'"' && b == b'\\' {
+                i += 1;
+            }
+            i += 1;
+            continue;
+        }
+        if b == b'\\' {
+            i += 2;
+            continue;
+        }
+        if b == b'\'' || b == b'"' {
+            quote = Some(b);
+            i += 1;
+            continue;
+        }
+        if !bytes[i..].starts_with(b"<<") {
+            i += 1;
+            continue;
+        }
+        let mut j = i + 2;
         if bytes.get(j) == Some(&b'<') {
             // `<<<`: a here-string.
             i = j + 1;
@@ -47,19 +72,20 @@ fn delimiters(command: &str) -> Vec<(String, bool)> {
         if strip {
             j += 1;
         }
-        let quote = bytes.get(j).copied().filter(|q| *q == b'\'' || *q == b'"');
-        if quote.is_some() {
+        let quoted = bytes.get(j).copied().filter(|q| *q == b'\'' || *q == b'"');
+        if quoted.is_some() || bytes.get(j) == Some(&b'\\') {
             j += 1;
         }
         let start = j;
         while bytes.get(j).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_') {
             j += 1;
         }
-        let closed = quote.is_none_or(|q| bytes.get(j) == Some(&q));
+        let closed = quoted.is_none_or(|q| bytes.get(j) == Some(&q));
         if j > start && closed {
+            // ASCII from `start` to `j`, so these are character boundaries.
             out.push((command[start..j].to_string(), strip));
         }
-        i = j.max(at + 2);
+        i = if quoted.is_some() && closed { j + 1 } else { j.max(i + 2) };
     }
     out
 }
@@ -76,17 +102,49 @@ fn run_command(line: &str) -> Option<(&str, &str)> {
     while rest.starts_with("--") {
         rest = rest.split_once([' ', '\t']).map(|(_, r)| r.trim_start())?;
     }
-    if rest.starts_with("<<") || rest.starts_with('[') || rest.ends_with('\\') {
+    // Exec form (a JSON array) runs no shell; a continued line is left to the parser.
+    let exec_form = rest.starts_with('[') && serde_json::from_str::<Vec<String>>(rest).is_ok();
+    if rest.starts_with("<<") || exec_form || rest.ends_with('\\') {
         return None;
     }
     let head = &line[..line.len() - rest.len()];
     Some((head, rest))
 }
 
+/// The documents a `RUN` or `COPY` line opens right after its keyword and flags (the
+/// ones parse-dockerfile reads itself).
+fn opened_documents(line: &str) -> Vec<(String, bool)> {
+    let trimmed = line.trim_start();
+    let Some(keyword) = trimmed.split_whitespace().next() else { return Vec::new() };
+    if !["RUN", "COPY", "ADD"].iter().any(|k| keyword.eq_ignore_ascii_case(k)) {
+        return Vec::new();
+    }
+    let mut rest = trimmed[keyword.len()..].trim_start();
+    while rest.starts_with("--") {
+        match rest.split_once([' ', '\t']) {
+            Some((_, r)) => rest = r.trim_start(),
+            None => return Vec::new(),
+        }
+    }
+    if !rest.starts_with("<<") {
+        return Vec::new();
+    }
+    delimiters(rest)
+}
+
 /// Rewrites each `RUN cmd <<WORD` whose documents all end in the file; leaves every
 /// other line as it is.
 pub fn rewrite(text: &str) -> Rewritten {
     let lines: Vec<&str> = text.split('\n').collect();
+    // A line as its delimiter would be written (a CRLF file's lines end in '\r').
+    let bare = |k: usize, strip: bool| {
+        let l = lines[k].trim_end_matches('\r');
+        if strip {
+            l.trim_start_matches('\t')
+        } else {
+            l
+        }
+    };
     let mut out: Vec<String> = Vec::with_capacity(lines.len());
     let mut origin = Vec::with_capacity(lines.len());
     let mut n = 0;
@@ -102,7 +160,7 @@ pub fn rewrite(text: &str) -> Rewritten {
             let mut end = i;
             for (word, strip) in &docs {
                 end += 1;
-                while end < lines.len() && (if *strip { lines[end].trim_start_matches('\t') } else { lines[end] }) != word {
+                while end < lines.len() && bare(end, *strip) != word {
                     end += 1;
                 }
                 if end >= lines.len() {
@@ -131,6 +189,19 @@ pub fn rewrite(text: &str) -> Rewritten {
                 out.push(line.to_string());
                 origin.push(i + 1);
                 i += 1;
+                // The documents of an instruction the parser reads itself (`RUN <<EOF`,
+                // `COPY <<EOF /f`) are copied as they are: a Dockerfile inside one is text.
+                for (word, strip) in opened_documents(line) {
+                    while i < lines.len() {
+                        let done = bare(i, strip) == word;
+                        out.push(lines[i].to_string());
+                        origin.push(i + 1);
+                        i += 1;
+                        if done {
+                            break;
+                        }
+                    }
+                }
             }
         }
     }
@@ -158,11 +229,20 @@ mod tests {
             "FROM a\nRUN echo '<<' done\n",             // no delimiter
             "FROM a\nRUN cat <<EOF\nno end\n",          // unterminated: the parser says so
             "FROM a\nRUN [\"cat\", \"<<EOF\"]\nEOF\n", // exec form
+            "FROM a\nRUN echo \"use <<EOF\"\nRUN <<EOF\necho hi\nEOF\n", // quoted: words, not a document
+            "FROM a\nRUN echo \\<<EOF\nEOF\n",      // escaped
+            "COPY <<EOF /Dockerfile\nRUN cat <<X\nx\nX\nEOF\n", // a Dockerfile inside a document is text
         ] {
             assert_eq!(rewrite(text).text, text, "{text:?}");
         }
         assert_eq!(delimiters("cat <<-\"END\" x <<A"), [("END".to_string(), true), ("A".to_string(), false)]);
         let tabs = rewrite("RUN cat <<-E\n\tx\n\tE\n");
         assert!(tabs.text.ends_with("\tE\nHUTCH_RUN_1\n"), "{:?}", tabs.text);
+        // CRLF lines, and a shell test that looks like the start of exec form.
+        let crlf = rewrite("RUN cat <<EOF > /f\r\nx\r\nEOF\r\n");
+        assert!(crlf.text.starts_with("RUN <<HUTCH_RUN_1\n") && crlf.text.contains("EOF\r\nHUTCH_RUN_1"), "{:?}", crlf.text);
+        let test_form = rewrite("RUN [ -d /x ] || cat <<EOF > /x\nx\nEOF\n");
+        assert!(test_form.text.starts_with("RUN <<HUTCH_RUN_1\n[ -d /x ]"), "{:?}", test_form.text);
+        assert_eq!(delimiters("cat <<\\END"), [("END".to_string(), false)]);
     }
 }

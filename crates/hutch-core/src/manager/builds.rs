@@ -123,7 +123,7 @@ pub struct BuildRequest {
     pub ready_cmd: Option<String>,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RegistryAuth {
     #[serde(rename = "type")]
@@ -135,6 +135,13 @@ pub struct RegistryAuth {
     /// Type `gcp`: a service account's key file, JSON.
     #[serde(default)]
     pub service_account_json: Option<String>,
+}
+
+/// Shown without its secrets (a request may be logged with its fields).
+impl std::fmt::Debug for RegistryAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryAuth").field("kind", &self.kind).field("username", &self.username).finish_non_exhaustive()
+    }
 }
 
 impl RegistryAuth {

@@ -470,7 +470,10 @@ impl SandboxManager {
     /// The VM shape sandboxes of `template` get: the one its build asked for, else the
     /// server's (`--cpus`, `--memory`), else the template's default.
     pub(crate) fn shape(&self, template: &str) -> (u32, MemMib) {
-        let own = hutch_image::rootfs::cached(&self.home, template).ok().flatten().map(|t| t.shape).unwrap_or_default();
+        // The build a create boots: the prepared one if there is one (its image and
+        // shape go together), else the one the template's manifest names now.
+        let prepared = lock(&self.artifacts).get(template).and_then(|cell| cell.get().map(|a| a.template.shape));
+        let own = prepared.unwrap_or_else(|| hutch_image::rootfs::cached(&self.home, template).ok().flatten().map(|t| t.shape).unwrap_or_default());
         let memory = own.memory_mib.and_then(|m| MemMib::new(m).ok()).or(self.config.memory).unwrap_or_else(|| MemMib::of_template(template));
         (own.cpus.unwrap_or(self.config.cpus), memory)
     }

@@ -29,3 +29,14 @@ impl<T: DeserializeOwned> FromRequest<AppState> for JsonBody<T> {
         serde_json::from_slice(&bytes).map(JsonBody).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
     }
 }
+
+/// A query string as `T`, whose failure (`limit=-1`) is a JSON 400 like every other.
+pub struct QueryParams<T>(pub T);
+
+impl<T: DeserializeOwned> axum::extract::FromRequestParts<AppState> for QueryParams<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut axum::http::request::Parts, _state: &AppState) -> Result<Self, Self::Rejection> {
+        axum::extract::Query::try_from_uri(&parts.uri).map(|q| QueryParams(q.0)).map_err(|e| ApiError::bad_request(format!("invalid query string: {}", e.body_text())))
+    }
+}

@@ -25,13 +25,24 @@ pub struct RemoveTags {
     tags: Vec<String>,
 }
 
+/// Tag changes wait for the template's file lock and write with fsync: off the async
+/// workers, which serve every other request.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, hutch_core::manager::ManagerError> + Send + 'static) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(result) => Ok(result?),
+        Err(e) => Err(hutch_core::manager::ManagerError::Internal(format!("a tag change's task failed: {e}")).into()),
+    }
+}
+
 pub async fn assign(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<AssignTags>) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let (build_id, tags) = state.manager.assign_template_tags(&key.0, &body.target, &body.tags)?;
+    let manager = state.manager.clone();
+    let (build_id, tags) = blocking(move || manager.assign_template_tags(&key.0, &body.target, &body.tags)).await?;
     Ok((StatusCode::CREATED, Json(json!({ "tags": tags, "buildID": build_id }))))
 }
 
 pub async fn remove(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<RemoveTags>) -> Result<StatusCode, ApiError> {
-    state.manager.remove_template_tags(&key.0, &body.name, &body.tags)?;
+    let manager = state.manager.clone();
+    blocking(move || manager.remove_template_tags(&key.0, &body.name, &body.tags)).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -4,12 +4,12 @@
 //! /v2/templates/{id}/builds/{buildID}` starts the steps, and the status endpoint
 //! pages through the build's log. The manager owns builds; this only speaks HTTP.
 
-use super::body::JsonBody;
+use super::body::{JsonBody, QueryParams};
 use crate::auth::KeyId;
 use crate::error::ApiError;
 use crate::AppState;
 use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use futures::StreamExt;
@@ -78,7 +78,7 @@ pub struct UploadQuery {
 
 /// The upload itself (the signed URL `files` handed out): the body is stored as it
 /// comes, under a temporary name removed if the upload fails or the client leaves.
-pub async fn upload(State(state): State<AppState>, Path((_template_id, hash)): Path<(String, String)>, Query(q): Query<UploadQuery>, body: Body) -> Result<StatusCode, ApiError> {
+pub async fn upload(State(state): State<AppState>, Path((_template_id, hash)): Path<(String, String)>, QueryParams(q): QueryParams<UploadQuery>, body: Body) -> Result<StatusCode, ApiError> {
     let (partial, target) = state.manager.upload_target(&hash, &q.token)?;
     let guard = PartialFile(partial.clone());
     let dir = partial.parent().map(|p| p.to_path_buf()).unwrap_or_default();
@@ -142,7 +142,7 @@ fn rank(level: &str) -> u8 {
     }
 }
 
-pub async fn status(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, Query(q): Query<StatusQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn status(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, QueryParams(q): QueryParams<StatusQuery>) -> Result<Json<Value>, ApiError> {
     if let Some(level) = q.level.as_deref().filter(|l| !["debug", "info", "warn", "error"].contains(l)) {
         return Err(ApiError::bad_request(format!("level '{level}' is not one of debug, info, warn, error")));
     }
@@ -193,7 +193,7 @@ pub struct LogsQuery {
 /// `GET /templates/{id}/builds/{buildID}/logs` (E2B's `TemplateBuildLogsResponse`):
 /// the build's entries from a timestamp cursor, forward (oldest first) or backward
 /// (newest first), at most `limit` (≤ 100), at `level` or above.
-pub async fn logs(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, Query(q): Query<LogsQuery>) -> Result<Json<Value>, ApiError> {
+pub async fn logs(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, QueryParams(q): QueryParams<LogsQuery>) -> Result<Json<Value>, ApiError> {
     if let Some(level) = q.level.as_deref().filter(|l| !["debug", "info", "warn", "error"].contains(l)) {
         return Err(ApiError::bad_request(format!("level '{level}' is not one of debug, info, warn, error")));
     }
