@@ -13,7 +13,6 @@ import socket
 import subprocess
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import httpx
@@ -468,10 +467,12 @@ def test_the_official_sdk_hears_why_a_build_failed(registry, builds_server, tmp_
     assert not Template.exists("sdkbad")
     # The same, in the background: the SDK's status call says which step failed and why.
     started = Template.build_in_background(bad, "sdkbad")
-    deadline = time.monotonic() + 300
-    while (status := Template.get_build_status(started, logs_offset=0)).status.value in ("waiting", "building"):
-        assert time.monotonic() < deadline, status
-        time.sleep(0.2)
+
+    def ended():
+        status = Template.get_build_status(started, logs_offset=0)
+        return status if status.status.value not in ("waiting", "building") else None
+
+    status = wait_until(ended, "the background build to end", timeout=300, interval=0.2)
     assert status.status.value == "error" and status.reason.step == "1" and "exited with 3" in status.reason.message, status
     assert any("about-to-fail" in entry.message for entry in status.log_entries), status.log_entries
     missing = Template(file_context_path=str(tmp_path)).from_image(f"{registry}/bb:nope")
