@@ -252,7 +252,7 @@ pub enum TemplateError {
 }
 
 
-const MANIFEST: &str = "template.json";
+pub(crate) const MANIFEST: &str = "template.json";
 const IMAGE: &str = "rootfs.ext4";
 /// Where a template's builds live, each in a directory named by its content id.
 const BUILDS: &str = "builds";

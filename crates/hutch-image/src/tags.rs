@@ -68,6 +68,16 @@ pub fn check(tag: &str) -> Result<String, TagError> {
     }
 }
 
+/// A tags or manifest record that cannot be read or written.
+fn record_error(e: record::RecordError) -> TagError {
+    TagError::Template(TemplateError::Manifest(e))
+}
+
+/// The tags a template has, for a sentence saying which.
+fn known(tags: &BTreeMap<String, TagEntry>) -> String {
+    std::iter::once(DEFAULT).chain(tags.keys().map(String::as_str)).collect::<Vec<_>>().join(", ")
+}
+
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TagError + 'a {
     move |source| TagError::Io { what, path: path.to_path_buf(), source }
 }
@@ -77,7 +87,7 @@ fn read_tags(dir: &Path) -> Result<BTreeMap<String, TagEntry>, TagError> {
     match record::read(&dir.join(TAGS), Kind::Tags) {
         Ok(tags) => Ok(tags),
         Err(e) if e.is_missing() => Ok(BTreeMap::new()),
-        Err(e) => Err(TagError::Template(TemplateError::Manifest(e))),
+        Err(e) => Err(record_error(e)),
     }
 }
 
@@ -113,7 +123,7 @@ pub fn build_manifest(home: &HutchHome, name: &str, build: &str) -> Result<Templ
     let mut t: Template = match record::read(&path, Kind::Template) {
         Ok(t) => t,
         Err(e) if e.is_missing() => return Err(TagError::BuildGone { name: name.into(), build: build.into() }),
-        Err(e) => return Err(TagError::Template(TemplateError::Manifest(e))),
+        Err(e) => return Err(record_error(e)),
     };
     t.dir = dir;
     if !t.image().is_file() {
@@ -126,8 +136,7 @@ pub fn build_manifest(home: &HutchHome, name: &str, build: &str) -> Result<Templ
 pub fn resolve(home: &HutchHome, name: &str, tag: &str) -> Result<Template, TagError> {
     let tags = read_tags(&home.template(name))?;
     let Some(entry) = tags.get(tag) else {
-        let known: Vec<&str> = std::iter::once(DEFAULT).chain(tags.keys().map(String::as_str)).collect();
-        return Err(TagError::UnknownTag { name: name.into(), tag: tag.into(), known: known.join(", ") });
+        return Err(TagError::UnknownTag { name: name.into(), tag: tag.into(), known: known(&tags) });
     };
     let mut t = build_manifest(home, name, &entry.build)?;
     t.tag = Some(tag.to_string());
@@ -137,9 +146,27 @@ pub fn resolve(home: &HutchHome, name: &str, tag: &str) -> Result<Template, TagE
 /// Every tag of template `name`, `default` first.
 pub fn list(home: &HutchHome, name: &str) -> Result<Vec<(String, TagEntry)>, TagError> {
     let current = crate::rootfs::cached(home, name)?.ok_or_else(|| TagError::UnknownTemplate(name.into()))?;
+    list_of(&current)
+}
+
+/// Every tag of the template whose current build is `current` (as `cached` read it),
+/// `default` first.
+pub fn list_of(current: &Template) -> Result<Vec<(String, TagEntry)>, TagError> {
     let mut all = vec![(DEFAULT.to_string(), TagEntry { build: current.build_id.clone(), created_at: current.tagged_at.clone().unwrap_or(current.built_at.clone()) })];
     all.extend(read_tags(&current.dir)?);
     Ok(all)
+}
+
+/// The tags a new build of template `name` gets: `tags` (checked, normal form), with
+/// `default` first when they name none or the template has no build yet (so its name
+/// alone starts something).
+pub fn for_new_build(home: &HutchHome, name: &str, tags: &[String]) -> Vec<String> {
+    let mut out = tags.to_vec();
+    let first = !home.template(name).join(crate::rootfs::MANIFEST).is_file();
+    if (out.is_empty() || first) && !out.iter().any(|t| t == DEFAULT) {
+        out.insert(0, DEFAULT.to_string());
+    }
+    out
 }
 
 /// Stores the image at `built` as build `build_id` of its template and gives it `tags`,
@@ -186,7 +213,7 @@ fn assign_locked(home: &HutchHome, name: &str, build: &str, tags: &[String]) -> 
         }
     }
     if map != before {
-        record::write(&dir.join(TAGS), Kind::Tags, &map).map_err(|e| TagError::Template(TemplateError::Manifest(e)))?;
+        record::write(&dir.join(TAGS), Kind::Tags, &map).map_err(record_error)?;
     }
     Ok(())
 }
@@ -198,17 +225,16 @@ pub fn remove(home: &HutchHome, name: &str, tags: &[String]) -> Result<(), TagEr
         return Err(TagError::DefaultKept);
     }
     let dir = home.template(name);
-    if !dir.join("template.json").is_file() {
+    if !dir.join(crate::rootfs::MANIFEST).is_file() {
         return Err(TagError::UnknownTemplate(name.into()));
     }
     let _held = lock(&dir)?;
     let mut map = read_tags(&dir)?;
     if let Some(missing) = tags.iter().find(|t| !map.contains_key(*t)) {
-        let known: Vec<&str> = std::iter::once(DEFAULT).chain(map.keys().map(String::as_str)).collect();
-        return Err(TagError::UnknownTag { name: name.into(), tag: missing.clone(), known: known.join(", ") });
+        return Err(TagError::UnknownTag { name: name.into(), tag: missing.clone(), known: known(&map) });
     }
     map.retain(|t, _| !tags.contains(t));
-    record::write(&dir.join(TAGS), Kind::Tags, &map).map_err(|e| TagError::Template(TemplateError::Manifest(e)))
+    record::write(&dir.join(TAGS), Kind::Tags, &map).map_err(record_error)
 }
 
 /// The builds of template `dir` some non-default tag names (pruning keeps them).

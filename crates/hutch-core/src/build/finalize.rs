@@ -30,7 +30,7 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
     let (home2, layer, scratch) = (home.clone(), layer.to_path_buf(), scratch.to_path_buf());
     let name = spec.name.clone();
     let api_build = spec.api_build.clone();
-    let tags = tags_for(home, spec);
+    let tags = hutch_image::tags::for_new_build(home, &spec.name, &spec.tags);
     let tags2 = tags.clone();
     let template = tokio::task::spawn_blocking(move || {
         let raw = scratch.join("rootfs.ext4");
@@ -48,16 +48,6 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
     Ok(template)
 }
 
-/// The tags a finished build gets: the spec's, or `default` when it names none or the
-/// template has no build yet (so its name alone starts something).
-fn tags_for(home: &HutchHome, spec: &BuildSpec) -> Vec<String> {
-    let mut tags = spec.tags.clone();
-    let first = !home.template(&spec.name).join("template.json").is_file();
-    if (tags.is_empty() || first) && !tags.iter().any(|t| t == hutch_image::tags::DEFAULT) {
-        tags.insert(0, hutch_image::tags::DEFAULT.to_string());
-    }
-    tags
-}
 
 fn tool(cmd: &mut Command, what: &str) -> Result<Vec<u8>, String> {
     let out = hutch_vmm::process::output_within(cmd, TOOL_DEADLINE).map_err(|e| format!("{what}: {e}"))?;

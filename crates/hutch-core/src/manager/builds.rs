@@ -339,13 +339,9 @@ impl SandboxManager {
     /// `tags`: (templateID, buildID, the tags in normal form).
     pub fn new_template_build(&self, key_id: &str, name: &str, tags: &[String], shape: Shape) -> Result<(String, String, Vec<String>), ManagerError> {
         check_buildable(name)?;
-        let mut tags = super::tags::checked(tags)?;
+        // The tags finalize will give it (the answer names them).
+        let tags = hutch_image::tags::for_new_build(&self.home, name, &super::tags::checked(tags)?);
         self.config.quota.check_shape(&shape)?;
-        // A template's first build is also its `default` (finalize does the same).
-        let first = !self.home.template(name).join("template.json").is_file();
-        if first && !tags.is_empty() && !tags.iter().any(|t| t == hutch_image::tags::DEFAULT) {
-            tags.insert(0, hutch_image::tags::DEFAULT.to_string());
-        }
         self.claim(key_id, name)?;
         let mut records = lock(&self.builds.records);
         // Ended builds are kept an hour for their status, then let go.

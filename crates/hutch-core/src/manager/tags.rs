@@ -57,7 +57,7 @@ impl SandboxManager {
         self.template_alias(key_id, name)?;
         let current = self.current(name)?;
         let mut out = Vec::new();
-        for (tag, entry) in tags::list(&self.home, name).map_err(manager_error)? {
+        for (tag, entry) in tags::list_of(&current).map_err(manager_error)? {
             let build = if entry.build == current.build_id { Ok(current.clone()) } else { tags::build_manifest(&self.home, name, &entry.build) };
             if let Ok(build) = build {
                 out.push(TagView { tag, build_id: build_uuid(&build), created_at: entry.created_at });
@@ -117,7 +117,7 @@ impl SandboxManager {
         let info = |t: &Template| BuildInfo { id: build_uuid(t), built_at: t.built_at.clone(), disk_size: t.disk_size };
         let mut out = vec![info(current)];
         let mut seen = vec![current.build_id.clone()];
-        for (_, entry) in tags::list(&self.home, &current.name).unwrap_or_default() {
+        for (_, entry) in tags::list_of(current).unwrap_or_default() {
             if seen.contains(&entry.build) {
                 continue;
             }

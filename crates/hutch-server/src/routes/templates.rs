@@ -47,10 +47,7 @@ pub async fn create(State(state): State<AppState>, key: KeyId, JsonBody(body): J
     let mut tags: Vec<String> = tag.into_iter().collect();
     tags.extend(body.tags.unwrap_or_default());
     let shape = hutch_core::manager::builds::Shape { cpus: body.cpu_count, memory_mib: body.memory_mb };
-    let (template_id, build_id, mut tags) = state.manager.new_template_build(&key.0, name, &tags, shape)?;
-    if tags.is_empty() {
-        tags.push("default".into());
-    }
+    let (template_id, build_id, tags) = state.manager.new_template_build(&key.0, name, &tags, shape)?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({ "templateID": template_id, "buildID": build_id, "public": false, "names": [full], "tags": tags, "aliases": [name] })),
