@@ -73,6 +73,16 @@ pub fn prune_template_builds(home: &HutchHome) {
     }
 }
 
+/// After `tags` of template `name` were removed or moved: what only they kept goes,
+/// their memory snapshots and then the builds nothing names or uses. (The `default`
+/// tag's snapshot is replaced when the current build is next used.)
+pub fn release_tags(home: &HutchHome, name: &str, tags: &[String]) {
+    for tag in tags.iter().filter(|t| *t != hutch_image::tags::DEFAULT) {
+        crate::template_snapshot::remove_tag_snapshots(home, name, tag);
+    }
+    prune_template_builds(home);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

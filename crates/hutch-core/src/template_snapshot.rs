@@ -148,8 +148,7 @@ fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
 /// now names another build) that nothing uses. Only that tag's: the rest of the name
 /// must be the shape and hash (`-1cpu-512mib-kvm-<16 hex>`), so tag `v1` leaves
 /// `v1-rc`'s alone.
-pub fn remove_tag_snapshots(home: &HutchHome, name: &str, tag: &str) {
-    let in_use = in_use(home);
+pub(crate) fn remove_tag_snapshots(home: &HutchHome, name: &str, tag: &str) {
     let prefix = format!("{name}@{tag}-");
     let is_shape_and_hash = |rest: &str| {
         let parts: Vec<&str> = rest.split('-').collect();
@@ -162,12 +161,17 @@ pub fn remove_tag_snapshots(home: &HutchHome, name: &str, tag: &str) {
             && parts[3].len() == 16
             && parts[3].bytes().all(|b| b.is_ascii_hexdigit())
     };
+    remove_unused(home, "the memory snapshot of a tag that was removed or moved", |dir_name| dir_name.strip_prefix(&prefix).is_some_and(is_shape_and_hash));
+}
+
+/// Removes each template snapshot whose directory name `matches`, unless something
+/// still uses it (`in_use`); `what` says why, in the log.
+fn remove_unused(home: &HutchHome, what: &str, matches: impl Fn(&str) -> bool) {
+    let in_use = in_use(home);
     for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
         let dir = entry.path();
-        let file_name = entry.file_name().to_string_lossy().into_owned();
-        let ours = file_name.strip_prefix(&prefix).is_some_and(is_shape_and_hash);
-        if ours && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
-            tracing::info!(dir = %dir.display(), "removing the memory snapshot of a tag that was removed or moved");
+        if matches(&entry.file_name().to_string_lossy()) && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
+            tracing::info!(dir = %dir.display(), "removing {what}");
             let _ = std::fs::remove_dir_all(&dir);
         }
     }
@@ -176,16 +180,10 @@ pub fn remove_tag_snapshots(home: &HutchHome, name: &str, tag: &str) {
 /// Removes the snapshots `current` replaced (same template and shape, older build of
 /// something), unless something still uses one (`in_use`).
 fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
-    let in_use = in_use(home);
-    for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
-        let dir = entry.path();
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let replaced = name.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('-') && !rest.contains('.'));
-        if replaced && dir != current && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
-            tracing::info!(dir = %dir.display(), "removing a template snapshot its replacement made stale");
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-    }
+    let current = current.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    remove_unused(home, "a template snapshot its replacement made stale", |dir_name| {
+        dir_name != current && dir_name.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('-') && !rest.contains('.'))
+    });
 }
 
 /// Where a template VM runs while its snapshot is made: `.t{pid}-{n}` under the

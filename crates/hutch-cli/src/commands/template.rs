@@ -96,8 +96,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
                 hutch_image::from_image::check_name(template)?;
                 let tag = hutch_image::tags::check(tag)?;
                 hutch_image::tags::remove(&home, template, std::slice::from_ref(&tag))?;
-                hutch_core::template_snapshot::remove_tag_snapshots(&home, template, &tag);
-                hutch_core::references::prune_template_builds(&home);
+                hutch_core::references::release_tags(&home, template, std::slice::from_ref(&tag));
                 crate::outln!("removed tag {tag} of template {template}");
                 return Ok(0);
             }

@@ -103,13 +103,7 @@ impl SandboxManager {
     fn tags_changed(&self, name: &str, changed: &[String]) {
         self.forget_artifacts(name);
         let (home, name, changed) = (self.home.clone(), name.to_string(), changed.to_vec());
-        tokio::task::spawn_blocking(move || {
-            // The default tag's snapshot is replaced when the current build is next used.
-            for tag in changed.iter().filter(|t| *t != tags::DEFAULT) {
-                crate::template_snapshot::remove_tag_snapshots(&home, &name, tag);
-            }
-            crate::references::prune_template_builds(&home);
-        });
+        tokio::task::spawn_blocking(move || crate::references::release_tags(&home, &name, &changed));
     }
 
     /// The builds of `current`'s template that a tag names, `current` first.
