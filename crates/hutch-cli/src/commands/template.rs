@@ -92,11 +92,9 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
         TemplateCommand::Rm { name } => {
-            if let Some((template, tag)) = name.split_once(':') {
-                hutch_image::from_image::check_name(template)?;
-                let tag = hutch_image::tags::check(tag)?;
-                hutch_image::tags::remove(&home, template, std::slice::from_ref(&tag))?;
-                hutch_core::references::release_tags(&home, template, std::slice::from_ref(&tag));
+            if let (template, Some(tag)) = name_and_tag(&name)? {
+                hutch_image::tags::remove(&home, &template, std::slice::from_ref(&tag))?;
+                hutch_core::references::release_tags(&home, &template, std::slice::from_ref(&tag));
                 crate::outln!("removed tag {tag} of template {template}");
                 return Ok(0);
             }
@@ -136,11 +134,7 @@ impl BuildLog for TermLog {
 }
 
 async fn build(home: &HutchHome, args: BuildArgs) -> anyhow::Result<i32> {
-    let (name, tag) = match args.name.split_once(':') {
-        Some((name, tag)) => (name.to_string(), Some(hutch_image::tags::check(tag)?)),
-        None => (args.name.clone(), None),
-    };
-    hutch_image::from_image::check_name(&name)?;
+    let (name, tag) = name_and_tag(&args.name)?;
     home.make_private().with_context(|| format!("creating {} (mode 0700)", home.root().display()))?;
     let registry = RegistryOptions { credentials: args.registry_user.clone().zip(args.registry_password.clone()), insecure: args.insecure.clone(), local: true, proxy: None };
     let mut build_args = BTreeMap::new();
@@ -156,6 +150,17 @@ async fn build(home: &HutchHome, args: BuildArgs) -> anyhow::Result<i32> {
     };
     let _ = std::fs::remove_dir_all(&scratch);
     result
+}
+
+/// `NAME[:TAG]`, each checked (the tag in normal form; `default` stays a tag, as
+/// `rm NAME:default` must be refused, not remove the template).
+fn name_and_tag(reference: &str) -> anyhow::Result<(String, Option<String>)> {
+    let (name, tag) = match reference.split_once(':') {
+        Some((name, tag)) => (name, Some(hutch_image::tags::check(tag)?)),
+        None => (reference, None),
+    };
+    hutch_image::from_image::check_name(name)?;
+    Ok((name.to_string(), tag))
 }
 
 /// The base and steps: from the Dockerfile, or the image alone.
