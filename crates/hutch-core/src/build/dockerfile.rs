@@ -555,13 +555,18 @@ mod tests {
         assert!(e.to_string().starts_with("Dockerfile:2:6:") && e.to_string().contains("not in the build context"), "{e}");
     }
 
+    /// A RUN step's script, trimmed.
+    fn run_script(step: &Step) -> &str {
+        match &step.kind {
+            StepKind::Run { cmd, .. } => cmd.trim(),
+            other => panic!("not a RUN: {other:?}"),
+        }
+    }
+
     #[test]
     fn a_here_document_after_a_command_runs_as_buildkit_runs_it() {
         let plan = plan_text("FROM a\nRUN cat <<EOF > /etc/app.conf\nkey=$HOME\nEOF\nEXPOSE 80\n").expect("plan");
-        match &plan.steps[0].kind {
-            StepKind::Run { cmd, .. } => assert_eq!(cmd.trim(), "cat <<EOF > /etc/app.conf\nkey=$HOME\nEOF"),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(run_script(&plan.steps[0]), "cat <<EOF > /etc/app.conf\nkey=$HOME\nEOF");
         // Warnings and errors still name the Dockerfile's own lines.
         assert!(plan.warnings.iter().any(|w| w.starts_with("Dockerfile:5:")), "{:?}", plan.warnings);
         let e = plan_text("FROM a\nRUN cat <<EOF\nx\nEOF\nCOPY missing.txt /x\n").expect_err("missing");
@@ -572,10 +577,7 @@ mod tests {
     fn here_documents_run_as_scripts() {
         // parse-dockerfile reads a here-document only right after RUN (`RUN <<EOF`).
         let plan = plan_text("FROM a\nRUN <<EOF\necho one\necho two\nEOF\nCOPY <<EOF /etc/motd\nhello\nEOF\n").expect("plan");
-        match &plan.steps[0].kind {
-            StepKind::Run { cmd, .. } => assert_eq!(cmd.trim(), "echo one\necho two"),
-            other => panic!("{other:?}"),
-        }
+        assert_eq!(run_script(&plan.steps[0]), "echo one\necho two");
         assert!(matches!(&plan.steps[1].kind, StepKind::Copy { files, .. } if files.single));
         assert_eq!(with_here_docs("python3", vec![("print(1)\n".into(), false)]), "python3 <<'HUTCH_EOF'\nprint(1)\nHUTCH_EOF");
     }
