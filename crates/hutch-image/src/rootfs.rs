@@ -362,6 +362,9 @@ pub(crate) fn make_current(dir: &Path, template: &Template) -> Result<(), Templa
     crate::record::write(&dir.join(MANIFEST), crate::record::Kind::Template, template).map_err(TemplateError::Manifest)
 }
 
+/// How long a prune waits for a template's lock before leaving it for the next prune.
+const PRUNE_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Removes the builds of every template that are not its current one and hold no file
 /// in `referenced` (every file some overlay or snapshot stacks on); returns them.
 pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<PathBuf>) -> Vec<PathBuf> {
@@ -371,7 +374,7 @@ pub fn prune_builds(home: &HutchHome, referenced: &std::collections::HashSet<Pat
     for name in list(home) {
         let dir = home.template(&name);
         // A template being built or retagged right now is left for the next prune.
-        let Ok(Some(_held)) = crate::tags::try_lock(&dir) else { continue };
+        let Ok(Some(_held)) = crate::tags::try_lock_within(&dir, PRUNE_LOCK_PATIENCE) else { continue };
         // A template whose manifest cannot be read keeps every build.
         let Ok(mut current) = crate::record::read::<Template>(&dir.join(MANIFEST), crate::record::Kind::Template) else { continue };
         current.dir = dir.clone();

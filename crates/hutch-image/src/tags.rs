@@ -106,13 +106,23 @@ pub(crate) fn lock(dir: &Path) -> Result<Locked, TagError> {
     Ok(Locked(file))
 }
 
-/// The lock if no one holds it (None: someone does).
-pub(crate) fn try_lock(dir: &Path) -> Result<Option<Locked>, TagError> {
+/// The lock if it comes free within `patience` (None: someone still holds it).
+///
+/// Why wait at all: a lock held for a moment is not only a build or a tag change. Any
+/// process this one forks shares the lock's open file until it execs (the descriptor is
+/// close-on-exec), so a lock its holder has just dropped can still be held for an
+/// instant by a child another thread is spawning. Only a holder for longer than
+/// `patience` is a real one; flock has no timeout of its own, hence the poll.
+pub(crate) fn try_lock_within(dir: &Path, patience: std::time::Duration) -> Result<Option<Locked>, TagError> {
     let file = lock_file(dir)?;
-    match file.try_lock() {
-        Ok(()) => Ok(Some(Locked(file))),
-        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(e)) => Err(io("locking", &dir.join(LOCK))(e)),
+    let deadline = std::time::Instant::now() + patience;
+    loop {
+        match file.try_lock() {
+            Ok(()) => return Ok(Some(Locked(file))),
+            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io("locking", &dir.join(LOCK))(e)),
+        }
     }
 }
 
