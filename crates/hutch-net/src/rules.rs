@@ -209,7 +209,9 @@ fn parse_target(rule: &str, t: &str) -> Result<Target, RuleError> {
     if t.chars().next().is_some_and(|c| c.is_ascii_digit()) && t.chars().all(|c| c.is_ascii_digit() || c == '.' || c == '/') {
         return parse_net(rule, t, false);
     }
-    if !t.contains('.') {
+    // A domain has a dot between labels: `a.` (one label, rooted) prints as `a`, which
+    // would read back as a group.
+    if !t.trim_end_matches('.').contains('.') {
         if let Some(g) = Group::from_name(t) {
             return Ok(Target::Group(g));
         }
@@ -511,6 +513,9 @@ mod tests {
         assert!(err("allow@10.0.0.0/33").contains("not a CIDR"));
         assert!(err("allow@public:tcp:0").contains("port 0"));
         assert!(err("allow@public:tcp:90-80").contains("runs backwards"));
+        // Found by the egress_rules fuzz target: one label and a dot is not a domain.
+        assert!(err("allow@a.").contains("a domain needs a dot"), "{}", err("allow@a."));
+        assert!(Policy::parse("allow@a.\x0c,,").is_err());
         assert!(err("allow@publik").contains("did you mean `public`?"));
         assert!(err("allow@example.com:443").contains("is a port, not a protocol"));
         assert!(err("allow@foo.*.com").contains("wildcard"));
