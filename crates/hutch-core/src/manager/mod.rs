@@ -524,13 +524,12 @@ impl SandboxManager {
         }
         self.quota_running(key_id, 1)?;
         if named.is_none() && !spec.cold {
-            if let Some((mut sandbox, slot)) = self.take_pooled(&canonical(&template), &opts).await {
+            if let Some((mut sandbox, artifacts, slot)) = self.take_pooled(&canonical(&template), &opts).await {
                 // Pooled sandboxes wait with no egress; this one's settings apply now.
                 if let Err(e) = sandbox.set_network(opts.network.clone()) {
                     let _ = sandbox.destroy().await;
                     return Err(ManagerError::Create(e));
                 }
-                let artifacts = self.prepare(&template).await?;
                 let row = self.register(key_id, &name, &artifacts, sandbox, spec, token, timeout).await;
                 drop(slot);
                 self.refill(&canonical(&template));

@@ -4,14 +4,52 @@
 //! VMs count against the server's sandbox limit; they belong to no key until taken.
 
 use super::{lock, SandboxManager, SlotGuard};
+use crate::artifacts::Artifacts;
 use crate::sandbox::{Sandbox, SandboxOptions};
+use hutch_image::tags;
+
+/// A sandbox waiting in a pool, with the build it runs.
+struct Pooled {
+    sandbox: Sandbox,
+    artifacts: Artifacts,
+    /// Its template's generation when its fill began (see `Pools::generation`).
+    generation: u64,
+}
 
 #[derive(Default)]
 pub(super) struct Pools {
-    /// Waiting sandboxes by (canonical) template name.
-    ready: std::collections::HashMap<String, Vec<Sandbox>>,
+    /// Waiting sandboxes by (canonical) template reference, `name` or `name:tag`.
+    ready: std::collections::HashMap<String, Vec<Pooled>>,
     /// Templates with a refill task running.
     filling: std::collections::HashSet<String>,
+    /// Per template name, how many times its builds or tags have changed under the
+    /// pools. A waiting sandbox of an older generation runs a build its reference no
+    /// longer names: it is never handed out, only stopped.
+    generation: std::collections::HashMap<String, u64>,
+}
+
+impl Pools {
+    fn generation(&self, reference: &str) -> u64 {
+        self.generation.get(tags::split(reference).0).copied().unwrap_or(0)
+    }
+
+    /// A waiting sandbox of `reference` that runs its current build.
+    fn take_current(&mut self, reference: &str) -> Option<Pooled> {
+        let current = self.generation(reference);
+        let waiting = self.ready.get_mut(reference)?;
+        let at = waiting.iter().rposition(|p| p.generation == current)?;
+        Some(waiting.remove(at))
+    }
+
+    /// A waiting sandbox of template `name` (or one of its tags) that no longer runs
+    /// its reference's build.
+    fn take_stale(&mut self, name: &str) -> Option<Pooled> {
+        let current = self.generation.get(name).copied().unwrap_or(0);
+        self.ready
+            .iter_mut()
+            .filter(|(reference, _)| tags::split(reference).0 == name)
+            .find_map(|(_, waiting)| waiting.iter().position(|p| p.generation != current).map(|at| waiting.remove(at)))
+    }
 }
 
 impl SandboxManager {
@@ -29,12 +67,14 @@ impl SandboxManager {
     /// The ids of the sandboxes waiting in pools (tests check their directories).
     #[cfg(test)]
     pub(super) fn pooled_ids(&self) -> Vec<String> {
-        lock(&self.pools).ready.values().flatten().map(|s| s.id().to_string()).collect()
+        lock(&self.pools).ready.values().flatten().map(|p| p.sandbox.id().to_string()).collect()
     }
 
-    /// How many sandboxes of `template` wait in the pool now.
+    /// How many sandboxes of `template`'s current build wait in the pool now.
     pub fn pool_size(&self, template: &str) -> usize {
-        lock(&self.pools).ready.get(template).map_or(0, Vec::len)
+        let pools = lock(&self.pools);
+        let current = pools.generation(template);
+        pools.ready.get(template).map_or(0, |waiting| waiting.iter().filter(|p| p.generation == current).count())
     }
 
     /// Every configured pool: (template, waiting now, size).
@@ -47,9 +87,10 @@ impl SandboxManager {
     }
 
     /// A waiting sandbox of `template`, made this request's: same guest, its own
-    /// identity from here on. None when the pool is empty (or there is none).
-    /// The slot guard keeps the sandbox counted until the caller registers it.
-    pub(super) async fn take_pooled(&self, template: &str, opts: &SandboxOptions) -> Option<(Sandbox, SlotGuard<'_>)> {
+    /// identity from here on, with the artifacts of the build it runs. None when the
+    /// pool is empty (or there is none). The slot guard keeps the sandbox counted
+    /// until the caller registers it.
+    pub(super) async fn take_pooled(&self, template: &str, opts: &SandboxOptions) -> Option<(Sandbox, Artifacts, SlotGuard<'_>)> {
         if self.pool_target(template) == 0 {
             return None;
         }
@@ -58,9 +99,9 @@ impl SandboxManager {
         // reserve_slot takes them in the other order).
         *lock(&self.starting) += 1;
         let slot = SlotGuard(&self.starting);
-        let mut sandbox = lock(&self.pools).ready.get_mut(template).and_then(Vec::pop)?;
+        let Pooled { mut sandbox, artifacts, .. } = lock(&self.pools).take_current(template)?;
         match sandbox.reinit(opts).await {
-            Ok(()) => Some((sandbox, slot)),
+            Ok(()) => Some((sandbox, artifacts, slot)),
             Err(e) => {
                 tracing::warn!(template, "a pooled sandbox did not take its identity, discarding it: {e}");
                 let _ = sandbox.destroy().await;
@@ -103,15 +144,49 @@ impl SandboxManager {
 
     async fn add_to_pool(&self, template: &str) -> Result<(), super::ManagerError> {
         let _slot = self.reserve_slot()?;
+        // Read before preparing: a change of builds forgets the prepared artifacts
+        // first and then moves the generation on, so a sandbox of the old build always
+        // carries the old generation.
+        let generation = lock(&self.pools).generation(template);
         let artifacts = self.prepare(template).await?;
         let opts = self.options(template, &Default::default(), &Default::default(), None);
         let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(super::ManagerError::Create)?;
-        if self.shutting_down() {
+        let unwanted = {
+            let mut pools = lock(&self.pools);
+            if self.shutting_down() || pools.generation(template) != generation {
+                // Shutting down, or its build changed while it started.
+                Some(sandbox)
+            } else {
+                pools.ready.entry(template.to_string()).or_default().push(Pooled { sandbox, artifacts, generation });
+                None
+            }
+        };
+        if let Some(sandbox) = unwanted {
             let _ = sandbox.destroy().await;
-            return Ok(());
         }
-        lock(&self.pools).ready.entry(template.to_string()).or_default().push(sandbox);
         Ok(())
+    }
+
+    /// Template `name`'s builds or tags changed: its waiting sandboxes (and those of
+    /// its tags) run builds a create may no longer get. They are stopped in the
+    /// background, counted against the limit until gone, and the pools refill with
+    /// what the references name now.
+    pub(super) fn retire_pooled(&self, name: &str) {
+        *lock(&self.pools).generation.entry(name.to_string()).or_default() += 1;
+        let me = self.me.clone();
+        let name = name.to_string();
+        tokio::spawn(async move {
+            let Some(m) = me.upgrade() else { return };
+            loop {
+                // Counted as starting before it leaves the pool, as in take_pooled.
+                *lock(&m.starting) += 1;
+                let _slot = SlotGuard(&m.starting);
+                let Some(stale) = lock(&m.pools).take_stale(&name) else { break };
+                tracing::info!(template = %name, sandbox = %stale.sandbox.id(), "stopping a pooled sandbox of a replaced build");
+                let _ = stale.sandbox.destroy().await;
+            }
+            m.fill_pools();
+        });
     }
 
     /// Fills every configured pool (at start, and when a sandbox ends and frees room).
@@ -124,9 +199,9 @@ impl SandboxManager {
 
     /// Stops every pooled VM (shutdown).
     pub(super) async fn drain_pools(&self) {
-        let all: Vec<Sandbox> = lock(&self.pools).ready.drain().flat_map(|(_, v)| v).collect();
-        for sandbox in all {
-            let _ = sandbox.destroy().await;
+        let all: Vec<Pooled> = lock(&self.pools).ready.drain().flat_map(|(_, v)| v).collect();
+        for pooled in all {
+            let _ = pooled.sandbox.destroy().await;
         }
     }
 }

@@ -65,6 +65,30 @@ async fn failed_starts_give_their_slot_back() {
     env.kill_all().await;
 }
 
+/// A template's builds changed (a rebuild, a moved `default` tag): the sandbox waiting
+/// with the old build is never handed out, its VM stops, and the pool refills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_build_retires_the_pooled_sandboxes_of_the_old_one() {
+    let env = Env::new(config(3, 1)).await;
+    let key = env.key().to_string();
+    assert!(until(SETTLE, || env.manager.pool_size("base") == 1).await, "the pool did not fill");
+    env.settled().await;
+    let old = env.manager.pooled_ids();
+    env.manager.forget_artifacts("base");
+    assert_eq!(env.manager.pool_size("base"), 0, "a sandbox of the replaced build still counts as ready");
+    assert!(
+        until(SETTLE, || env.manager.pool_size("base") == 1 && !env.manager.pooled_ids().iter().any(|id| old.contains(id))).await,
+        "the pool did not refill with the new build: {:?}",
+        env.manager.pooled_ids()
+    );
+    env.settled().await;
+    assert_eq!(env.backend.live(), 1, "the VM of the replaced build still runs");
+    env.manager.create(&key, base()).await.expect("from the pool");
+    env.settled().await;
+    assert!(!env.sandbox_dirs().iter().any(|d| old.contains(d)), "the replaced build's sandbox is back");
+    env.kill_all().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_sandboxes_count_against_the_limit_and_never_take_its_last_slot() {
     let env = Env::new(config(3, 2)).await;
