@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import API_KEY, HUTCH, free_port, launch, new_home, shared_home, stop, wait_until
+from conftest import API_KEY, HUTCH, Server, free_port, launch, new_home, shared_home, stop, wait_until
 
 BUSYBOX = Path("/bin/busybox")
 APPLETS = ["sh", "echo", "cat", "id", "ls", "test", "sleep", "true"]
@@ -142,6 +142,55 @@ def test_a_busybox_image_becomes_a_template_that_boots(registry, home):
     # The same image again: every layer comes from the cache.
     again = hutch(home, "template", "build", "-t", "bbtest", "--from-image", f"{registry}/bb:1", "--insecure-registry", registry)
     assert again.returncode == 0 and "0 layer(s) downloaded" in again.stderr and "2 already cached" in again.stderr, again.stderr
+
+
+# Reads an xattr and a device node's numbers: what an image's layers set must reach
+# the booted guest's filesystem, not only the host's unpacked tree.
+PROBE_C = r"""
+#include <stdio.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/xattr.h>
+int main(int argc, char **argv) {
+    char value[64] = {0};
+    struct stat st;
+    if (argc != 3 || getxattr(argv[1], "user.hutch", value, sizeof value - 1) < 0 || stat(argv[2], &st) != 0) {
+        perror("probe");
+        return 1;
+    }
+    printf("xattr=%s dev=%c%u,%u\n", value, S_ISCHR(st.st_mode) ? 'c' : '?', major(st.st_rdev), minor(st.st_rdev));
+    return 0;
+}
+"""
+MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
+
+
+def test_an_alpine_style_image_runs_a_dynamic_musl_binary_and_keeps_xattrs_and_devices(registry, home, tmp_path):
+    """Alpine's shape (busybox, a dynamically linked musl program, no passwd) boots; a
+    file's xattr and a character device from the layers are there in the guest."""
+    (tmp_path / "probe.c").write_text(PROBE_C)
+    subprocess.run(["musl-gcc", "-O2", "-o", str(tmp_path / "probe"), str(tmp_path / "probe.c")], check=True)
+    probe = (tmp_path / "probe").read_bytes()
+    assert MUSL_LOADER.encode() in probe, "musl-gcc made no dynamically linked program"
+
+    def musl(tar):
+        for d in ("lib", "usr", "usr/bin"):
+            add_dir(tar, d)
+        # musl's dynamic loader is its libc.
+        add_file(tar, MUSL_LOADER.lstrip("/"), Path("/usr/lib/x86_64-linux-musl/libc.so").read_bytes(), 0o755)
+        add_file(tar, "usr/bin/probe", probe, 0o755)
+        marked = tarfile.TarInfo("srv/marked")
+        marked.size, marked.mode, marked.pax_headers = 5, 0o644, {"SCHILY.xattr.user.hutch": "kept"}
+        tar.addfile(marked, io.BytesIO(b"mark\n"))
+        device = tarfile.TarInfo("srv/null2")
+        device.type, device.mode, device.devmajor, device.devminor = tarfile.CHRTYPE, 0o666, 1, 3
+        tar.addfile(device)
+
+    push(registry, "musl", "1", busybox_image() + [layer(musl)], CONFIG)
+    built = hutch(home, "template", "build", "-t", "musltest", "--from-image", f"{registry}/musl:1", "--insecure-registry", registry)
+    assert built.returncode == 0, built.stderr
+    ran = hutch(home, "run", "--template", "musltest", "--", "/usr/bin/probe", "/srv/marked", "/srv/null2")
+    assert ran.returncode == 0 and ran.stdout == "xattr=kept dev=c1,3\n", (ran.stdout, ran.stderr)
 
 
 def test_bad_builds_say_why_and_leave_no_template(registry, home):
@@ -282,12 +331,13 @@ def builds_server(registry, net_world, monkeypatch):
         shutil.rmtree(shared_home() / "templates" / name, ignore_errors=True)
     home = new_home("hutch-builds-")
     port = free_port()
-    proc = launch(home, port, "--insecure-registry", registry, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map)})
+    # A warm pool of sdkchild: a rebuild must replace its waiting sandbox.
+    proc = launch(home, port, "--insecure-registry", registry, "--pool", "sdkchild=1", env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map)})
     url = f"http://127.0.0.1:{port}"
     for var in ("E2B_API_URL", "E2B_SANDBOX_URL"):
         monkeypatch.setenv(var, url)
     monkeypatch.setenv("E2B_API_KEY", API_KEY)
-    yield url
+    yield Server(url, home, proc)
     stop(proc)
     for name in SDK_TEMPLATES:
         shutil.rmtree(shared_home() / "templates" / name, ignore_errors=True)
@@ -341,7 +391,7 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     from e2b.api.client.api.templates import get_templates, get_templates_template_id
     from e2b.api.client_sync import get_api_client
     from e2b.connection_config import ConnectionConfig
-    client = get_api_client(ConnectionConfig(api_key=API_KEY, api_url=builds_server))
+    client = get_api_client(ConnectionConfig(api_key=API_KEY, api_url=builds_server.url))
     listed = get_templates.sync_detailed(client=client)
     assert listed.status_code == 200 and listed.parsed is not None, listed.content
     mine = {t.template_id: t for t in listed.parsed}
@@ -376,14 +426,19 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     finally:
         shutil.rmtree(cold_home, ignore_errors=True)
     check_tags(Sandbox, Template, template, info, ctx, registry)
-    check_from_template_and_skip_cache(Sandbox, Template)
+    check_from_template_and_skip_cache(Sandbox, Template, builds_server.url)
     # An unchanged rebuild reuses every layer.
     again = []
     Template.build(template, "sdktpl:v1", on_build_logs=lambda e: again.append(str(e.message)))
     steps = [l for l in again if "[builder" in l]
     assert steps and all("CACHED" in l for l in steps), again
-    with httpx.Client(base_url=builds_server, headers={"X-API-Key": API_KEY}, timeout=120) as api:
-        assert api.delete("/templates/sdktpl").status_code == 204
+    with builds_server.api() as api:
+        # sdkchild's build cache layers stack on sdktpl and go with it.
+        layers = builds_server.home / "cache" / "build" / "layers"
+        stacked = len(list(layers.iterdir()))
+        gone = api.delete("/templates/sdktpl")
+        assert gone.status_code == 204, gone.text
+        assert len(list(layers.iterdir())) < stacked, "no build cache layer went with the template"
         assert api.get("/templates/aliases/sdktpl").status_code == 404
     # The server had it prepared: a create now hears it is gone (a 400), not a failed boot.
     with pytest.raises(Exception) as e:
@@ -391,12 +446,14 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     assert "unknown template 'sdktpl'" in str(e.value), str(e.value)
 
 
-def check_from_template_and_skip_cache(Sandbox, Template):
-    """A template built on another (`from_template`; the built-in base here, as a build
-    cache layer stacked on a key's template would keep it from being deleted): it has
-    the parent's files; built again, the step before `skip_cache()` is CACHED and the
-    one after runs again."""
-    child = Template().from_template("base").run_cmd("echo one > /home/user/one").skip_cache().run_cmd("echo two > /home/user/two")
+def check_from_template_and_skip_cache(Sandbox, Template, url):
+    """A template built on another (`from_template` of sdktpl, whose deletion later
+    takes the build cache layers stacked on it along): it has the parent's files; built
+    again, the step before `skip_cache()` is CACHED and the one after runs again. The
+    server pools sdkchild: once rebuilt, a create gets the new build, not the sandbox
+    that waited with the old one."""
+    child = Template().from_template("sdktpl").run_cmd("echo one > /home/user/work/one").skip_cache().run_cmd("cat /proc/sys/kernel/random/uuid > /home/user/work/two")
+    stamps = []
     for attempt in ("first", "again"):
         logs = []
         Template.build(child, "sdkchild", on_build_logs=lambda e: logs.append(str(e.message)))
@@ -404,20 +461,42 @@ def check_from_template_and_skip_cache(Sandbox, Template):
         assert len(steps) == 2, logs
         cached = ["CACHED" in l for l in steps]
         assert cached == ([False, False] if attempt == "first" else [True, False]), (attempt, steps)
+        if attempt == "first":
+            # The pool fills with the first build and refills after handing it out;
+            # full again, it holds a sandbox of the first build when the rebuild ends.
+            for _ in range(2):
+                wait_pool(url, "sdkchild")
+                stamps.append(child_files(Sandbox)[2])
+            wait_pool(url, "sdkchild")
+        else:
+            stamps.append(child_files(Sandbox)[2])
+    assert stamps[0] == stamps[1] != stamps[2], f"a sandbox of the old build was handed out after the rebuild: {stamps}"
+
+
+def wait_pool(url, template):
+    def ready():
+        return httpx.get(url + "/status", headers={"X-API-Key": API_KEY}).json()["pools"][template]["ready"] >= 1
+    wait_until(ready, f"the {template} pool to fill", timeout=180, interval=0.5)
+
+
+def child_files(Sandbox):
+    """`[the parent's app.txt, one, two]` of a new sdkchild sandbox."""
     sbx = Sandbox.create("sdkchild")
     try:
-        lines = sbx.commands.run("cat /etc/debian_version /home/user/one /home/user/two").stdout.splitlines()
-        assert lines[0].startswith("12.") and lines[1:] == ["one", "two"], lines
+        lines = sbx.commands.run("cat /home/user/app.txt /home/user/work/one /home/user/work/two").stdout.splitlines()
+        assert lines[:2] == ["copied by the SDK", "one"] and len(lines) == 3, lines
+        return lines
     finally:
         sbx.kill()
 
 
 def variant_of(Sandbox, reference):
-    """`[VARIANT] vCPUs MemTotal-in-MiB` of a sandbox of `reference`."""
+    """`([VARIANT], vCPUs, MemTotal in MiB, MiB free on /)` of a sandbox of `reference`."""
     sbx = Sandbox.create(reference)
     try:
-        out = sbx.commands.run('echo "[$VARIANT]" $(busybox nproc) $(( $(busybox awk \'/MemTotal/ {print $2}\' /proc/meminfo) / 1024 ))').stdout.split()
-        return out[0], int(out[1]), int(out[2])
+        out = sbx.commands.run('echo "[$VARIANT]" $(busybox nproc) $(( $(busybox awk \'/MemTotal/ {print $2}\' /proc/meminfo) / 1024 ))'
+                               ' $(busybox df -m / | busybox awk \'NR == 2 {print $4}\')').stdout.split()
+        return out[0], int(out[1]), int(out[2]), int(out[3])
     finally:
         sbx.kill()
 
@@ -431,17 +510,19 @@ def check_tags(Sandbox, Template, template, v1, ctx, registry):
     with pytest.raises(BuildException) as e:
         Template.build(sdk_template(ctx, registry, "two"), "sdktpl:v2", cpu_count=65)
     assert "cpuCount 65 is not allowed" in str(e.value), str(e.value)
-    v2 = Template.build(sdk_template(ctx, registry, "two"), "sdktpl:v2", cpu_count=2, memory_mb=768)
+    v2 = Template.build(sdk_template(ctx, registry, "two"), "sdktpl:v2", cpu_count=2, memory_mb=768, min_free_disk_mb=5000)
     assert v2.build_id != v1.build_id, (v1, v2)
     tags = {t.tag: t.build_id for t in Template.get_tags("sdktpl")}
     assert tags == {"default": v1.build_id, "v1": v1.build_id, "v2": v2.build_id}, tags
     two = variant_of(Sandbox, "sdktpl:v2")
-    # The guest's MemTotal is its RAM less what the kernel keeps for itself.
-    assert two[:2] == ("[two]", 2) and 640 < two[2] <= 768, two
-    assert variant_of(Sandbox, "sdktpl")[:2] == ("[]", 1)
+    # The guest's MemTotal is its RAM less what the kernel keeps for itself. The disk
+    # grew past the 4 GiB every template has, to leave 5000 MiB free.
+    assert two[:2] == ("[two]", 2) and 640 < two[2] <= 768 and two[3] >= 5000, two
+    one = variant_of(Sandbox, "sdktpl")
+    assert one[:2] == ("[]", 1) and one[3] < 4096, one
     assigned = Template.assign_tags("sdktpl:v2", ["Prod", "default"])
     assert assigned.build_id == v2.build_id and sorted(assigned.tags) == ["default", "prod"], assigned
-    assert variant_of(Sandbox, "sdktpl") == two
+    assert variant_of(Sandbox, "sdktpl")[:3] == two[:3]
     Template.remove_tags("sdktpl", "prod")
     for tag, why in (("default", "cannot be removed"), ("nope", "has no tag 'nope'")):
         with pytest.raises(TemplateException) as e:
@@ -454,6 +535,30 @@ def check_tags(Sandbox, Template, template, v1, ctx, registry):
     assert tags == {"default": v2.build_id, "v1": v1.build_id, "v2": v2.build_id}, tags
     # Back to v1 as the default, as the rest of the test expects.
     Template.assign_tags("sdktpl:v1", "default")
+    check_tag_history(v1.build_id, v2.build_id)
+
+
+def check_tag_history(v1, v2):
+    """E2B's tag count, exists, groups and assignment lists, through the SDK's own
+    client: `default` named v1, then v2, then v1 again; prod came and went."""
+    from e2b.api.client.api.tags import (get_templates_template_id_tags_count as count, get_templates_template_id_tags_exists as exists,
+                                         get_templates_template_id_tags_groups as groups, get_templates_template_id_tags_tag_assignments as assignments)
+    from e2b.api.client_sync import get_api_client
+    from e2b.connection_config import ConnectionConfig
+    client = get_api_client(ConnectionConfig(api_key=API_KEY, api_url=os.environ["E2B_API_URL"]))
+    assert count.sync("sdktpl", client=client).total == 3
+    there = exists.sync("sdktpl", client=client, tag=" V2 ")
+    assert there.exists and there.normalized_tag == "v2", there
+    assert not exists.sync("sdktpl", client=client, tag="prod").exists
+    first = assignments.sync("sdktpl", "default", client=client, limit=2)
+    assert [str(a.build_id) for a in first.data] == [v1, v2] and first.next_cursor, first
+    rest = assignments.sync("sdktpl", "default", client=client, limit=2, cursor=first.next_cursor)
+    assert [str(a.build_id) for a in rest.data] == [v1] and rest.next_cursor is None, rest
+    assert assignments.sync_detailed("sdktpl", "prod", client=client).status_code == 404
+    page = groups.sync("sdktpl", client=client, assignment_limit=2, search="def")
+    assert [(g.tag, [str(a.build_id) for a in g.assignments], g.has_more) for g in page.tags] == [("default", [v1, v2], True)], page
+    by_name = groups.sync("sdktpl", client=client, sort=groups.GetTemplatesTemplateIDTagsGroupsSort.NAME_ASC, tags_limit=2)
+    assert [g.tag for g in by_name.tags] == ["default", "v1"] and by_name.next_cursor, by_name
 
 
 def test_the_official_sdk_hears_why_a_build_failed(registry, builds_server, tmp_path):

@@ -60,24 +60,31 @@ impl MemMib {
     }
 }
 
+/// A size in MiB from `512`, `512M`, `512MiB`, `2G` or `2GiB`; `what` names it in
+/// the error ("memory size", "disk size").
+pub fn parse_mib(s: &str, what: &str) -> Result<u32, String> {
+    let lower = s.trim().to_ascii_lowercase();
+    let (num, mult) = if let Some(n) = lower.strip_suffix("gib").or_else(|| lower.strip_suffix('g')) {
+        (n, 1024)
+    } else if let Some(n) = lower.strip_suffix("mib").or_else(|| lower.strip_suffix('m')) {
+        (n, 1)
+    } else {
+        (lower.as_str(), 1)
+    };
+    let n: u32 = num.trim().parse().map_err(|_| format!("'{s}' is not a {what}; use MiB like 512, or 512M or 2G"))?;
+    n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// [`parse_mib`] for a disk size (clap's value parser).
+pub fn parse_disk_mib(s: &str) -> Result<u32, String> {
+    parse_mib(s, "disk size")
+}
+
 impl std::str::FromStr for MemMib {
     type Err = String;
     /// Accepts `512`, `512M`, `512MiB`, `2G`, `2GiB`.
     fn from_str(s: &str) -> Result<Self, String> {
-        let t = s.trim();
-        let lower = t.to_ascii_lowercase();
-        let (num, mult) = if let Some(n) = lower.strip_suffix("gib").or_else(|| lower.strip_suffix('g')) {
-            (n, 1024)
-        } else if let Some(n) = lower.strip_suffix("mib").or_else(|| lower.strip_suffix('m')) {
-            (n, 1)
-        } else {
-            (lower.as_str(), 1)
-        };
-        let n: u32 = num
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a memory size; use MiB like 512, or 512M or 2G"))?;
-        MemMib::new(n.checked_mul(mult).ok_or_else(|| format!("'{s}' is too large"))?)
+        MemMib::new(parse_mib(s, "memory size")?)
     }
 }
 

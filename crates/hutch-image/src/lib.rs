@@ -7,6 +7,7 @@
 
 pub mod cpio;
 pub mod file_error;
+pub mod flock;
 pub mod from_image;
 pub mod home;
 pub mod initramfs;

@@ -34,6 +34,8 @@ pub enum Kind {
     Kernel,
     /// A template's tags other than `default` (`tags.json`).
     Tags,
+    /// Every assignment of a template's tags, oldest first (`tag-history.json`).
+    TagHistory,
 }
 
 impl Kind {
@@ -44,6 +46,7 @@ impl Kind {
             Kind::Template => "hutch-template-manifest",
             Kind::Kernel => "hutch-kernel-manifest",
             Kind::Tags => "hutch-template-tags",
+            Kind::TagHistory => "hutch-template-tag-history",
         }
     }
 }

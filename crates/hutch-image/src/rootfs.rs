@@ -184,8 +184,9 @@ pub struct Template {
     pub tag: Option<String>,
 }
 
-/// The vCPUs and memory a template's sandboxes get, when its build named them (E2B's
-/// `cpuCount`/`memoryMB`, `hutch template build --cpus/--memory`).
+/// The vCPUs, memory and free disk a template's sandboxes get, when its build named
+/// them (E2B's `cpuCount`/`memoryMB`/`minFreeDiskMb`, `hutch template build --cpus
+/// --memory --min-free-disk`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Shape {
@@ -193,15 +194,23 @@ pub struct Shape {
     pub cpus: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_mib: Option<u32>,
+    /// Free space (MiB) the root filesystem has at least, for users, after the build
+    /// steps: the disk grows to it (never shrinks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_free_disk_mib: Option<u32>,
 }
 
 impl Shape {
     /// What a build id says of it: empty when it names nothing, so builds that name no
-    /// shape keep the ids they had.
+    /// shape keep the ids they had (and those naming no free disk too).
     pub fn id_part(&self) -> String {
-        match (self.cpus, self.memory_mib) {
-            (None, None) => String::new(),
+        let vm = match (self.cpus, self.memory_mib) {
+            (None, None) if self.min_free_disk_mib.is_none() => return String::new(),
             (c, m) => format!("cpus={},mib={}", c.unwrap_or(0), m.unwrap_or(0)),
+        };
+        match self.min_free_disk_mib {
+            Some(free) => format!("{vm},free={free}"),
+            None => vm,
         }
     }
 }

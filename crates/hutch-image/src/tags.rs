@@ -18,7 +18,10 @@ use std::path::{Path, PathBuf};
 /// The tag a name without one means.
 pub const DEFAULT: &str = "default";
 const TAGS: &str = "tags.json";
+const HISTORY: &str = "tag-history.json";
 const LOCK: &str = ".tags.lock";
+/// Assignments kept per template; older ones are forgotten.
+const HISTORY_KEPT: usize = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TagError {
@@ -44,6 +47,17 @@ pub struct TagEntry {
     pub build: String,
     /// RFC 3339.
     pub created_at: String,
+}
+
+/// One time a tag was pointed at a build (E2B's tag assignment events).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub tag: String,
+    pub build: String,
+    /// RFC 3339.
+    pub assigned_at: String,
+    /// Its place in the template's history: with the rest, a stable identity.
+    pub seq: u64,
 }
 
 /// `name[:tag]` → (name, tag); an empty tag or `default` is no tag.
@@ -93,37 +107,25 @@ fn read_tags(dir: &Path) -> Result<BTreeMap<String, TagEntry>, TagError> {
 
 /// Holds the template's tag lock while alive: builds being stored, tags changing and
 /// prunes of the template's builds happen one at a time.
-pub(crate) struct Locked(#[allow(dead_code)] std::fs::File);
+pub struct Locked(#[allow(dead_code)] std::fs::File);
 
 fn lock_file(dir: &Path) -> Result<std::fs::File, TagError> {
     let path = dir.join(LOCK);
     std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io("opening", &path))
 }
 
-pub(crate) fn lock(dir: &Path) -> Result<Locked, TagError> {
+pub fn lock(dir: &Path) -> Result<Locked, TagError> {
     let file = lock_file(dir)?;
     file.lock().map_err(io("locking", &dir.join(LOCK)))?;
     Ok(Locked(file))
 }
 
-/// The lock if it comes free within `patience` (None: someone still holds it).
-///
-/// Why wait at all: a lock held for a moment is not only a build or a tag change. Any
-/// process this one forks shares the lock's open file until it execs (the descriptor is
-/// close-on-exec), so a lock its holder has just dropped can still be held for an
-/// instant by a child another thread is spawning. Only a holder for longer than
-/// `patience` is a real one; flock has no timeout of its own, hence the poll.
+/// The lock if it comes free within `patience` (None: someone still holds it; see
+/// [`crate::flock`] for why a moment's wait).
 pub(crate) fn try_lock_within(dir: &Path, patience: std::time::Duration) -> Result<Option<Locked>, TagError> {
     let file = lock_file(dir)?;
-    let deadline = std::time::Instant::now() + patience;
-    loop {
-        match file.try_lock() {
-            Ok(()) => return Ok(Some(Locked(file))),
-            Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(std::time::Duration::from_millis(10)),
-            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
-            Err(std::fs::TryLockError::Error(e)) => return Err(io("locking", &dir.join(LOCK))(e)),
-        }
-    }
+    let locked = crate::flock::lock_within(&file, patience).map_err(io("locking", &dir.join(LOCK)))?;
+    Ok(locked.then_some(Locked(file)))
 }
 
 /// The manifest of build `build` of template `name`.
@@ -225,7 +227,42 @@ fn assign_locked(home: &HutchHome, name: &str, build: &str, tags: &[String]) -> 
     if map != before {
         record::write(&dir.join(TAGS), Kind::Tags, &map).map_err(record_error)?;
     }
+    // The history is what E2B's assignment lists show; losing it loses no build.
+    let mut past = read_history(&dir).unwrap_or_default();
+    let next = past.last().map_or(0, |a| a.seq + 1);
+    past.extend(tags.iter().zip(next..).map(|(tag, seq)| Assignment { tag: tag.clone(), build: build.to_string(), assigned_at: now.clone(), seq }));
+    let drop = past.len().saturating_sub(HISTORY_KEPT);
+    past.drain(..drop);
+    if let Err(e) = record::write(&dir.join(HISTORY), Kind::TagHistory, &past) {
+        tracing::warn!(template = name, "keeping the tag history: {e}");
+    }
     Ok(())
+}
+
+fn read_history(dir: &Path) -> Result<Vec<Assignment>, TagError> {
+    match record::read(&dir.join(HISTORY), Kind::TagHistory) {
+        Ok(past) => Ok(past),
+        Err(e) if e.is_missing() => Ok(Vec::new()),
+        Err(e) => Err(record_error(e)),
+    }
+}
+
+/// Every assignment of the tags template `current` (as `cached` read it) has now,
+/// oldest first. A tag given before hutch kept a history has its current assignment.
+/// Builds that are gone are left out: E2B lists ready builds only.
+pub fn history_of(home: &HutchHome, current: &Template) -> Result<Vec<Assignment>, TagError> {
+    let tags = list_of(current)?;
+    let mut past: Vec<Assignment> = read_history(&current.dir)?.into_iter().filter(|a| tags.iter().any(|(t, _)| *t == a.tag)).collect();
+    for (tag, entry) in &tags {
+        if !past.iter().any(|a| a.tag == *tag && a.build == entry.build) {
+            // Never written: seq 0 with its tag, build and time is still one identity.
+            let seq = 0;
+            past.push(Assignment { tag: tag.clone(), build: entry.build.clone(), assigned_at: entry.created_at.clone(), seq });
+        }
+    }
+    past.retain(|a| a.build == current.build_id || build_manifest(home, &current.name, &a.build).is_ok());
+    past.sort_by(|a, b| (&a.assigned_at, a.seq).cmp(&(&b.assigned_at, b.seq)));
+    Ok(past)
 }
 
 /// Removes `tags` (checked, normal form) from template `name`; all of them or, if one is
@@ -308,6 +345,28 @@ mod tests {
         assert_eq!(crate::rootfs::prune_builds(&home, &Default::default()), vec![one.image()]);
         assert!(two.image().is_file());
         assert_eq!(tags_of(&home), [("default".into(), "b2".into()), ("v2".into(), "b2".into())]);
+    }
+
+    /// Each assignment is remembered, oldest first; tags removed since and builds gone
+    /// are not listed, and tags from before the history have their current one.
+    #[test]
+    fn tag_assignments_are_kept_as_a_history() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(root.path());
+        store(&home, b"one", "b1", &[DEFAULT, "v1"]);
+        store(&home, b"two", "b2", &["v2", "gone"]);
+        assign(&home, "app", Some("v2"), &[DEFAULT.into()]).expect("assign default");
+        remove(&home, "app", &["gone".into()]).expect("remove");
+        let current = crate::rootfs::cached(&home, "app").expect("cached").expect("built");
+        let seen = |h: Vec<Assignment>| h.into_iter().map(|a| (a.tag, a.build)).collect::<Vec<_>>();
+        let pairs = |v: &[(&str, &str)]| v.iter().map(|(t, b)| (t.to_string(), b.to_string())).collect::<Vec<_>>();
+        assert_eq!(seen(history_of(&home, &current).expect("history")), pairs(&[("default", "b1"), ("v1", "b1"), ("v2", "b2"), ("default", "b2")]));
+        // Without the history file (a template tagged before it existed), each tag's
+        // current assignment.
+        std::fs::remove_file(home.template("app").join(HISTORY)).expect("rm");
+        let mut legacy = seen(history_of(&home, &current).expect("history"));
+        legacy.sort();
+        assert_eq!(legacy, pairs(&[("default", "b2"), ("v1", "b1"), ("v2", "b2")]));
     }
 
     /// A template from before builds were kept apart (its image at the top, no manifest

@@ -1,5 +1,5 @@
 //! Pulls from Debian's `docker-registry` on loopback, started here (one open, one behind
-//! htpasswd), with images this test pushes: shared layers fetched once, a tampered blob,
+//! htpasswd, one behind a token service), with images this test pushes: shared layers fetched once, a tampered blob,
 //! a missing tag, a wrong password, an unreachable registry. Nothing leaves the machine.
 
 use hutch_oci::pull::{PullError, Puller, Quiet, RegistryOptions};
@@ -31,6 +31,18 @@ impl Drop for Registry {
 impl Registry {
     /// `docker-registry` on a free loopback port; with `login`, behind htpasswd.
     fn start(login: Option<(&str, &str)>) -> Registry {
+        Registry::start_with(|dir| {
+            let (user, password) = login?;
+            let out = Command::new("htpasswd").args(["-Bbn", user, password]).output().expect("htpasswd (apache2-utils)");
+            assert!(out.status.success(), "htpasswd failed");
+            std::fs::write(dir.join("htpasswd"), out.stdout).expect("htpasswd file");
+            Some(format!("auth:\n  htpasswd:\n    realm: hutch-test\n    path: {}\n", dir.join("htpasswd").display()))
+        })
+    }
+
+    /// `docker-registry` on a free loopback port, with the `auth:` section `auth` writes
+    /// (given the registry's directory), if any.
+    fn start_with(auth: impl FnOnce(&Path) -> Option<String>) -> Registry {
         let binary = Path::new("/usr/bin/docker-registry");
         assert!(binary.exists(), "Debian's docker-registry is not installed (scripts/test.sh installs it: apt-get install docker-registry apache2-utils)");
         let dir = tempfile::tempdir().expect("tempdir");
@@ -40,11 +52,8 @@ impl Registry {
             "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
             dir.path().join("data").display()
         );
-        if let Some((user, password)) = login {
-            let out = Command::new("htpasswd").args(["-Bbn", user, password]).output().expect("htpasswd (apache2-utils)");
-            assert!(out.status.success(), "htpasswd failed");
-            std::fs::write(dir.path().join("htpasswd"), out.stdout).expect("htpasswd file");
-            config.push_str(&format!("auth:\n  htpasswd:\n    realm: hutch-test\n    path: {}\n", dir.path().join("htpasswd").display()));
+        if let Some(section) = auth(dir.path()) {
+            config.push_str(&section);
         }
         std::fs::write(dir.path().join("config.yml"), config).expect("config");
         let child = Command::new(binary)
@@ -303,6 +312,121 @@ async fn a_registry_with_a_login_wants_the_right_password() {
     }
     let ok = puller(cache.path(), &registry.options(Some(("hutch", "s3cret")))).pull(&image, Arc::new(Quiet)).await.expect("the right password");
     assert_eq!(ok.layers_downloaded, 1);
+}
+
+/// A token service as Docker Hub and GHCR have (the registry says `Bearer realm=…`;
+/// the client trades its login there for a signed token): `docker-registry` in token
+/// mode, trusting a certificate this test makes, and a token server on loopback that
+/// signs with its key (RS256 via `openssl`, so no JWT crate is needed) for
+/// `hutch`/`t0ken` only.
+#[tokio::test]
+async fn a_registry_with_a_token_service_wants_the_right_password() {
+    let tokens = TokenServer::start(("hutch", "t0ken"));
+    let registry = Registry::start_with(|_| {
+        Some(format!(
+            "auth:\n  token:\n    realm: http://{}/token\n    service: hutch-test\n    issuer: hutch-test-issuer\n    rootcertbundle: {}\n",
+            tokens.addr,
+            tokens.dir.path().join("cert.pem").display()
+        ))
+    });
+    registry.push("tokened:1", &[layer(&[("t", b"behind a token")])], Some(("hutch", "t0ken"))).await;
+    let cache = tempfile::tempdir().expect("cache");
+    let image = format!("{}/tokened:1", registry.addr);
+    for login in [None, Some(("hutch", "wrong"))] {
+        let err = puller(cache.path(), &registry.options(login)).pull(&image, Arc::new(Quiet)).await.expect_err("refused");
+        assert!(matches!(err, PullError::Unauthorized { .. }), "{login:?}: {err}");
+    }
+    let ok = puller(cache.path(), &registry.options(Some(("hutch", "t0ken")))).pull(&image, Arc::new(Quiet)).await.expect("the right password");
+    assert_eq!(ok.layers_downloaded, 1);
+    assert!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the pulls did not go through the token service");
+}
+
+struct TokenServer {
+    addr: String,
+    dir: tempfile::TempDir,
+    issued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl TokenServer {
+    fn start(login: (&'static str, &'static str)) -> TokenServer {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let made = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=hutch-test-issuer", "-keyout"])
+            .arg(dir.path().join("key.pem"))
+            .arg("-out")
+            .arg(dir.path().join("cert.pem"))
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl");
+        assert!(made.success(), "openssl could not make the token service's certificate");
+        let der = Command::new("openssl").args(["x509", "-outform", "DER", "-in"]).arg(dir.path().join("cert.pem")).output().expect("openssl x509");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let issued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (key, counter) = (dir.path().join("key.pem"), issued.clone());
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let _ = answer_token_request(conn, login, &key, &der.stdout, &counter);
+            }
+        });
+        TokenServer { addr, dir, issued }
+    }
+}
+
+fn b64url(data: &[u8]) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(data)
+}
+
+/// One `GET /token?service=…&scope=…` with basic auth: a token granting the scopes
+/// asked for, or 401.
+fn answer_token_request(conn: std::net::TcpStream, login: (&str, &str), key: &Path, cert_der: &[u8], issued: &std::sync::atomic::AtomicUsize) -> std::io::Result<()> {
+    use base64::Engine;
+    use std::io::BufRead;
+    conn.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut reader = std::io::BufReader::new(conn.try_clone()?);
+    let mut request_line = String::new();
+    reader.read_line(&mut request_line)?;
+    let mut authorized = false;
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 || line.trim().is_empty() {
+            break;
+        }
+        if let Some((name, value)) = line.trim().split_once(':') {
+            if name.eq_ignore_ascii_case("authorization") {
+                let basic = value.trim().strip_prefix("Basic ").unwrap_or("");
+                let decoded = base64::engine::general_purpose::STANDARD.decode(basic).unwrap_or_default();
+                authorized = decoded == format!("{}:{}", login.0, login.1).into_bytes();
+            }
+        }
+    }
+    let mut out = conn;
+    if !authorized {
+        return out.write_all(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+    }
+    let query = request_line.split_whitespace().nth(1).and_then(|t| t.split_once('?')).map(|(_, q)| q.to_string()).unwrap_or_default();
+    let access: Vec<serde_json::Value> = query
+        .split('&')
+        .filter_map(|kv| kv.strip_prefix("scope="))
+        .map(|scope| scope.replace("%3A", ":").replace("%3a", ":").replace("%2C", ",").replace("%2c", ","))
+        .filter_map(|scope| {
+            let mut parts = scope.splitn(3, ':');
+            let (kind, name, actions) = (parts.next()?.to_string(), parts.next()?.to_string(), parts.next()?.to_string());
+            Some(serde_json::json!({"type": kind, "name": name, "actions": actions.split(',').collect::<Vec<_>>()}))
+        })
+        .collect();
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_secs();
+    let header = serde_json::json!({"alg": "RS256", "typ": "JWT", "x5c": [base64::engine::general_purpose::STANDARD.encode(cert_der)]});
+    let claims = serde_json::json!({"iss": "hutch-test-issuer", "sub": login.0, "aud": "hutch-test", "exp": now + 300, "nbf": now - 10, "iat": now, "jti": format!("t{now}"), "access": access});
+    let signing_input = format!("{}.{}", b64url(header.to_string().as_bytes()), b64url(claims.to_string().as_bytes()));
+    let mut sign = Command::new("openssl").args(["dgst", "-sha256", "-sign"]).arg(key).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+    sign.stdin.take().expect("stdin").write_all(signing_input.as_bytes())?;
+    let signature = sign.wait_with_output()?.stdout;
+    let token = format!("{signing_input}.{}", b64url(&signature));
+    issued.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    let body = serde_json::json!({"token": token, "access_token": token, "expires_in": 300}).to_string();
+    out.write_all(format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).as_bytes())
 }
 
 fn walk(dir: &Path) -> Vec<PathBuf> {

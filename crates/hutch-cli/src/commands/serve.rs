@@ -38,6 +38,10 @@ pub struct ServeArgs {
     /// sandboxes (MiB, or 512M, 8G); more answer 400.
     #[arg(long, default_value = "8G")]
     pub key_max_memory: MemMib,
+    /// The most free disk a template one API key builds (E2B's minFreeDiskMb) may ask
+    /// for its sandboxes (MiB, or 512M, 32G); more answer 400.
+    #[arg(long, default_value = "32G", value_parser = hutch_core::ids::parse_disk_mib)]
+    pub key_max_free_disk: u32,
     /// Seconds a sandbox lives when the request names no timeout.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
@@ -116,6 +120,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
             snapshots: args.key_max_snapshots,
             cpus: args.key_max_cpus,
             memory: args.key_max_memory,
+            free_disk_mib: args.key_max_free_disk,
         },
         net_env: std::sync::Arc::new(hutch_net::Environment::from_env(args.net_open.clone(), args.net_public.clone()).map_err(anyhow::Error::msg)?),
         internet_by_default: args.egress_default == "public",

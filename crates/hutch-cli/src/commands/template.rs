@@ -53,6 +53,10 @@ pub struct BuildArgs {
     /// Memory the template's sandboxes get unless a run asks otherwise (MiB, or 512M, 2G).
     #[arg(long)]
     pub memory: Option<hutch_core::MemMib>,
+    /// Free space the template's root filesystem keeps at least after the build (MiB,
+    /// or 512M, 10G); the disk grows to it.
+    #[arg(long, value_parser = hutch_core::ids::parse_disk_mib)]
+    pub min_free_disk: Option<u32>,
     /// Where RUN steps may connect: `public` (the internet, nothing private), `none`, or
     /// egress rules separated by commas.
     #[arg(long, default_value = "public", value_parser = super::run::parse_policy)]
@@ -103,7 +107,11 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
             Ok(0)
         }
         TemplateCommand::Prune => {
-            let freed = hutch_core::build::cache::BuildCache::new(&home).prune()?;
+            let cache = hutch_core::build::cache::BuildCache::new(&home);
+            let Some(held) = cache.exclusive(std::time::Duration::from_secs(2))? else {
+                anyhow::bail!("a template build is running and uses the build cache; run `hutch template prune` again when it ends");
+            };
+            let freed = cache.prune(&held)?;
             crate::outln!("removed the build cache ({})", hutch_image::progress::human_bytes(freed));
             Ok(0)
         }
@@ -192,7 +200,7 @@ async fn run_build(home: &HutchHome, args: &BuildArgs, (name, tag): (String, Opt
         name,
         tags: tag.into_iter().collect(),
         api_build: None,
-        shape: hutch_image::rootfs::Shape { cpus: args.cpus, memory_mib: args.memory.map(|m| m.get()) },
+        shape: hutch_image::rootfs::Shape { cpus: args.cpus, memory_mib: args.memory.map(|m| m.get()), min_free_disk_mib: args.min_free_disk.filter(|&mib| mib > 0) },
         base,
         steps,
         start_cmd: None,

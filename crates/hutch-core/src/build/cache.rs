@@ -61,6 +61,9 @@ struct Entry {
     layer: String,
 }
 
+/// A hold on the build cache (see [`BuildCache::shared`]), released when dropped.
+pub struct CacheLock(#[allow(dead_code)] std::fs::File);
+
 #[derive(Clone)]
 pub struct BuildCache {
     root: PathBuf,
@@ -120,9 +123,50 @@ impl BuildCache {
             .collect()
     }
 
+    fn lock_file(&self) -> Result<std::fs::File, CacheError> {
+        std::fs::create_dir_all(&self.root).map_err(at("creating", &self.root))?;
+        let path = self.root.join(".lock");
+        std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(at("opening", &path))
+    }
+
+    /// Held by a build while it runs (shared: builds run side by side), across
+    /// processes: layers are removed only under [`BuildCache::exclusive`], so never
+    /// from under a build stacking on them. Blocks while a removal runs (briefly).
+    pub fn shared(&self) -> Result<CacheLock, CacheError> {
+        let file = self.lock_file()?;
+        file.lock_shared().map_err(at("locking", &self.root.join(".lock")))?;
+        Ok(CacheLock(file))
+    }
+
+    /// The cache to remove layers from, if no build holds it within `patience`
+    /// (None: a build runs; see `hutch_image::flock` for why a moment's wait).
+    pub fn exclusive(&self, patience: std::time::Duration) -> Result<Option<CacheLock>, CacheError> {
+        let file = self.lock_file()?;
+        let locked = hutch_image::flock::lock_within(&file, patience).map_err(at("locking", &self.root.join(".lock")))?;
+        Ok(locked.then_some(CacheLock(file)))
+    }
+
+    /// Removes `layers` (layer files, as [`BuildCache::layer_files`] lists them) and
+    /// the keys naming them, keys first; the caller holds [`BuildCache::exclusive`].
+    pub fn remove_layers(&self, _held: &CacheLock, layers: &[PathBuf]) -> Result<(), CacheError> {
+        let ids: std::collections::HashSet<String> = layers.iter().filter_map(|l| l.parent()?.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+        for key in std::fs::read_dir(self.keys()).into_iter().flatten().flatten() {
+            let names_one = std::fs::read(key.path()).ok().and_then(|t| serde_json::from_slice::<Entry>(&t).ok()).is_some_and(|e| ids.contains(&e.layer));
+            if names_one {
+                std::fs::remove_file(key.path()).map_err(at("removing", &key.path()))?;
+            }
+        }
+        for id in &ids {
+            let dir = self.layers().join(id);
+            std::fs::remove_dir_all(&dir).map_err(at("removing", &dir))?;
+        }
+        Ok(())
+    }
+
     /// Removes the whole cache (keys first, so no key outlives its layer), scratch
-    /// directories and uploaded COPY files; returns the bytes freed. Not while builds run.
-    pub fn prune(&self) -> Result<u64, CacheError> {
+    /// directories and uploaded COPY files; returns the bytes freed. The caller holds
+    /// [`BuildCache::exclusive`].
+    pub fn prune(&self, _held: &CacheLock) -> Result<u64, CacheError> {
         let used = disk_usage(&self.root);
         for dir in [self.keys(), self.layers(), self.root.join("tmp"), self.root.join("files")] {
             match std::fs::remove_dir_all(&dir) {
@@ -176,7 +220,12 @@ mod tests {
         cache.record(&key, &id).expect("record");
         assert_eq!(cache.lookup(&key), Some(layer.join("disk.qcow2")));
         assert_eq!(cache.layer_files().len(), 1);
-        cache.prune().expect("prune");
+        let patience = std::time::Duration::from_millis(50);
+        let building = cache.shared().expect("a build's hold");
+        assert!(cache.exclusive(patience).expect("lock").is_none(), "a removal got the cache while a build held it");
+        drop(building);
+        let held = cache.exclusive(patience).expect("lock").expect("no build runs");
+        cache.prune(&held).expect("prune");
         assert!(cache.lookup(&key).is_none());
         assert!(cache.layer_files().is_empty());
     }

@@ -168,6 +168,12 @@ struct Context {
 pub async fn build(home: &HutchHome, backend: &dyn VmBackend, spec: BuildSpec, log: Arc<dyn BuildLog>, pull: Arc<dyn PullProgress>) -> Result<Built, BuildError> {
     hutch_image::from_image::check_name(&spec.name).map_err(|e| BuildError::at(FailedAt::Base, true, e.to_string()))?;
     let cache = BuildCache::new(home);
+    // No cache layer is removed while this build may stack on it.
+    let holding = cache.clone();
+    let _in_use = tokio::task::spawn_blocking(move || holding.shared())
+        .await
+        .map_err(|e| BuildError::at(FailedAt::Base, false, e.to_string()))?
+        .map_err(|e| BuildError::at(FailedAt::Base, false, e.to_string()))?;
     // Removed however the build ends, a dropped future (Ctrl-C, a server stopping)
     // included; the VM's own drop kills QEMU.
     let scratch = RemoveOnDrop::new(cache.scratch().map_err(|e| BuildError::at(FailedAt::Base, false, e.to_string()))?);
@@ -588,16 +594,33 @@ pub fn remove_template(home: &HutchHome, name: &str) -> Result<(), RemoveError> 
     if snapshots.iter().any(|s| used.snapshot_dirs.iter().any(|d| canonical(d) == canonical(s))) {
         users.push("a sandbox restored from its snapshot".into());
     }
-    if let Some(layer) = BuildCache::new(home).layer_files().iter().find(|l| hutch_vmm::qemu::backing::chain(l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)) {
-        users.push(format!("the build cache layer {} (`hutch template prune` clears the cache)", layer.display()));
-    }
     if !users.is_empty() {
         users.sort();
         users.dedup();
         return Err(RemoveError::InUse { name: name.into(), what: users.join(", ") });
+    }
+    // Build cache layers stacked on it go with it: the cache is disposable, and no build
+    // runs on them while the cache is held.
+    let cache = BuildCache::new(home);
+    let stacked: Vec<PathBuf> = cache.layer_files().into_iter().filter(|l| hutch_vmm::qemu::backing::chain(l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)).collect();
+    let cache_held = if stacked.is_empty() {
+        None
+    } else {
+        match cache.exclusive(CACHE_PATIENCE).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))? {
+            Some(held) => Some(held),
+            None => return Err(RemoveError::InUse { name: name.into(), what: "a template build running now, which may stack on it; try again when it ends".into() }),
+        }
+    };
+    // Not while a build of it is being stored or its tags change.
+    let _template_held = hutch_image::tags::lock(&dir).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
+    if let Some(held) = &cache_held {
+        cache.remove_layers(held, &stacked).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
     }
     for path in snapshots.iter().chain(std::iter::once(&dir)) {
         std::fs::remove_dir_all(path).map_err(|source| RemoveError::Io { path: path.clone(), source })?;
     }
     Ok(())
 }
+
+/// How long a removal waits for running builds to let go of the build cache.
+const CACHE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);

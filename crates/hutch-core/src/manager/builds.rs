@@ -103,7 +103,7 @@ fn new_build_uuid() -> String {
     uuid_text(rand::random(), 4)
 }
 
-fn uuid_text(mut b: [u8; 16], version: u8) -> String {
+pub(crate) fn uuid_text(mut b: [u8; 16], version: u8) -> String {
     b[6] = (b[6] & 0x0f) | (version << 4);
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex::encode(b);

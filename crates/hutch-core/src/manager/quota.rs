@@ -19,16 +19,19 @@ pub struct KeyQuota {
     pub cpus: u32,
     /// The most memory a template one key builds may give its sandboxes.
     pub memory: MemMib,
+    /// The most free disk (MiB) a template one key builds may ask for its sandboxes.
+    pub free_disk_mib: u32,
 }
 
 impl Default for KeyQuota {
     fn default() -> Self {
-        KeyQuota { running: 8, paused: 16, snapshots: 32, cpus: 8, memory: MemMib::new(8192).unwrap_or(MemMib::DEFAULT) }
+        KeyQuota { running: 8, paused: 16, snapshots: 32, cpus: 8, memory: MemMib::new(8192).unwrap_or(MemMib::DEFAULT), free_disk_mib: 32 << 10 }
     }
 }
 
 impl KeyQuota {
-    /// A template build's `cpuCount`/`memoryMB`, checked against what a key may ask.
+    /// A template build's `cpuCount`/`memoryMB`/`minFreeDiskMb`, checked against what a
+    /// key may ask.
     pub fn check_shape(&self, shape: &Shape) -> Result<(), ManagerError> {
         if let Some(cpus) = shape.cpus {
             if cpus == 0 || cpus > self.cpus {
@@ -42,6 +45,11 @@ impl KeyQuota {
                     MemMib::MIN,
                     self.memory.get()
                 )));
+            }
+        }
+        if let Some(mib) = shape.min_free_disk_mib {
+            if mib > self.free_disk_mib {
+                return Err(ManagerError::InvalidArgument(format!("minFreeDiskMb {mib} is not allowed: a template's sandboxes may ask for at most {} MiB free on this server", self.free_disk_mib)));
             }
         }
         Ok(())

@@ -3,7 +3,7 @@
 //! themselves are hutch-image's (`tags.rs`); this checks who may change them and keeps
 //! the manager's prepared artifacts in step with them.
 
-use super::builds::{build_uuid, BuildInfo};
+use super::builds::{build_uuid, uuid_text, BuildInfo};
 use super::{lock, ManagerError, SandboxManager};
 use hutch_image::rootfs::Template;
 use hutch_image::tags::{self, TagError};
@@ -16,6 +16,26 @@ pub struct TagView {
     pub build_id: String,
     /// RFC 3339.
     pub created_at: String,
+}
+
+/// One time a tag was pointed at a build, as E2B's assignment lists show it.
+#[derive(Debug, Clone)]
+pub struct AssignmentView {
+    pub tag: String,
+    /// A UUID naming this assignment.
+    pub assignment_id: String,
+    /// The build's UUID.
+    pub build_id: String,
+    /// RFC 3339, as the rest.
+    pub assigned_at: String,
+    /// hutch does not record when a build began: this is when it was finished.
+    pub build_created_at: String,
+    pub build_finished_at: String,
+}
+
+/// One tag as E2B takes it, in normal form (a bad one is a 400).
+pub fn normal_tag(tag: &str) -> Result<String, ManagerError> {
+    tags::check(tag).map_err(manager_error)
 }
 
 /// Tags as E2B takes them: each checked, in normal form, once.
@@ -62,6 +82,34 @@ impl SandboxManager {
             if let Ok(build) = build {
                 out.push(TagView { tag, build_id: build_uuid(&build), created_at: entry.created_at });
             }
+        }
+        Ok(out)
+    }
+
+    /// Every assignment of the tags template `name` has now, oldest first (E2B's tag
+    /// groups and assignment lists); builds that are gone are left out.
+    pub fn tag_assignments(&self, key_id: &str, name: &str) -> Result<Vec<AssignmentView>, ManagerError> {
+        if name.contains(':') {
+            return Err(ManagerError::InvalidArgument(format!("'{name}' names a tag; give the template's name")));
+        }
+        self.template_alias(key_id, name)?;
+        let current = self.current(name)?;
+        let past = tags::history_of(&self.home, &current).map_err(manager_error)?;
+        let mut out = Vec::with_capacity(past.len());
+        for a in past {
+            let build = if a.build == current.build_id { Ok(current.clone()) } else { tags::build_manifest(&self.home, name, &a.build) };
+            let Ok(build) = build else { continue };
+            use sha2::Digest;
+            let seed = format!("hutch-tag-assignment:{name}:{}:{}:{}:{}", a.seq, a.tag, a.build, a.assigned_at);
+            let id: [u8; 16] = sha2::Sha256::digest(seed)[..16].try_into().unwrap_or_default();
+            out.push(AssignmentView {
+                tag: a.tag,
+                assignment_id: uuid_text(id, 8),
+                build_id: build_uuid(&build),
+                assigned_at: a.assigned_at,
+                build_created_at: build.built_at.clone(),
+                build_finished_at: build.built_at,
+            });
         }
         Ok(out)
     }
@@ -129,9 +177,12 @@ impl SandboxManager {
             .ok_or_else(|| ManagerError::Missing(format!("template '{name}' is not built on this server yet")))
     }
 
-    /// Drops the prepared artifacts of template `name` and each of its tags: the next
-    /// sandbox finds the build its reference names now (or that it is gone).
+    /// Drops the prepared artifacts of template `name` and each of its tags, and
+    /// retires the pooled sandboxes of its old builds: the next sandbox finds the build
+    /// its reference names now (or that it is gone). Artifacts go first: a pool fill
+    /// that reads the new generation must not find the old build prepared.
     pub fn forget_artifacts(&self, name: &str) {
         lock(&self.artifacts).retain(|reference, _| tags::split(reference).0 != name);
+        self.retire_pooled(name);
     }
 }

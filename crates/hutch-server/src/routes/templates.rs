@@ -33,6 +33,9 @@ pub struct NewTemplate {
     cpu_count: Option<u32>,
     #[serde(default, rename = "memoryMB")]
     memory_mb: Option<u32>,
+    /// Free space (MiB) the sandboxes' root filesystem has at least; 0 asks for none.
+    #[serde(default)]
+    min_free_disk_mb: Option<u32>,
 }
 
 pub async fn create(State(state): State<AppState>, key: KeyId, JsonBody(body): JsonBody<NewTemplate>) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -46,7 +49,7 @@ pub async fn create(State(state): State<AppState>, key: KeyId, JsonBody(body): J
     };
     let mut tags: Vec<String> = tag.into_iter().collect();
     tags.extend(body.tags.unwrap_or_default());
-    let shape = hutch_core::manager::builds::Shape { cpus: body.cpu_count, memory_mib: body.memory_mb };
+    let shape = hutch_core::manager::builds::Shape { cpus: body.cpu_count, memory_mib: body.memory_mb, min_free_disk_mib: body.min_free_disk_mb.filter(|&mib| mib > 0) };
     let (template_id, build_id, tags) = state.manager.new_template_build(&key.0, name, &tags, shape)?;
     Ok((
         StatusCode::ACCEPTED,
