@@ -52,11 +52,14 @@ pub fn boot() -> Result<(), BootError> {
     mount_fs("tmpfs", "/dev/shm", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
     // /tmp is the root disk's, as in Docker and on E2B, not a tmpfs: what a template
     // build's RUN leaves there stays in the template, a filesystem snapshot keeps it,
-    // and it does not eat the guest's RAM. An image without one (FROM scratch) gets it.
-    if !Path::new("/tmp").is_dir() {
-        use std::os::unix::fs::DirBuilderExt;
-        let _ = std::fs::DirBuilder::new().mode(0o1777).create("/tmp");
-        let _ = std::fs::set_permissions("/tmp", std::os::unix::fs::PermissionsExt::from_mode(0o1777));
+    // and it does not eat the guest's RAM. It is 1777 as the tmpfs was (an image may
+    // have none, or one its unpacking made 0755); a symlink is left as the image has it.
+    let tmp = Path::new("/tmp");
+    if std::fs::symlink_metadata(tmp).is_err() {
+        let _ = std::fs::create_dir(tmp);
+    }
+    if std::fs::symlink_metadata(tmp).is_ok_and(|m| m.is_dir()) {
+        let _ = std::fs::set_permissions(tmp, std::os::unix::fs::PermissionsExt::from_mode(0o1777));
     }
     mount_fs("tmpfs", "/run", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755"))?;
     for (link, target) in [("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2")] {

@@ -36,9 +36,12 @@ pub async fn finish(home: &HutchHome, spec: &BuildSpec, layer: &Path, key: &Key,
         let raw = scratch.join("rootfs.ext4");
         flatten(&layer, &raw)?;
         let mut template = hutch_image::from_image::image_template(&name, source);
-        if let Some(mib) = shape.min_free_disk_mib {
-            template.disk_size = grow_to_free(&raw, u64::from(mib) << 20)?;
-        }
+        // The disk's size is the flattened image's: a build from a grown template is as
+        // large as its base, whatever it asks.
+        template.disk_size = match shape.min_free_disk_mib {
+            Some(mib) => grow_to_free(&raw, u64::from(mib) << 20)?,
+            None => std::fs::metadata(&raw).map_err(|e| format!("reading the image's size: {e}"))?.len(),
+        };
         template.api_build = api_build;
         template.shape = shape;
         hutch_image::tags::install_tagged(&home2, &raw, template, &id.0[..16], &tags2).map_err(|e| hutch_proto::error_chain(&e))
@@ -101,8 +104,8 @@ fn space_of(raw: &Path) -> Result<Ext4Space, String> {
 fn grow_to_free(raw: &Path, free: u64) -> Result<u64, String> {
     // resize2fs wants a checked filesystem; this one was just mounted by the builder.
     let check = hutch_vmm::process::output_within(e2fsprogs("e2fsck").args(["-f", "-p"]).arg(raw), TOOL_DEADLINE).map_err(|e| format!("checking the image before growing it: {e}"))?;
-    // 0: clean, 1: errors fixed; anything else is a filesystem e2fsck would not fix.
-    if !matches!(check.status.code(), Some(0 | 1)) {
+    // 0: clean, 1 or 2: errors fixed; anything else is a filesystem e2fsck would not fix.
+    if !matches!(check.status.code(), Some(0..=2)) {
         return Err(format!("checking the image before growing it: {}", String::from_utf8_lossy(&check.stdout).trim()));
     }
     for _ in 0..4 {

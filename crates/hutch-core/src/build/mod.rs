@@ -599,23 +599,17 @@ pub fn remove_template(home: &HutchHome, name: &str) -> Result<(), RemoveError> 
         users.dedup();
         return Err(RemoveError::InUse { name: name.into(), what: users.join(", ") });
     }
-    // Build cache layers stacked on it go with it: the cache is disposable, and no build
-    // runs on them while the cache is held.
+    // Build cache layers stacked on it go with it: the cache is disposable. Held first,
+    // then listed: a build running now (one `FROM` it that has made no layer yet, or
+    // one about to add a layer) would otherwise stack on a removed file.
     let cache = BuildCache::new(home);
-    let stacked: Vec<PathBuf> = cache.layer_files().into_iter().filter(|l| hutch_vmm::qemu::backing::chain(l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)).collect();
-    let cache_held = if stacked.is_empty() {
-        None
-    } else {
-        match cache.exclusive(CACHE_PATIENCE).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))? {
-            Some(held) => Some(held),
-            None => return Err(RemoveError::InUse { name: name.into(), what: "a template build running now, which may stack on it; try again when it ends".into() }),
-        }
+    let Some(cache_held) = cache.exclusive(CACHE_PATIENCE).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))? else {
+        return Err(RemoveError::InUse { name: name.into(), what: "a template build is running now and may stack on it; try again when it ends".into() });
     };
+    let stacked: Vec<PathBuf> = cache.layer_files().into_iter().filter(|l| hutch_vmm::qemu::backing::chain(l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)).collect();
     // Not while a build of it is being stored or its tags change.
     let _template_held = hutch_image::tags::lock(&dir).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
-    if let Some(held) = &cache_held {
-        cache.remove_layers(held, &stacked).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
-    }
+    cache.remove_layers(&cache_held, &stacked).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
     for path in snapshots.iter().chain(std::iter::once(&dir)) {
         std::fs::remove_dir_all(path).map_err(|source| RemoveError::Io { path: path.clone(), source })?;
     }

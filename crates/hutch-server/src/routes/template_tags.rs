@@ -94,7 +94,8 @@ fn page_start(what: &str, cursor: Option<&str>) -> Result<usize, ApiError> {
 
 /// Items `start..start + size` of `all`, and the cursor of the next page if any.
 fn page<T>(all: Vec<T>, start: usize, size: usize) -> (Vec<T>, Option<String>) {
-    let next = (all.len() > start + size).then(|| (start + size).to_string());
+    let end = start.saturating_add(size);
+    let next = (all.len() > end).then(|| end.to_string());
     (all.into_iter().skip(start).take(size).collect(), next)
 }
 
