@@ -304,13 +304,19 @@ async fn a_multi_platform_index_gives_linux_amd64_or_says_what_it_has() {
 async fn a_registry_with_a_login_wants_the_right_password() {
     let registry = Registry::start(Some(("hutch", "s3cret")));
     registry.push("private:1", &[layer(&[("p", b"private")])], Some(("hutch", "s3cret"))).await;
+    refuses_all_but(&registry, "private:1", ("hutch", "s3cret")).await;
+}
+
+/// Pulling `image` (one layer) from `registry`: without a login, or with a wrong
+/// password, `Unauthorized`; with `right`, it comes.
+async fn refuses_all_but(registry: &Registry, image: &str, right: (&str, &str)) {
     let cache = tempfile::tempdir().expect("cache");
-    let image = format!("{}/private:1", registry.addr);
-    for login in [None, Some(("hutch", "wrong"))] {
+    let image = format!("{}/{image}", registry.addr);
+    for login in [None, Some((right.0, "wrong"))] {
         let err = puller(cache.path(), &registry.options(login)).pull(&image, Arc::new(Quiet)).await.expect_err("refused");
         assert!(matches!(err, PullError::Unauthorized { .. }), "{login:?}: {err}");
     }
-    let ok = puller(cache.path(), &registry.options(Some(("hutch", "s3cret")))).pull(&image, Arc::new(Quiet)).await.expect("the right password");
+    let ok = puller(cache.path(), &registry.options(Some(right))).pull(&image, Arc::new(Quiet)).await.expect("the right password");
     assert_eq!(ok.layers_downloaded, 1);
 }
 
@@ -330,14 +336,7 @@ async fn a_registry_with_a_token_service_wants_the_right_password() {
         ))
     });
     registry.push("tokened:1", &[layer(&[("t", b"behind a token")])], Some(("hutch", "t0ken"))).await;
-    let cache = tempfile::tempdir().expect("cache");
-    let image = format!("{}/tokened:1", registry.addr);
-    for login in [None, Some(("hutch", "wrong"))] {
-        let err = puller(cache.path(), &registry.options(login)).pull(&image, Arc::new(Quiet)).await.expect_err("refused");
-        assert!(matches!(err, PullError::Unauthorized { .. }), "{login:?}: {err}");
-    }
-    let ok = puller(cache.path(), &registry.options(Some(("hutch", "t0ken")))).pull(&image, Arc::new(Quiet)).await.expect("the right password");
-    assert_eq!(ok.layers_downloaded, 1);
+    refuses_all_but(&registry, "tokened:1", ("hutch", "t0ken")).await;
     assert!(tokens.issued.load(std::sync::atomic::Ordering::SeqCst) >= 2, "the pulls did not go through the token service");
 }
 
