@@ -90,11 +90,16 @@ pub struct BuildInfo {
 /// the API gave the build that made it, else (a CLI or recipe build) UUIDv8 of the
 /// build's own id, a content hash, so the same build keeps its UUID.
 pub(crate) fn build_uuid(template: &hutch_image::rootfs::Template) -> String {
-    use sha2::Digest;
     if let Some(id) = &template.api_build {
         return id.clone();
     }
-    let b: [u8; 16] = sha2::Sha256::digest(format!("hutch-template-build:{}", template.build_id))[..16].try_into().unwrap_or_default();
+    name_uuid(&format!("hutch-template-build:{}", template.build_id))
+}
+
+/// A UUID (version 8) that `seed` always gives: for things hutch names by content.
+pub(crate) fn name_uuid(seed: &str) -> String {
+    use sha2::Digest;
+    let b: [u8; 16] = sha2::Sha256::digest(seed)[..16].try_into().unwrap_or_default();
     uuid_text(b, 8)
 }
 
@@ -103,7 +108,7 @@ fn new_build_uuid() -> String {
     uuid_text(rand::random(), 4)
 }
 
-pub(crate) fn uuid_text(mut b: [u8; 16], version: u8) -> String {
+fn uuid_text(mut b: [u8; 16], version: u8) -> String {
     b[6] = (b[6] & 0x0f) | (version << 4);
     b[8] = (b[8] & 0x3f) | 0x80;
     let h = hex::encode(b);

@@ -3,7 +3,7 @@
 //! themselves are hutch-image's (`tags.rs`); this checks who may change them and keeps
 //! the manager's prepared artifacts in step with them.
 
-use super::builds::{build_uuid, uuid_text, BuildInfo};
+use super::builds::{build_uuid, name_uuid, BuildInfo};
 use super::{lock, ManagerError, SandboxManager};
 use hutch_image::rootfs::Template;
 use hutch_image::tags::{self, TagError};
@@ -99,12 +99,10 @@ impl SandboxManager {
         for a in past {
             let build = if a.build == current.build_id { Ok(current.clone()) } else { tags::build_manifest(&self.home, name, &a.build) };
             let Ok(build) = build else { continue };
-            use sha2::Digest;
-            let seed = format!("hutch-tag-assignment:{name}:{}:{}:{}:{}", a.seq, a.tag, a.build, a.assigned_at);
-            let id: [u8; 16] = sha2::Sha256::digest(seed)[..16].try_into().unwrap_or_default();
+            let id = name_uuid(&format!("hutch-tag-assignment:{name}:{}:{}:{}:{}", a.seq, a.tag, a.build, a.assigned_at));
             out.push(AssignmentView {
                 tag: a.tag,
-                assignment_id: uuid_text(id, 8),
+                assignment_id: id,
                 build_id: build_uuid(&build),
                 assigned_at: a.assigned_at,
                 build_created_at: build.built_at.clone(),
