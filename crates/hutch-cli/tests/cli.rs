@@ -43,7 +43,8 @@ impl Home {
     fn assert_clean(&self) {
         let sandboxes = self.dir.path().join("sandboxes");
         let left: Vec<_> = std::fs::read_dir(&sandboxes).into_iter().flatten().flatten().map(|e| e.path()).collect();
-        assert!(left.is_empty(), "sandbox directories left: {left:?}");
+        let contents: Vec<Vec<_>> = left.iter().map(|d| std::fs::read_dir(d).into_iter().flatten().flatten().map(|e| e.file_name()).collect()).collect();
+        assert!(left.is_empty(), "sandbox directories left: {left:?} holding {contents:?}");
         let deadline = Instant::now() + Duration::from_secs(30);
         while !qemus_under(self.dir.path()).is_empty() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(50)); // poll interval of the wait
@@ -79,7 +80,7 @@ fn run_uses_the_guest_kernel_and_keeps_streams_apart() {
     let host = text(&Command::new("uname").arg("-r").output().expect("uname").stdout);
     let mut lines = stdout.lines();
     let guest = lines.next().unwrap_or_default();
-    assert!(guest.ends_with("-cloud-amd64") && guest != host.trim(), "guest kernel {guest:?}, host {host:?}");
+    assert!(guest.ends_with("-cloud-amd64") && guest != host.trim(), "guest kernel {guest:?}, host {host:?}; stderr: {}", text(&out.stderr));
     assert_eq!(lines.collect::<Vec<_>>(), ["out"], "stdout: {stdout:?}");
     assert_eq!(text(&out.stderr), "err\n");
     assert_eq!(out.status.code(), Some(7));

@@ -250,8 +250,22 @@ struct DirGuard(Option<PathBuf>);
 impl Drop for DirGuard {
     fn drop(&mut self) {
         if let Some(dir) = self.0.take() {
-            let _ = std::fs::remove_dir_all(dir);
+            remove_sandbox_dir(&dir);
         }
+    }
+}
+
+/// Removes a sandbox's directory once its VM is gone, saying so if that fails (the next
+/// sweep removes it then). A second pass takes what a process that was dying while
+/// the first pass ran (QEMU, `qemu-img` killed on a cancel) created after the listing.
+fn remove_sandbox_dir(dir: &Path) {
+    let mut result = std::fs::remove_dir_all(dir);
+    if result.is_err() && dir.exists() {
+        result = std::fs::remove_dir_all(dir);
+    }
+    match result {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!(dir = %dir.display(), "removing the sandbox directory: {e}"),
+        _ => {}
     }
 }
 
@@ -748,7 +762,7 @@ impl Sandbox {
             None => Ok(()),
         };
         self.vm = None;
-        let _ = std::fs::remove_dir_all(&self.dir);
+        remove_sandbox_dir(&self.dir);
         result
     }
 }
@@ -758,7 +772,7 @@ impl Drop for Sandbox {
         // Dropping the handle kills QEMU; then nothing holds the directory.
         self.vm = None;
         if !self.keep_dir {
-            let _ = std::fs::remove_dir_all(&self.dir);
+            remove_sandbox_dir(&self.dir);
         }
     }
 }

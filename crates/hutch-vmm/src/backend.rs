@@ -128,6 +128,8 @@ pub enum StartError {
     QmpTimeout { secs: u64 },
     #[error("connecting to QEMU's QMP socket")]
     Qmp(#[source] crate::qmp::QmpError),
+    #[error("QEMU's network backend did not start listening: {0}")]
+    NetBackend(String),
     #[error("the socket path {0} is longer than a unix socket allows (108 bytes); use a shorter HUTCH_HOME")]
     PathTooLong(String),
 }

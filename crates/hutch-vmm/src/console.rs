@@ -91,16 +91,20 @@ impl Ring {
     }
 }
 
-/// Copies the console socket into the ring at `path` until QEMU closes it.
-pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) {
-    tokio::spawn(async move {
-        let mut ring = match Ring::open(&path, CAP) {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::warn!("opening the console {}: {e}", path.display());
-                return;
-            }
-        };
+/// Copies the console socket into the ring at `path` until QEMU closes it, or until
+/// the returned reader is dropped. The file is opened here, before anything runs in the
+/// background: a reader that opened it later could create `console.log` again in a
+/// sandbox directory its owner, giving up, is removing at that moment (seen as a
+/// directory left after Ctrl-C on a loaded machine).
+pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) -> Reader {
+    let mut ring = match Ring::open(&path, CAP) {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!("opening the console {}: {e}", path.display());
+            return Reader(None);
+        }
+    };
+    let task = tokio::spawn(async move {
         let mut socket = socket;
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -113,6 +117,20 @@ pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) {
             }
         }
     });
+    Reader(Some(task.abort_handle()))
+}
+
+/// A running console copy; dropping it stops the copy, so nothing writes to the
+/// console files once their VM's handle is gone.
+#[derive(Debug, Default)]
+pub struct Reader(Option<tokio::task::AbortHandle>);
+
+impl Drop for Reader {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -71,21 +71,25 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         net_env: std::sync::Arc::new(net_env),
         ..SandboxOptions::default()
     };
+    // One Ctrl-C future for the whole run: a fresh `ctrl_c()` per step would miss a
+    // Ctrl-C pressed between two steps, and the command would run on.
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
     if !args.cold {
         tokio::select! {
             s = ensure_snapshot(&local, &opts) => { s?; }
-            _ = tokio::signal::ctrl_c() => return Ok(130),
+            _ = &mut ctrl_c => return Ok(130),
         }
     }
     let backend = local.backend();
     let create = Sandbox::create(&local.home, &local.artifacts, &backend, &opts);
     let sandbox = tokio::select! {
         s = create => s.context("creating the sandbox")?,
-        _ = tokio::signal::ctrl_c() => return Ok(130),
+        _ = &mut ctrl_c => return Ok(130),
     };
     let outcome = tokio::select! {
         r = exec(sandbox.agent(), &args.exec) => r,
-        _ = tokio::signal::ctrl_c() => Ok(130),
+        _ = &mut ctrl_c => Ok(130),
     };
     let destroyed = sandbox.destroy().await;
     let code = outcome?;

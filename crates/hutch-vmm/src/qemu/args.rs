@@ -52,6 +52,10 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     if spec.incoming.is_some() {
         // -S: the loaded guest waits for `cont`, so hutch decides when it runs.
         push(&["-incoming", "defer", "-S"]);
+    } else if spec.nic.as_ref().is_some_and(crate::backend::Nic::listens) {
+        // A booted guest too, when its NIC's netdev listens: it may run only once
+        // that netdev is listening (see `QemuVm::start`).
+        push(&["-S"]);
     }
     push(&["-no-user-config", "-nodefaults", "-display", "none", "-no-reboot"]);
     // seccomp: QEMU may not run programs (migrations go over fds hutch hands it, never

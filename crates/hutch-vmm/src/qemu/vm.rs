@@ -92,6 +92,9 @@ async fn connect_within(path: &Path, limit: Duration) -> Option<tokio::net::Unix
 
 const ADOPT_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a QEMU whose QMP socket closed may take to be seen exiting.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
+
 pub struct QemuVm {
     spec: VmSpec,
     process: Process,
@@ -103,6 +106,8 @@ pub struct QemuVm {
     group: Option<super::cgroup::Group>,
     /// The id QEMU runs as, when hutch is not root: held until QEMU has exited.
     lease: Option<super::userns::Lease>,
+    /// Copies the console to `console.log`; stops when this handle drops.
+    console: crate::console::Reader,
 }
 
 fn stderr_of(spec: &VmSpec) -> String {
@@ -191,15 +196,44 @@ impl QemuVm {
         // QEMU holds its own copies; once it exits, nobody listens on its sockets.
         drop((console_qemu, qmp_listener, agent_listener, net_listener));
         let (group, lease) = prepared.map(|p| (p.group, p.lease)).unwrap_or_default();
-        let mut vm = QemuVm { spec: spec.clone(), process: Process::Child(child), released: false, qmp: None, exit: None, group, lease };
+        let mut vm = QemuVm { spec: spec.clone(), process: Process::Child(child), released: false, qmp: None, exit: None, group, lease, console: Default::default() };
         // Queued in the listener's backlog at once, so QEMU takes it as it starts,
         // before the guest writes anything.
         let console = tokio::net::UnixStream::connect(spec.console_socket()).await.map_err(StartError::Spawn)?;
-        crate::console::spawn_reader(console, spec.console_log());
+        vm.console = crate::console::spawn_reader(console, spec.console_log());
         std::fs::write(spec.dir.join("qemu.pid"), vm.process.id().map(|p| p.to_string()).unwrap_or_default())
             .map_err(StartError::Spawn)?;
         vm.qmp = Some(vm.connect_qmp(QMP_WAIT).await?);
+        if spec.nic.as_ref().is_some_and(crate::backend::Nic::listens) {
+            vm.wait_net_listening().await?;
+            if spec.incoming.is_none() {
+                vm.run("cont", None).await.map_err(|e| StartError::NetBackend(format!("starting the guest: {e}")))?;
+            }
+        }
         Ok(vm)
+    }
+
+    /// Waits until the stream netdev listens. QEMU starts listening on a worker
+    /// thread and only then marks the netdev's link down until a client connects;
+    /// a guest that runs before that sends its frames to a netdev with no
+    /// connection, and QEMU 10.0 dereferences the missing channel and dies with
+    /// SIGSEGV (seen on `cont` after a restore, where queued frames are flushed, in
+    /// about 1 in 30 restores on a loaded 2-core host). So guests start paused (-S)
+    /// and run once `info network` no longer says "initializing".
+    async fn wait_net_listening(&mut self) -> Result<(), StartError> {
+        let started = Instant::now();
+        loop {
+            let info = self
+                .run("human-monitor-command", Some(json!({ "command-line": "info network" })))
+                .await
+                .map_err(|e| StartError::NetBackend(format!("asking QEMU for its network state: {e}")))?;
+            match netdev_state(info.as_str().unwrap_or("")) {
+                NetdevState::Initializing if started.elapsed() < QMP_WAIT => tokio::time::sleep(Duration::from_millis(2)).await,
+                NetdevState::Initializing => return Err(StartError::NetBackend(format!("still initializing after {} s", QMP_WAIT.as_secs()))),
+                NetdevState::Failed(why) => return Err(StartError::NetBackend(why)),
+                NetdevState::Listening => return Ok(()),
+            }
+        }
     }
 
     /// Takes over the QEMU of `spec` an earlier hutch left running as `pid`: checks
@@ -223,9 +257,9 @@ impl QemuVm {
             _ => None,
         };
         let group = super::cgroup::Group::of_process(pid);
-        let mut vm = QemuVm { spec: spec.clone(), process: Process::Adopted(pidfd), released: false, qmp: None, exit: None, group, lease };
+        let mut vm = QemuVm { spec: spec.clone(), process: Process::Adopted(pidfd), released: false, qmp: None, exit: None, group, lease, console: Default::default() };
         if let Some(console) = connect_within(&spec.console_socket(), ADOPT_WAIT).await {
-            crate::console::spawn_reader(console, spec.console_log());
+            vm.console = crate::console::spawn_reader(console, spec.console_log());
         }
         let qmp = vm.connect_qmp(ADOPT_WAIT).await.map_err(|e| match e {
             StartError::Exited { .. } => AdoptError::Gone { pid },
@@ -297,6 +331,34 @@ impl QemuVm {
         self.qmp.as_mut().ok_or(SnapshotError::NoQmp)
     }
 
+    /// Loads the incoming state QEMU was started for (see `VmHandle::load`).
+    async fn load_state(&mut self) -> Result<(), SnapshotError> {
+        let Some(incoming) = self.spec.incoming.clone() else {
+            return Err(SnapshotError::Migration { what: "load", detail: "the VM was not started to load a state".into() });
+        };
+        let file = std::fs::File::open(&incoming.state).map_err(|e| SnapshotError::Migration { what: "load", detail: format!("opening the state file: {e}") })?;
+        self.ignore_shared(incoming.ignore_shared).await?;
+        self.hand_over(MIGRATION_IN, &file).await?;
+        drop(file);
+        self.run("migrate-incoming", Some(json!({ "uri": format!("fd:{MIGRATION_IN}") }))).await?;
+        // Started with -S: once the state is in, the guest waits in "paused".
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.exit_status() {
+                // QEMU exits when an incoming stream does not fit the machine.
+                return Err(SnapshotError::Migration { what: "load", detail: format!("QEMU exited ({status}): {}", stderr_of(&self.spec)) });
+            }
+            let status = self.run("query-status", None).await?;
+            if status.get("status").and_then(Value::as_str) != Some("inmigrate") {
+                return Ok(());
+            }
+            if started.elapsed() > MIGRATION_WAIT {
+                return Err(SnapshotError::Timeout { what: "load", secs: MIGRATION_WAIT.as_secs() });
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
     async fn run(&mut self, command: &str, args: Option<Value>) -> Result<Value, SnapshotError> {
         let result = self.qmp()?.execute(command, args).await;
         if let Err(crate::qmp::QmpError::Timeout { .. }) = &result {
@@ -340,6 +402,27 @@ impl QemuVm {
             }
             None => false,
         }
+    }
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum NetdevState {
+    Initializing,
+    Listening,
+    Failed(String),
+}
+
+/// The state of netdev `net0` in QEMU's `info network` output, whose line reads
+/// ` \ net0: index=0,type=stream,<state>` (`initializing`, `listening`, the peer's
+/// address once connected, or `error: ...`).
+fn netdev_state(info: &str) -> NetdevState {
+    let state = info.lines().find_map(|l| l.trim_start_matches([' ', '\\']).strip_prefix("net0: ")?.split_once("type=stream,").map(|(_, s)| s.trim()));
+    match state {
+        None | Some("initializing") => NetdevState::Initializing,
+        Some(s) => match s.strip_prefix("error: ") {
+            Some(why) => NetdevState::Failed(why.to_string()),
+            None => NetdevState::Listening,
+        },
     }
 }
 
@@ -439,33 +522,15 @@ impl VmHandle for QemuVm {
     }
 
     async fn load(&mut self) -> Result<(), SnapshotError> {
-        let Some(incoming) = self.spec.incoming.clone() else {
-            return Err(SnapshotError::Migration { what: "load", detail: "the VM was not started to load a state".into() });
-        };
-        let file = std::fs::File::open(&incoming.state).map_err(|e| SnapshotError::Migration { what: "load", detail: format!("opening the state file: {e}") })?;
-        self.ignore_shared(incoming.ignore_shared).await?;
-        self.hand_over(MIGRATION_IN, &file).await?;
-        drop(file);
-        self.run("migrate-incoming", Some(json!({ "uri": format!("fd:{MIGRATION_IN}") }))).await?;
-        // Started with -S: once the state is in, the guest waits in "paused".
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.exit_status() {
-                // QEMU exits when an incoming stream does not fit the machine.
-                return Err(SnapshotError::Migration { what: "load", detail: format!("QEMU exited ({status}): {}", stderr_of(&self.spec)) });
+        let result = self.load_state().await;
+        match result {
+            // A QEMU that dies while loading closes QMP before it can be reaped: say
+            // why it died rather than that its socket closed.
+            Err(SnapshotError::Qmp(_)) if self.wait_exit(EXIT_WAIT).await => {
+                let status = self.exit_status().unwrap_or_default();
+                Err(SnapshotError::Migration { what: "load", detail: format!("QEMU exited ({status}): {}", stderr_of(&self.spec)) })
             }
-            let status = match self.run("query-status", None).await {
-                Ok(s) => s,
-                Err(SnapshotError::Qmp(_)) if self.exit_status().is_some() => continue,
-                Err(e) => return Err(e),
-            };
-            if status.get("status").and_then(Value::as_str) != Some("inmigrate") {
-                return Ok(());
-            }
-            if started.elapsed() > MIGRATION_WAIT {
-                return Err(SnapshotError::Timeout { what: "load", secs: MIGRATION_WAIT.as_secs() });
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            other => other,
         }
     }
 
@@ -483,3 +548,18 @@ impl VmHandle for QemuVm {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_stream_netdevs_state_from_info_network() {
+        let nic = |state: &str| format!("net0: index=0,type=nic,model=virtio-net-device,macaddr=52:54:00:12:34:56\r\n \\ net0: index=0,type=stream,{state}\r\n");
+        assert_eq!(netdev_state(&nic("initializing")), NetdevState::Initializing);
+        assert_eq!(netdev_state(&nic("listening")), NetdevState::Listening);
+        assert_eq!(netdev_state(&nic("unix:/h/sandboxes/x/net.sock")), NetdevState::Listening);
+        assert_eq!(netdev_state(&nic("error: Bad file descriptor")), NetdevState::Failed("Bad file descriptor".into()));
+        assert_eq!(netdev_state(""), NetdevState::Initializing);
+    }
+}
