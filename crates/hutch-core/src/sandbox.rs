@@ -256,8 +256,9 @@ impl Drop for DirGuard {
 }
 
 /// Removes a sandbox's directory once its VM is gone, saying so if that fails (the next
-/// sweep removes it then). A second pass takes what a process that was dying while
-/// the first pass ran (QEMU, `qemu-img` killed on a cancel) created after the listing.
+/// sweep removes it then). A second pass takes what was created while the first ran:
+/// a console copy that was mid-write on another thread when its VM's handle dropped
+/// (rotating creates files), or a `qemu-img` killed on a cancel but not yet dead.
 fn remove_sandbox_dir(dir: &Path) {
     let mut result = std::fs::remove_dir_all(dir);
     if result.is_err() && dir.exists() {

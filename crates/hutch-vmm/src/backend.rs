@@ -130,6 +130,10 @@ pub enum StartError {
     Qmp(#[source] crate::qmp::QmpError),
     #[error("QEMU's network backend did not start listening: {0}")]
     NetBackend(String),
+    #[error("asking QEMU whether its network backend listens")]
+    NetQuery(#[source] SnapshotError),
+    #[error("starting the guest (QMP `cont`)")]
+    Cont(#[source] SnapshotError),
     #[error("the socket path {0} is longer than a unix socket allows (108 bytes); use a shorter HUTCH_HOME")]
     PathTooLong(String),
 }

@@ -117,13 +117,26 @@ pub fn spawn_reader(socket: tokio::net::UnixStream, path: PathBuf) -> Reader {
             }
         }
     });
-    Reader(Some(task.abort_handle()))
+    Reader(Some(task))
 }
 
-/// A running console copy; dropping it stops the copy, so nothing writes to the
-/// console files once their VM's handle is gone.
+/// A running console copy. Dropping it stops the copy, so nothing is written to the
+/// console files once their VM's handle is gone (a copy mid-write on another thread
+/// still finishes that write).
 #[derive(Debug, Default)]
-pub struct Reader(Option<tokio::task::AbortHandle>);
+pub struct Reader(Option<tokio::task::JoinHandle<()>>);
+
+impl Reader {
+    /// Waits (at most `limit`) for the copy to reach the end of the console, which
+    /// comes once QEMU has exited: the guest's last lines are then on disk.
+    pub async fn finish(&mut self, limit: std::time::Duration) {
+        if let Some(task) = self.0.as_mut() {
+            if tokio::time::timeout(limit, task).await.is_ok() {
+                self.0 = None;
+            }
+        }
+    }
+}
 
 impl Drop for Reader {
     fn drop(&mut self) {

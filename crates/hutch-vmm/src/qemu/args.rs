@@ -156,6 +156,31 @@ mod tests {
     }
 
     #[test]
+    fn a_booted_guest_starts_paused_only_when_its_netdev_listens() {
+        let spec = |nic: Option<crate::backend::Nic>| VmSpec {
+            id: "x".into(),
+            dir: "/s".into(),
+            kernel: "/k".into(),
+            initrd: "/i".into(),
+            disk: "/s/disk.qcow2".into(),
+            base: None,
+            cpus: 1,
+            memory_mib: 512,
+            accel: Accel::Tcg,
+            memory: Memory::Anonymous,
+            incoming: None,
+            die_with_parent: true,
+            agent_channel: "hutch.agent".into(),
+            nic,
+        };
+        let paused = |spec: VmSpec| command_line(&spec).iter().any(|a| a == "-S");
+        let nic = |host_end| Some(crate::backend::Nic { mac: [0x52, 0x54, 0, 1, 2, 3], mtu: 1500, host_end });
+        assert!(paused(spec(nic(crate::backend::NicHostEnd::Stream))));
+        assert!(!paused(spec(nic(crate::backend::NicHostEnd::QemuUser { options: "restrict=on".into() }))));
+        assert!(!paused(spec(None)));
+    }
+
+    #[test]
     fn exactly_two_gib_is_given_two_mib_more_so_the_initrd_is_moved_below_the_firmware() {
         assert_eq!((ram_mib(2047), ram_mib(2048), ram_mib(2049)), (2047, 2050, 2049));
     }

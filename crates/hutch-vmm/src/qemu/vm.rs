@@ -95,6 +95,9 @@ const ADOPT_WAIT: Duration = Duration::from_secs(10);
 /// How long a QEMU whose QMP socket closed may take to be seen exiting.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
 
+/// How long the console copy may take to write out what an exited QEMU left in its socket.
+const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
+
 pub struct QemuVm {
     spec: VmSpec,
     process: Process,
@@ -205,12 +208,25 @@ impl QemuVm {
             .map_err(StartError::Spawn)?;
         vm.qmp = Some(vm.connect_qmp(QMP_WAIT).await?);
         if spec.nic.as_ref().is_some_and(crate::backend::Nic::listens) {
-            vm.wait_net_listening().await?;
+            if let Err(e) = vm.wait_net_listening().await {
+                return Err(vm.exited_or(e).await);
+            }
             if spec.incoming.is_none() {
-                vm.run("cont", None).await.map_err(|e| StartError::NetBackend(format!("starting the guest: {e}")))?;
+                if let Err(e) = vm.run("cont", None).await {
+                    return Err(vm.exited_or(StartError::Cont(e)).await);
+                }
             }
         }
         Ok(vm)
+    }
+
+    /// `error`, unless QEMU has exited (or does within a moment): then that, with its stderr.
+    async fn exited_or(&mut self, error: StartError) -> StartError {
+        if self.wait_exit(EXIT_WAIT).await {
+            let status = self.exit_status().unwrap_or_default();
+            return StartError::Exited { status, stderr: stderr_of(&self.spec) };
+        }
+        error
     }
 
     /// Waits until the stream netdev listens. QEMU starts listening on a worker
@@ -219,17 +235,18 @@ impl QemuVm {
     /// connection, and QEMU 10.0 dereferences the missing channel and dies with
     /// SIGSEGV (seen on `cont` after a restore, where queued frames are flushed, in
     /// about 1 in 30 restores on a loaded 2-core host). So guests start paused (-S)
-    /// and run once `info network` no longer says "initializing".
+    /// and run once `info network` no longer says "initializing". QEMU before 9.0 shows
+    /// no state there (an empty one), so on 8.x this passes at once, as before.
     async fn wait_net_listening(&mut self) -> Result<(), StartError> {
         let started = Instant::now();
         loop {
-            let info = self
-                .run("human-monitor-command", Some(json!({ "command-line": "info network" })))
-                .await
-                .map_err(|e| StartError::NetBackend(format!("asking QEMU for its network state: {e}")))?;
-            match netdev_state(info.as_str().unwrap_or("")) {
+            let info = self.run("human-monitor-command", Some(json!({ "command-line": "info network" }))).await.map_err(StartError::NetQuery)?;
+            let text = info.as_str().unwrap_or("");
+            match netdev_state(text) {
                 NetdevState::Initializing if started.elapsed() < QMP_WAIT => tokio::time::sleep(Duration::from_millis(2)).await,
-                NetdevState::Initializing => return Err(StartError::NetBackend(format!("still initializing after {} s", QMP_WAIT.as_secs()))),
+                NetdevState::Initializing => {
+                    return Err(StartError::NetBackend(format!("still initializing after {} s; `info network` says: {}", QMP_WAIT.as_secs(), text.trim())))
+                }
                 NetdevState::Failed(why) => return Err(StartError::NetBackend(why)),
                 NetdevState::Listening => return Ok(()),
             }
@@ -488,6 +505,7 @@ impl VmHandle for QemuVm {
             let _ = tokio::time::timeout(grace, qmp.execute("quit", None)).await;
         }
         if self.wait_exit(grace).await {
+            self.console.finish(CONSOLE_DRAIN).await;
             return Ok(());
         }
         self.kill().await
@@ -508,6 +526,7 @@ impl VmHandle for QemuVm {
             return Err(StopError::Kill { pid, source: std::io::Error::other("it did not exit within 10 s of SIGKILL") });
         }
         self.exit = Some("killed".into());
+        self.console.finish(CONSOLE_DRAIN).await;
         Ok(())
     }
 
@@ -526,7 +545,7 @@ impl VmHandle for QemuVm {
         match result {
             // A QEMU that dies while loading closes QMP before it can be reaped: say
             // why it died rather than that its socket closed.
-            Err(SnapshotError::Qmp(_)) if self.wait_exit(EXIT_WAIT).await => {
+            Err(SnapshotError::Qmp(crate::qmp::QmpError::Closed | crate::qmp::QmpError::Io(_))) if self.wait_exit(EXIT_WAIT).await => {
                 let status = self.exit_status().unwrap_or_default();
                 Err(SnapshotError::Migration { what: "load", detail: format!("QEMU exited ({status}): {}", stderr_of(&self.spec)) })
             }
@@ -555,11 +574,13 @@ mod tests {
 
     #[test]
     fn reads_the_stream_netdevs_state_from_info_network() {
-        let nic = |state: &str| format!("net0: index=0,type=nic,model=virtio-net-device,macaddr=52:54:00:12:34:56\r\n \\ net0: index=0,type=stream,{state}\r\n");
+        let nic = |state: &str| format!("virtio-net-device.0: index=0,type=nic,model=virtio-net-device,macaddr=52:54:00:68:75:02\r\n \\ net0: index=0,type=stream,{state}\r\n");
         assert_eq!(netdev_state(&nic("initializing")), NetdevState::Initializing);
         assert_eq!(netdev_state(&nic("listening")), NetdevState::Listening);
         assert_eq!(netdev_state(&nic("unix:/h/sandboxes/x/net.sock")), NetdevState::Listening);
         assert_eq!(netdev_state(&nic("error: Bad file descriptor")), NetdevState::Failed("Bad file descriptor".into()));
         assert_eq!(netdev_state(""), NetdevState::Initializing);
+        // QEMU 8.x shows no state at all: nothing to wait for there.
+        assert_eq!(netdev_state(&nic("")), NetdevState::Listening);
     }
 }
