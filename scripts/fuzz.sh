@@ -29,13 +29,22 @@ for t in "${targets[@]}"; do
   corpus="$HUTCH_HOME/cache/fuzz-corpus/$t"
   mkdir -p "$corpus"
   step "fuzzing $t for $SECS s (corpus $corpus)"
-  cargo +nightly fuzz run -O "$t" "$corpus" -- -max_total_time="$SECS" -rss_limit_mb=2048 -print_final_stats=1 2>&1 \
-    | grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|panicked|SUMMARY' || true
-  # cargo fuzz exits non-zero on a crash; the pipeline above hides that, so check. (Not
-  # with `ls a* b* c*`, which fails, and so passed the check, unless all three match.)
-  failing=$(find artifacts/"$t" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) 2>/dev/null | head -n1)
+  log="$HUTCH_HOME/cache/fuzz-logs/$t.log"
+  mkdir -p "$(dirname "$log")"
+  # The whole output goes to a log; the terminal gets the summary lines.
+  status=0
+  cargo +nightly fuzz run -O "$t" "$corpus" -- -max_total_time="$SECS" -rss_limit_mb=2048 -print_final_stats=1 >"$log" 2>&1 || status=$?
+  grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb)|ERROR|panicked|SUMMARY' "$log" || true
+  # A crash leaves an input in artifacts/. (Found with `find`: `ls a* b* c*` fails, and
+  # so passed the check, unless all three patterns match.)
+  failing=$(find artifacts/"$t" -maxdepth 1 -type f \( -name 'crash-*' -o -name 'leak-*' -o -name 'timeout-*' -o -name 'oom-*' \) 2>/dev/null | head -n1 || true)
   if [ -n "$failing" ]; then
     die "the fuzz target $t found an input that fails: fuzz/$failing"
+  fi
+  # Any other failure (a target that does not build or start, a bad name) leaves none.
+  if [ "$status" -ne 0 ]; then
+    tail -n 20 "$log" >&2
+    die "cargo fuzz run $t exited with $status without saving a failing input; its output is in $log"
   fi
 done
 step "every fuzz target ran ${SECS} s without a failure"

@@ -122,9 +122,9 @@ fn memory_backend(spec: &VmSpec) -> String {
 mod tests {
     use super::*;
 
-    #[test]
-    fn tcg_line_has_the_reliable_flags() {
-        let spec = VmSpec {
+    /// A restored 2-vCPU TCG VM with a stream NIC.
+    fn restored_spec() -> VmSpec {
+        VmSpec {
             id: "x".into(),
             dir: "/s".into(),
             kernel: "/k".into(),
@@ -139,7 +139,12 @@ mod tests {
             die_with_parent: true,
             agent_channel: "hutch.agent".into(),
             nic: Some(crate::backend::Nic { mac: [0x52, 0x54, 0, 1, 2, 3], mtu: 65520, host_end: Default::default() }),
-        };
+        }
+    }
+
+    #[test]
+    fn tcg_line_has_the_reliable_flags() {
+        let spec = restored_spec();
         let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
         let joined = line.join(" ");
         assert!(joined.contains("-M microvm,accel=tcg,memory-backend=mem0 -cpu max"));
@@ -157,22 +162,8 @@ mod tests {
 
     #[test]
     fn a_booted_guest_starts_paused_only_when_its_netdev_listens() {
-        let spec = |nic: Option<crate::backend::Nic>| VmSpec {
-            id: "x".into(),
-            dir: "/s".into(),
-            kernel: "/k".into(),
-            initrd: "/i".into(),
-            disk: "/s/disk.qcow2".into(),
-            base: None,
-            cpus: 1,
-            memory_mib: 512,
-            accel: Accel::Tcg,
-            memory: Memory::Anonymous,
-            incoming: None,
-            die_with_parent: true,
-            agent_channel: "hutch.agent".into(),
-            nic,
-        };
+        // Booted, not restored.
+        let spec = |nic| VmSpec { incoming: None, memory: Memory::Anonymous, nic, ..restored_spec() };
         let paused = |spec: VmSpec| command_line(&spec).iter().any(|a| a == "-S");
         let nic = |host_end| Some(crate::backend::Nic { mac: [0x52, 0x54, 0, 1, 2, 3], mtu: 1500, host_end });
         assert!(paused(spec(nic(crate::backend::NicHostEnd::Stream))));
