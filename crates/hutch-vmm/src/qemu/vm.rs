@@ -222,11 +222,18 @@ impl QemuVm {
 
     /// `error`, unless QEMU has exited (or does within a moment): then that, with its stderr.
     async fn exited_or(&mut self, error: StartError) -> StartError {
-        if self.wait_exit(EXIT_WAIT).await {
-            let status = self.exit_status().unwrap_or_default();
-            return StartError::Exited { status, stderr: stderr_of(&self.spec) };
+        match self.exited_within(EXIT_WAIT).await {
+            Some((status, stderr)) => StartError::Exited { status, stderr },
+            None => error,
         }
-        error
+    }
+
+    /// QEMU's exit status and stderr, once it has exited, if it does within `limit`.
+    async fn exited_within(&mut self, limit: Duration) -> Option<(String, String)> {
+        if !self.wait_exit(limit).await {
+            return None;
+        }
+        Some((self.exit_status().unwrap_or_default(), stderr_of(&self.spec)))
     }
 
     /// Waits until the stream netdev listens. QEMU starts listening on a worker
@@ -411,10 +418,13 @@ impl QemuVm {
         }
     }
 
+    /// Whether QEMU exits within `limit`; once it has, the console copy has written
+    /// out what it left in its socket (the guest's last lines).
     async fn wait_exit(&mut self, limit: Duration) -> bool {
         match self.process.wait(limit).await {
             Some(status) => {
                 self.ended(status);
+                self.console.finish(CONSOLE_DRAIN).await;
                 true
             }
             None => false,
@@ -505,7 +515,6 @@ impl VmHandle for QemuVm {
             let _ = tokio::time::timeout(grace, qmp.execute("quit", None)).await;
         }
         if self.wait_exit(grace).await {
-            self.console.finish(CONSOLE_DRAIN).await;
             return Ok(());
         }
         self.kill().await
@@ -526,7 +535,6 @@ impl VmHandle for QemuVm {
             return Err(StopError::Kill { pid, source: std::io::Error::other("it did not exit within 10 s of SIGKILL") });
         }
         self.exit = Some("killed".into());
-        self.console.finish(CONSOLE_DRAIN).await;
         Ok(())
     }
 
@@ -541,14 +549,13 @@ impl VmHandle for QemuVm {
     }
 
     async fn load(&mut self) -> Result<(), SnapshotError> {
-        let result = self.load_state().await;
-        match result {
+        match self.load_state().await {
             // A QEMU that dies while loading closes QMP before it can be reaped: say
             // why it died rather than that its socket closed.
-            Err(SnapshotError::Qmp(crate::qmp::QmpError::Closed | crate::qmp::QmpError::Io(_))) if self.wait_exit(EXIT_WAIT).await => {
-                let status = self.exit_status().unwrap_or_default();
-                Err(SnapshotError::Migration { what: "load", detail: format!("QEMU exited ({status}): {}", stderr_of(&self.spec)) })
-            }
+            Err(e @ SnapshotError::Qmp(crate::qmp::QmpError::Closed | crate::qmp::QmpError::Io(_))) => match self.exited_within(EXIT_WAIT).await {
+                Some((status, stderr)) => Err(SnapshotError::Migration { what: "load", detail: format!("QEMU exited ({status}): {stderr}") }),
+                None => Err(e),
+            },
             other => other,
         }
     }
