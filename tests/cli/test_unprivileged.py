@@ -1,6 +1,8 @@
 """hutch for a user who is not root. `hutch run`: the template is built without root
 (mmdebstrap in a user namespace, the image written in one of the same shape), and the
-guest still gets root-owned system files, setuid bits and its own user. `hutch serve`:
+guest still gets root-owned system files, setuid bits and its own user. `hutch template
+build`: a Dockerfile FROM an image on a loopback registry, its layers unpacked in such a
+namespace, keeps the image's owners and modes, and its RUN and COPY steps run. `hutch serve`:
 each QEMU is still jailed, in a user namespace as an id of the user's /etc/subuid
 range (docs/SECURITY.md), and in a cgroup under one delegated to the user."""
 
@@ -12,9 +14,11 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 from e2b import Sandbox
 
 from conftest import API_KEY, HUTCH, ROOT, free_port, qemus_under, wait_until
+from oci_registry import CONFIG, add_dir, add_file, busybox_image, docker_registry, layer, push
 
 USER = "hutch-unpriv"
 
@@ -58,6 +62,55 @@ def test_hutch_run_builds_and_boots_without_root():
     assert r.stdout == "user\n0 4755\n0 640\n0\n", (r.stdout, r.stderr[-2000:])
     leftovers = list((home / "hutch-home" / "tmp").iterdir()) + list((home / "hutch-home" / "sandboxes").iterdir())
     assert leftovers == [], leftovers
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory):
+    with docker_registry(tmp_path_factory.mktemp("registry")) as addr:
+        yield addr
+
+
+def owned_image() -> list[bytes]:
+    """busybox, then a layer of files with other owners and modes than its writer's."""
+    def owners(tar):
+        add_file(tar, "srv/users", b"user's\n", 0o640, owner=1000)
+        add_file(tar, "srv/suid", b"#!/bin/sh\n", 0o4755)
+        add_dir(tar, "srv/private", 0o750, owner=100)
+        add_file(tar, "srv/private/f", b"private\n", 0o600, owner=100)
+
+    return busybox_image(["sh", "cat", "id", "stat", "chown", "echo"]) + [layer(owners)]
+
+
+def test_hutch_template_build_from_a_registry_image_without_root(registry):
+    home = ensure_user()
+    bin_dir = install_binaries(home)
+    push(registry, "owned", "1", owned_image(), CONFIG)
+    ctx = home / "ctx"
+    ctx.mkdir(exist_ok=True)
+    (ctx / "copied.txt").write_text("copied\n")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {registry}/owned:1\nCOPY copied.txt /srv/\nUSER root\nRUN echo built > /srv/built && chown 1000:1000 /srv/built\n")
+    user = pwd.getpwnam(USER)
+    for p in (ctx, *ctx.iterdir()):
+        os.chown(p, user.pw_uid, user.pw_gid)
+    env = f"HUTCH_HOME={home}/hutch-home"
+    build = f"{env} {bin_dir}/hutch template build -t unpriv --insecure-registry {registry} {ctx}"
+    r = subprocess.run(["su", USER, "-c", build], capture_output=True, text=True, timeout=1500, cwd=home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "unpacking 3 layer(s)" in r.stderr, r.stderr[-3000:]
+    probe = "stat -c '%n %u:%g %a' /srv/users /srv/suid /srv/private /srv/private/f /srv/built /srv/copied.txt; cat /srv/private/f"
+    run = f"{env} {bin_dir}/hutch run --template unpriv -u root -- sh -c \"{probe}\""
+    r = subprocess.run(["su", USER, "-c", run], capture_output=True, text=True, timeout=600, cwd=home)
+    assert r.returncode == 0, r.stderr[-3000:]
+    # The image's owners and modes (setuid kept), the RUN step's chown, COPY's root-owned file.
+    assert r.stdout.splitlines() == [
+        "/srv/users 1000:1000 640", "/srv/suid 0:0 4755", "/srv/private 100:100 750", "/srv/private/f 100:100 600",
+        "/srv/built 1000:1000 644", "/srv/copied.txt 0:0 644", "private"], r.stdout
+    removed = subprocess.run(["su", USER, "-c", f"{env} {bin_dir}/hutch template rm unpriv"], capture_output=True, text=True, timeout=120)
+    assert removed.returncode == 0, removed.stderr
+    hutch_home = home / "hutch-home"
+    assert list((hutch_home / "tmp").iterdir()) == [] and list((hutch_home / "sandboxes").iterdir()) == []
+    assert qemus_under(hutch_home) == []
 
 
 def subordinate_range(table: str) -> range:

@@ -4,12 +4,9 @@ The image is busybox alone (static, no bash, no libc): the agent comes from the
 initramfs, so any Linux userland boots. Nothing leaves the machine."""
 
 import gzip
-import hashlib
 import io
-import json
 import os
 import shutil
-import socket
 import subprocess
 import tarfile
 import tempfile
@@ -18,29 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import API_KEY, HUTCH, Server, free_port, launch, new_home, shared_home, stop, wait_until
-
-BUSYBOX = Path("/bin/busybox")
-APPLETS = ["sh", "echo", "cat", "id", "ls", "test", "sleep", "true"]
+from oci_registry import BUSYBOX, CONFIG, add_dir, add_file, busybox_image, docker_registry, layer, push
 
 
 @pytest.fixture(scope="module")
 def registry(tmp_path_factory):
-    """Debian's docker-registry on a free loopback port, its storage in a temp dir."""
-    root = tmp_path_factory.mktemp("registry")
-    addr = f"127.0.0.1:{free_port()}"
-    (root / "config.yml").write_text(
-        f"version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {root / 'data'}\nhttp:\n  addr: {addr}\n")
-    proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=subprocess.DEVNULL,
-                            stderr=open(root / "registry.log", "w"))
-
-    def listening():
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", int(addr.split(":")[1]))) == 0
-
-    wait_until(listening, f"docker-registry to listen on {addr}", timeout=30)
-    yield addr
-    proc.terminate()
-    proc.wait(timeout=30)
+    with docker_registry(tmp_path_factory.mktemp("registry")) as addr:
+        yield addr
 
 
 @pytest.fixture
@@ -51,73 +32,6 @@ def home():
         (home / sub).symlink_to(shared_home() / sub)
     yield home
     shutil.rmtree(home, ignore_errors=True)
-
-
-def push(addr: str, repo: str, tag: str, layers: list[bytes], config: dict) -> None:
-    """An OCI image through the distribution API (monolithic uploads)."""
-    def blob(data: bytes, media_type: str) -> dict:
-        digest = "sha256:" + hashlib.sha256(data).hexdigest()
-        start = httpx.post(f"http://{addr}/v2/{repo}/blobs/uploads/")
-        assert start.status_code == 202, start.text
-        location = start.headers["Location"]
-        url = location if location.startswith("http") else f"http://{addr}{location}"
-        # The upload's own query (its state) stays; the digest is added to it.
-        url += ("&" if "?" in url else "?") + "digest=" + digest
-        put = httpx.put(url, content=data, headers={"Content-Type": "application/octet-stream"})
-        assert put.status_code == 201, put.text
-        return {"mediaType": media_type, "digest": digest, "size": len(data)}
-
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.manifest.v1+json",
-        "config": blob(json.dumps(config).encode(), "application/vnd.oci.image.config.v1+json"),
-        "layers": [blob(l, "application/vnd.oci.image.layer.v1.tar+gzip") for l in layers],
-    }
-    r = httpx.put(f"http://{addr}/v2/{repo}/manifests/{tag}", content=json.dumps(manifest).encode(),
-                  headers={"Content-Type": "application/vnd.oci.image.manifest.v1+json"})
-    assert r.status_code == 201, r.text
-
-
-def layer(build) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        build(tar)
-    return gzip.compress(buf.getvalue())
-
-
-def add_dir(tar, name, mode=0o755):
-    info = tarfile.TarInfo(name)
-    info.type, info.mode = tarfile.DIRTYPE, mode
-    tar.addfile(info)
-
-
-def add_file(tar, name, data: bytes, mode=0o644):
-    info = tarfile.TarInfo(name)
-    info.size, info.mode = len(data), mode
-    tar.addfile(info, io.BytesIO(data))
-
-
-def busybox_image() -> list[bytes]:
-    def base(tar):
-        for d in ("bin", "etc", "root", "srv"):
-            add_dir(tar, d)
-        add_dir(tar, "tmp", 0o1777)
-        add_file(tar, "bin/busybox", BUSYBOX.read_bytes(), 0o755)
-        for applet in APPLETS:
-            info = tarfile.TarInfo(f"bin/{applet}")
-            info.type, info.linkname = tarfile.SYMTYPE, "busybox"
-            tar.addfile(info)
-        add_file(tar, "srv/gone", b"deleted by the next layer\n")
-
-    def app(tar):
-        add_file(tar, "srv/.wh.gone", b"")
-        add_file(tar, "srv/hello", b"hello from an OCI layer\n")
-
-    return [layer(base), layer(app)]
-
-
-CONFIG = {"architecture": "amd64", "os": "linux", "config": {"Env": ["GREETING=hi"], "WorkingDir": "/srv", "User": "1000"},
-          "rootfs": {"type": "layers", "diff_ids": []}}
 
 
 def hutch(home: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -132,7 +46,7 @@ def test_a_busybox_image_becomes_a_template_that_boots(registry, home):
     assert built.returncode == 0, built.stderr
     assert "2 layer(s) downloaded" in built.stderr, built.stderr
     listed = hutch(home, "template", "ls")
-    assert f"bbtest" in listed.stdout and f"{registry}/bb:1" in listed.stdout, listed.stdout
+    assert "bbtest" in listed.stdout and f"{registry}/bb:1" in listed.stdout, listed.stdout
     ran = hutch(home, "run", "--template", "bbtest", "--", "/bin/sh", "-c",
                 "cat /srv/hello; test -e /srv/gone || echo gone; id -u user; echo $0; echo $GREETING; pwd; id -u")
     assert ran.returncode == 0, ran.stderr

@@ -64,6 +64,11 @@ fn init_logging(verbose: u8) {
 }
 
 fn main() {
+    // hutch without root runs itself again in a user namespace to unpack an image there.
+    if std::env::args_os().nth(1).is_some_and(|a| a == hutch_image::unprivileged::HELPER) {
+        let args: Vec<String> = std::env::args_os().skip(2).map(|a| a.to_string_lossy().into_owned()).collect();
+        std::process::exit(hutch_image::unprivileged::helper_main(&args));
+    }
     let cli = Cli::parse();
     init_logging(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -5,11 +5,12 @@
 
 use crate::file_error::{at, FileError};
 use crate::progress::human_bytes;
-use crate::rootfs::{nix_is_root, ImageSource, Template, TemplateError, DISK_SIZE};
+use crate::rootfs::{BuildMode, ImageSource, Template, TemplateError, DISK_SIZE};
 use crate::run::run;
 use crate::Progress;
 use hutch_oci::{BlobStore, Digest, ImageDefaults};
-use std::path::Path;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -19,8 +20,10 @@ const DEFAULT_UID: u32 = 1000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FromImageError {
-    #[error("building a template from an image needs root (to keep the image's owners and device nodes); run it as root")]
-    NotRoot,
+    /// What the unprivileged helper reported (`unprivileged.rs`); `image` says whether the
+    /// image's own contents were at fault.
+    #[error("{message}")]
+    InNamespace { message: String, image: bool },
     #[error("template names are 1-63 characters of a-z, 0-9, `.`, `_` and `-`, starting with a letter or digit; `{0}` is not one")]
     BadName(String),
     #[error(transparent)]
@@ -29,6 +32,18 @@ pub enum FromImageError {
     File(#[from] FileError),
     #[error(transparent)]
     Template(#[from] TemplateError),
+}
+
+impl FromImageError {
+    /// Whether the image's own contents (too large, a bad layer) failed, not the host's
+    /// tools, disk or privileges.
+    pub fn is_the_images(&self) -> bool {
+        match self {
+            FromImageError::Unpack(_) => true,
+            FromImageError::InNamespace { image, .. } => *image,
+            _ => false,
+        }
+    }
 }
 
 /// Whether `name` can name a template (it names a directory under `$HUTCH_HOME`).
@@ -65,34 +80,60 @@ pub fn image_template(name: &str, source: ImageSource) -> Template {
 }
 
 /// Writes the image's root filesystem, with hutch's own files, as a raw ext4 image in
-/// `work` (an empty directory of the caller's); returns its path.
-pub fn make_image(store: &BlobStore, layers: &[Digest], source: &ImageSource, work: &Path, progress: &dyn Progress) -> Result<std::path::PathBuf, FromImageError> {
-    if !nix_is_root() {
-        return Err(FromImageError::NotRoot);
+/// `work` (an empty directory of the caller's); returns its path. As root the layers are
+/// applied here; otherwise in a user namespace where this user is root and 1-65535 are
+/// its subordinate ids (`unprivileged.rs`), so the image's owners come out the same.
+pub fn make_image(store: &BlobStore, layers: &[Digest], source: &ImageSource, work: &Path, progress: &dyn Progress) -> Result<PathBuf, FromImageError> {
+    let job = ImageJob {
+        layers: layers.iter().map(|d| (d.short().to_string(), store.path(d))).collect(),
+        source: source.clone(),
+        work: work.to_path_buf(),
+    };
+    match BuildMode::for_this_user()? {
+        BuildMode::Root => make_image_here(&job, progress),
+        mode => crate::unprivileged::make_image(&mode, &job, progress),
     }
+}
+
+/// What `make_image` does, as the namespace's helper process is handed it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct ImageJob {
+    /// (short digest, blob file), lowest layer first.
+    pub layers: Vec<(String, PathBuf)>,
+    pub source: ImageSource,
+    pub work: PathBuf,
+}
+
+impl ImageJob {
+    pub(crate) fn tree(&self) -> PathBuf {
+        self.work.join("tree")
+    }
+}
+
+/// The layers applied to `work/tree`, then the tree written as ext4, by this process.
+pub(crate) fn make_image_here(job: &ImageJob, progress: &dyn Progress) -> Result<PathBuf, FromImageError> {
     let started = Instant::now();
-    let tree = work.join("tree");
+    let tree = job.tree();
     std::fs::create_dir_all(&tree).map_err(at("creating", &tree))?;
     let tree = std::fs::canonicalize(&tree).map_err(at("reading", &tree))?;
-    progress.step(&format!("unpacking {} layer(s) of {}", layers.len(), source.reference));
+    progress.step(&format!("unpacking {} layer(s) of {}", job.layers.len(), job.source.reference));
     // What the tree may hold, ext4's own metadata aside: checked entry by entry, so a
     // layer that decompresses without end stops here, not when the host's disk is full.
     let mut budget = DISK_SIZE / 10 * 9;
-    for digest in layers {
-        let path = store.path(digest);
-        let file = std::fs::File::open(&path).map_err(at("reading", &path))?;
-        let applied = hutch_oci::unpack::apply_layer(&tree, file, digest.short(), &mut budget)?;
-        progress.detail(&format!("{}: {} entries, {} whiteouts", digest.short(), applied.entries, applied.whiteouts));
+    for (short, path) in &job.layers {
+        let file = std::fs::File::open(path).map_err(at("reading", path))?;
+        let applied = hutch_oci::unpack::apply_layer(&tree, file, short, &mut budget)?;
+        progress.detail(&format!("{short}: {} entries, {} whiteouts", applied.entries, applied.whiteouts));
     }
     // hutch's own files go in as one more layer, through the same checks: the tree is
     // the image's, and a symlink it planted (etc -> /etc) must not take a write to the host.
-    let own = own_layer(&tree, &source.defaults)?;
+    let own = own_layer(&tree, &job.source.defaults)?;
     hutch_oci::unpack::apply_layer(&tree, &own[..], "hutch", &mut budget)?;
     progress.done(&format!("{} unpacked", human_bytes(DISK_SIZE / 10 * 9 - budget)), started.elapsed());
 
     let started = Instant::now();
     progress.step(&format!("writing the ext4 image ({} virtual)", human_bytes(DISK_SIZE)));
-    let image = crate::rootfs::sparse_image(work)?;
+    let image = crate::rootfs::sparse_image(&job.work)?;
     let mut mkfs = Command::new("mkfs.ext4");
     mkfs.args(["-q", "-F", "-L", "hutch-root", "-E", "root_owner=0:0", "-d"]).arg(&tree).arg(&image);
     run(mkfs, None, progress).map_err(TemplateError::from)?;

@@ -17,6 +17,7 @@ pub mod record;
 pub mod rootfs;
 mod run;
 pub mod tags;
+pub mod unprivileged;
 
 pub use home::HutchHome;
 pub use progress::Progress;

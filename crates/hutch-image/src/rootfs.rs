@@ -492,7 +492,7 @@ fn build_debian(home: &HutchHome, recipe: &Recipe, progress: &dyn Progress) -> R
 /// (root = this user, 1-65535 = its subordinate ids), so owners, modes and setuid bits
 /// come out as the guest needs them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum BuildMode {
+pub(crate) enum BuildMode {
     Root,
     Unshare { subuid: u32, subgid: u32 },
 }
@@ -507,7 +507,7 @@ fn subordinate(text: &str, user: &str, uid: u32) -> Option<u32> {
 }
 
 impl BuildMode {
-    fn for_this_user() -> Result<BuildMode, TemplateError> {
+    pub(crate) fn for_this_user() -> Result<BuildMode, TemplateError> {
         if nix_is_root() {
             return Ok(BuildMode::Root);
         }
@@ -520,20 +520,26 @@ impl BuildMode {
         }
     }
 
-    /// `sh -c script` in a user namespace mapping root to this user and 1-65535 to its
-    /// subordinate ids (as root: on the host).
-    fn in_namespace(&self, script: &str) -> Command {
+    /// `unshare`, set to run what follows it in a user namespace mapping root to this
+    /// user and 1-65535 to its subordinate ids (as root: on the host).
+    pub(crate) fn unshare(&self) -> Command {
         let mut cmd = Command::new("unshare");
         if let BuildMode::Unshare { subuid, subgid } = self {
             cmd.arg(format!("--map-users={subuid},1,65535")).arg(format!("--map-groups={subgid},1,65535")).arg("--map-root-user");
         }
+        cmd
+    }
+
+    /// `sh -c script` in that namespace.
+    fn in_namespace(&self, script: &str) -> Command {
+        let mut cmd = self.unshare();
         cmd.args(["sh", "-c", script]);
         cmd
     }
 
     /// Removes a work directory. Without root, an unpacked tree's files belong to
     /// subordinate ids, which only the namespace can remove.
-    fn remove(&self, dir: &Path) {
+    pub(crate) fn remove(&self, dir: &Path) {
         if std::fs::remove_dir_all(dir).is_err() && dir.exists() && *self != BuildMode::Root {
             let mut cmd = self.in_namespace("rm -rf -- \"$0\"");
             cmd.arg(dir).stdin(std::process::Stdio::null());

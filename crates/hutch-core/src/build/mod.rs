@@ -236,9 +236,8 @@ async fn base_layer(home: &HutchHome, spec: &BuildSpec, cache: &BuildCache, scra
                 std::fs::create_dir_all(&work).map_err(|e| (false, e.to_string()))?;
                 let progress = LogProgress(log2, "base");
                 let image = hutch_image::from_image::make_image(&store, &layers, &src, &work, &progress).map_err(|e| {
-                    // The image's own contents (too large, a bad layer) are the caller's;
-                    // the host's tools, disk and privileges are not.
-                    (matches!(e, hutch_image::from_image::FromImageError::Unpack(_)), hutch_proto::error_chain(&e))
+                    // The image's own contents are the caller's; the host's are not.
+                    (e.is_the_images(), hutch_proto::error_chain(&e))
                 })?;
                 std::fs::rename(&image, dir.join("disk.raw")).map_err(|e| (false, format!("moving the base image into the cache: {e}")))?;
                 Ok::<_, (bool, String)>(dir.join("disk.raw"))
