@@ -109,6 +109,8 @@ def test_hutch_template_build_from_a_registry_image_without_root(registry):
     removed = subprocess.run(["su", USER, "-c", f"{env} {bin_dir}/hutch template rm unpriv"], capture_output=True, text=True, timeout=120)
     assert removed.returncode == 0, removed.stderr
     hutch_home = home / "hutch-home"
+    scratch = hutch_home / "cache" / "build" / "tmp"
+    assert not scratch.exists() or list(scratch.iterdir()) == [], list(scratch.iterdir())
     assert list((hutch_home / "tmp").iterdir()) == [] and list((hutch_home / "sandboxes").iterdir()) == []
     assert qemus_under(hutch_home) == []
 

@@ -514,3 +514,23 @@ def test_api_builds_may_not_reach_registries_on_the_servers_machine(registry, se
             Template.build(t, "sdkbad")
         assert "names a registry on the server's own machine or private network" in str(e.value), str(e.value)
     shutil.rmtree(shared_home() / "templates" / "sdkbad", ignore_errors=True)
+
+
+def test_an_aws_login_with_a_region_that_is_no_region_is_refused_before_any_call(server, tmp_path):
+    """`from_aws_registry`'s region names ECR's API host, so one that could name another
+    host is the caller's mistake, answered before the build starts (and before any
+    request leaves). The login itself is tested in hutch-oci/tests/registry.rs."""
+    from e2b import Template
+    from e2b.exceptions import BuildException
+    # A loopback image: were the region not checked first, the pull would be refused as
+    # a registry on the server's machine, and still nothing would leave it.
+    t = Template(file_context_path=str(tmp_path)).from_aws_registry(
+        "127.0.0.1:9/app:1", access_key_id="AKIAHUTCHTEST0000001",
+        secret_access_key="not-a-secret", region="evil.example.com/")
+    try:
+        with pytest.raises(BuildException) as e:
+            Template.build(t, "sdkaws")
+        assert "`evil.example.com/` is not an AWS region" in str(e.value), str(e.value)
+        assert not (shared_home() / "templates" / "sdkaws" / "template.json").exists()
+    finally:
+        shutil.rmtree(shared_home() / "templates" / "sdkaws", ignore_errors=True)

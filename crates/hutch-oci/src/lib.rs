@@ -3,6 +3,7 @@
 //! layers to a root filesystem with the image spec's whiteouts.
 
 pub mod config;
+pub mod ecr;
 pub mod pull;
 pub mod store;
 pub mod unpack;

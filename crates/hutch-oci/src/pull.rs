@@ -23,6 +23,9 @@ const MAX_CONFIG_BYTES: i64 = 8 << 20;
 pub struct RegistryOptions {
     /// `user:password` for basic auth (or a token exchange the registry asks for).
     pub credentials: Option<(String, String)>,
+    /// An AWS access key: the pull first asks ECR for a login (`ecr.rs`), which then
+    /// stands in for `credentials`.
+    pub aws: Option<crate::ecr::AwsLogin>,
     /// Registries (`host:port`) spoken to over plain HTTP: loopback test registries.
     pub insecure: Vec<String>,
     /// Registries on this machine may be used, over plain HTTP, without being listed
@@ -86,6 +89,10 @@ pub enum PullError {
     LocalRegistry { reference: String },
     #[error("{reference}: the registry answered: {reason}")]
     Registry { reference: String, reason: String },
+    #[error("{reference}: logging in to ECR")]
+    AwsLogin { reference: String, #[source] source: crate::ecr::EcrError },
+    #[error("the registry refused {reference} with the ECR token of the AWS key for {region}; check that the image is in that key's account and region and that the key may pull it (ecr:BatchGetImage, ecr:GetDownloadUrlForLayer)")]
+    AwsUnauthorized { reference: String, region: String },
     #[error("{reference}: the registry sent other bytes than the image names (tampered or corrupted), so nothing was kept: {reason}")]
     Tampered { reference: String, reason: String },
 }
@@ -147,6 +154,12 @@ impl Puller {
 
     pub async fn pull(&self, reference: &str, progress: Arc<dyn PullProgress>) -> Result<PulledImage, PullError> {
         let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| PullError::BadReference { reference: reference.to_string(), reason: e.to_string() })?;
+        if let Some(aws) = &self.options.aws {
+            // Before any name is resolved: a login for another registry sends nothing.
+            let login = |source| PullError::AwsLogin { reference: reference.to_string(), source };
+            aws.check().map_err(login)?;
+            aws.check_registry(registry_host(image.registry())).map_err(login)?;
+        }
         let listed = self.options.insecure.iter().any(|r| r == image.registry());
         if !self.options.local && !listed && is_local(image.registry()) {
             return Err(PullError::LocalRegistry { reference: reference.to_string() });
@@ -169,8 +182,19 @@ impl Puller {
             return Box::pin(Puller::new(self.store.clone(), &options).pull(reference, progress)).await;
         }
         let name = image.whole();
-        let fail = |e: OciDistributionError| classify(&name, e);
-        let (manifest, digest) = self.client.pull_manifest(&image, &self.auth).await.map_err(fail)?;
+        let auth = match &self.options.aws {
+            Some(aws) => {
+                let login = |source| PullError::AwsLogin { reference: reference.to_string(), source };
+                let (user, password) = aws.login(self.options.proxy.as_deref()).await.map_err(login)?;
+                RegistryAuth::Basic(user, password)
+            }
+            None => self.auth.clone(),
+        };
+        let fail = |e: OciDistributionError| match (classify(&name, e), &self.options.aws) {
+            (PullError::Unauthorized { reference }, Some(aws)) => PullError::AwsUnauthorized { reference, region: aws.region.clone() },
+            (other, _) => other,
+        };
+        let (manifest, digest) = self.client.pull_manifest(&image, &auth).await.map_err(fail)?;
         let (manifest, digest) = match manifest {
             OciManifest::Image(m) => (m, digest),
             OciManifest::ImageIndex(index) => {
@@ -180,7 +204,7 @@ impl Puller {
                     return Err(PullError::WrongPlatform { reference: name, available: if available.is_empty() { "no platform it names".into() } else { available.join(", ") } });
                 };
                 let pinned = image.clone_with_digest(entry.digest.clone());
-                match self.client.pull_manifest(&pinned, &self.auth).await.map_err(fail)? {
+                match self.client.pull_manifest(&pinned, &auth).await.map_err(fail)? {
                     (OciManifest::Image(m), d) => (m, d),
                     (OciManifest::ImageIndex(_), _) => return Err(PullError::Registry { reference: name, reason: "an index points to another index".into() }),
                 }

@@ -39,7 +39,7 @@ async fn a_redirect_to_a_private_address_is_not_followed_there() {
     let (registry, registry_seen) = redirecting_registry(format!("http://{private_addr}/latest/meta-data/")).await;
     let proxy = hutch_net::public_proxy::PublicProxy::start(vec![registry.clone()]).expect("proxy");
     let tmp = tempfile::tempdir().expect("tmp");
-    let options = RegistryOptions { credentials: None, insecure: vec![registry.clone()], local: false, proxy: Some(proxy.url()) };
+    let options = RegistryOptions { credentials: None, insecure: vec![registry.clone()], local: false, proxy: Some(proxy.url()), aws: None };
     let puller = Puller::new(BlobStore::new(tmp.path()), &options);
     let pulled = puller.pull(&format!("{registry}/app:1"), Arc::new(hutch_oci::pull::Quiet)).await;
     assert!(pulled.is_err(), "the pull cannot succeed");
@@ -57,7 +57,7 @@ async fn a_registry_name_resolving_to_this_machine_is_refused_before_any_request
     let port = listener.local_addr().expect("addr").port();
     let proxy = hutch_net::public_proxy::PublicProxy::start(vec![]).expect("proxy");
     let tmp = tempfile::tempdir().expect("tmp");
-    let options = RegistryOptions { credentials: None, insecure: vec![], local: false, proxy: Some(proxy.url()) };
+    let options = RegistryOptions { credentials: None, insecure: vec![], local: false, proxy: Some(proxy.url()), aws: None };
     let puller = Puller::new(BlobStore::new(tmp.path()), &options);
     // `localhost` is caught by its name; this spelling of it only by resolving it.
     let name = format!("LocalHost:{port}");

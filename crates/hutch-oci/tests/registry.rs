@@ -72,7 +72,7 @@ impl Registry {
     }
 
     fn options(&self, login: Option<(&str, &str)>) -> RegistryOptions {
-        RegistryOptions { credentials: login.map(|(u, p)| (u.to_string(), p.to_string())), insecure: vec![self.addr.clone()], local: false, proxy: None }
+        RegistryOptions { credentials: login.map(|(u, p)| (u.to_string(), p.to_string())), insecure: vec![self.addr.clone()], local: false, proxy: None, aws: None }
     }
 
     /// Where the registry keeps a blob's bytes.
@@ -189,7 +189,7 @@ async fn bad_pulls_are_one_clear_error_and_leave_nothing_in_the_cache() {
     assert!(partial.is_empty(), "no partial files: {partial:?}");
 
     let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").to_string();
-    let options = RegistryOptions { credentials: None, insecure: vec![closed.clone()], local: false, proxy: None };
+    let options = RegistryOptions { credentials: None, insecure: vec![closed.clone()], local: false, proxy: None, aws: None };
     let err = puller(cache.path(), &options).pull(&format!("{closed}/app:1"), Arc::new(Quiet)).await.expect_err("nothing listens");
     assert!(matches!(err, PullError::Unreachable { .. }), "{err}");
 }
@@ -318,6 +318,87 @@ async fn refuses_all_but(registry: &Registry, image: &str, right: (&str, &str)) 
     }
     let ok = puller(cache.path(), &registry.options(Some(right))).pull(&image, Arc::new(Quiet)).await.expect("the right password");
     assert_eq!(ok.layers_downloaded, 1);
+}
+
+/// E2B's `fromAWSRegistry`: the pull asks ECR's API for a token with the access key,
+/// then logs in to the registry as `AWS` with it. ECR's API cannot be reached here, so a
+/// stand-in on loopback answers `GetAuthorizationToken` as ECR does, for one key id only;
+/// the signature itself is proven in `ecr.rs` (AWS's test suite, and curl's signer).
+#[tokio::test]
+async fn an_aws_login_trades_the_access_key_for_ecr_s_token() {
+    let registry = Registry::start(Some(("AWS", "ecr-token-123")));
+    registry.push("ecr:1", &[layer(&[("e", b"from ECR")])], Some(("AWS", "ecr-token-123"))).await;
+    let ecr = EcrStandIn::start("AKIAHUTCHTEST0000001", "AWS:ecr-token-123");
+    let cache = tempfile::tempdir().expect("cache");
+    let image = format!("{}/ecr:1", registry.addr);
+    let login = |key: &str| {
+        let aws = hutch_oci::ecr::AwsLogin { access_key_id: key.into(), secret_access_key: "s3cret".into(), region: "eu-west-1".into(), endpoint: Some(format!("http://{}/", ecr.addr)) };
+        RegistryOptions { aws: Some(aws), ..registry.options(None) }
+    };
+    let pulled = puller(cache.path(), &login("AKIAHUTCHTEST0000001")).pull(&image, Arc::new(Quiet)).await.expect("the ECR token logs in");
+    assert_eq!(pulled.layers_downloaded, 1);
+    let seen = ecr.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 1, "one token call: {seen:?}");
+    let head = &seen[0];
+    assert!(head.starts_with("POST / "), "{head}");
+    assert!(head.contains("x-amz-target: AmazonEC2ContainerRegistry_V20150921.GetAuthorizationToken"), "{head}");
+    assert!(head.contains("/eu-west-1/ecr/aws4_request, SignedHeaders=content-type;host;x-amz-date;x-amz-target, Signature="), "{head}");
+    assert!(!head.contains("s3cret"), "the secret never travels: {head}");
+    // A key AWS does not know: its own words, and nothing is pulled.
+    let err = puller(cache.path(), &login("AKIAUNKNOWN000000001")).pull(&image, Arc::new(Quiet)).await.expect_err("refused");
+    let text = hutch_proto::error_chain(&err);
+    assert!(matches!(err, PullError::AwsLogin { .. }) && text.contains("UnrecognizedClientException: The security token included in the request is invalid"), "{text}");
+}
+
+/// ECR's `GetAuthorizationToken` on loopback: for `key` (seen in the SigV4 credential),
+/// the base64 of `token`; else AWS's 400 for an unknown key. Keeps each request's head.
+struct EcrStandIn {
+    addr: String,
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl EcrStandIn {
+    fn start(key: &'static str, token: &'static str) -> EcrStandIn {
+        use base64::Engine;
+        use std::io::BufRead;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+                let Ok(clone) = conn.try_clone() else { continue };
+                let mut reader = std::io::BufReader::new(clone);
+                let mut head = String::new();
+                let mut length = 0usize;
+                loop {
+                    let mut line = String::new();
+                    if reader.read_line(&mut line).unwrap_or(0) == 0 || line.trim().is_empty() {
+                        break;
+                    }
+                    if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                    head.push_str(&line);
+                }
+                let mut body = vec![0u8; length];
+                let _ = std::io::Read::read_exact(&mut reader, &mut body);
+                let known = head.contains(&format!("Credential={key}/"));
+                kept.lock().expect("lock").push(head);
+                let (status, answer) = if known {
+                    let encoded = base64::engine::general_purpose::STANDARD.encode(token);
+                    ("200 OK", serde_json::json!({"authorizationData": [{"authorizationToken": encoded, "expiresAt": 1.9e9, "proxyEndpoint": "https://123456789012.dkr.ecr.eu-west-1.amazonaws.com"}]}))
+                } else {
+                    ("400 Bad Request", serde_json::json!({"__type": "UnrecognizedClientException", "message": "The security token included in the request is invalid."}))
+                };
+                let answer = answer.to_string();
+                let mut out = conn;
+                let _ = out.write_all(format!("HTTP/1.1 {status}\r\nContent-Type: application/x-amz-json-1.1\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{answer}", answer.len()).as_bytes());
+            }
+        });
+        EcrStandIn { addr, seen }
+    }
 }
 
 /// A token service as Docker Hub and GHCR have (the registry says `Bearer realm=…`;

@@ -144,7 +144,7 @@ impl BuildLog for TermLog {
 async fn build(home: &HutchHome, args: BuildArgs) -> anyhow::Result<i32> {
     let (name, tag) = name_and_tag(&args.name)?;
     home.make_private().with_context(|| format!("creating {} (mode 0700)", home.root().display()))?;
-    let registry = RegistryOptions { credentials: args.registry_user.clone().zip(args.registry_password.clone()), insecure: args.insecure.clone(), local: true, proxy: None };
+    let registry = RegistryOptions { credentials: args.registry_user.clone().zip(args.registry_password.clone()), insecure: args.insecure.clone(), local: true, proxy: None, aws: None };
     let mut build_args = BTreeMap::new();
     for pair in &args.build_args {
         let (k, v) = pair.split_once('=').with_context(|| format!("--build-arg {pair}: give NAME=VALUE"))?;

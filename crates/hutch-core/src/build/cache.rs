@@ -169,7 +169,8 @@ impl BuildCache {
     pub fn prune(&self, _held: &CacheLock) -> Result<u64, CacheError> {
         let used = disk_usage(&self.root);
         for dir in [self.keys(), self.layers(), self.root.join("tmp"), self.root.join("files")] {
-            match std::fs::remove_dir_all(&dir) {
+            // Scratch may hold what a killed unprivileged unpack left (`remove_tree`).
+            match hutch_image::unprivileged::remove_tree(&dir) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(at("removing", &dir)(e)),

@@ -425,7 +425,8 @@ impl RemoveOnDrop {
 impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if let Some(path) = self.0.take() {
-            let _ = std::fs::remove_dir_all(path);
+            // An unprivileged image unpack's tree may be left in it (`remove_tree`).
+            let _ = hutch_image::unprivileged::remove_tree(&path);
         }
     }
 }

@@ -140,29 +140,50 @@ pub struct RegistryAuth {
     /// Type `gcp`: a service account's key file, JSON.
     #[serde(default)]
     pub service_account_json: Option<String>,
+    /// Type `aws`: an access key and the region of the ECR registry.
+    #[serde(default)]
+    pub aws_access_key_id: Option<String>,
+    #[serde(default)]
+    pub aws_secret_access_key: Option<String>,
+    #[serde(default)]
+    pub aws_region: Option<String>,
 }
 
 /// Shown without its secrets (a request may be logged with its fields).
 impl std::fmt::Debug for RegistryAuth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryAuth").field("kind", &self.kind).field("username", &self.username).finish_non_exhaustive()
+        f.debug_struct("RegistryAuth")
+            .field("kind", &self.kind)
+            .field("username", &self.username)
+            .field("aws_access_key_id", &self.aws_access_key_id)
+            .field("aws_region", &self.aws_region)
+            .finish_non_exhaustive()
     }
 }
 
 impl RegistryAuth {
-    /// The user and password a pull logs in with. `gcp` is Google's basic-auth login
-    /// (`_json_key` and the key file), which Artifact Registry and GCR take; `aws` needs
-    /// a token from AWS's API, which this server does not ask for.
-    pub fn credentials(&self) -> Result<(String, String), ManagerError> {
+    /// How a pull logs in. `gcp` is Google's basic-auth login (`_json_key` and the key
+    /// file), which Artifact Registry and GCR take; `aws` asks ECR for a token with the
+    /// access key when the pull starts (`hutch_oci::ecr`), through the server's proxy.
+    pub fn set_login(&self, options: &mut RegistryOptions) -> Result<(), ManagerError> {
         let missing = |what: &str| ManagerError::InvalidArgument(format!("fromImageRegistry of type '{}' needs {what}", self.kind));
+        let given = |v: &Option<String>, what: &str| v.clone().filter(|v| !v.is_empty()).ok_or_else(|| missing(what));
         match self.kind.as_str() {
-            "registry" => Ok((self.username.clone().ok_or_else(|| missing("username"))?, self.password.clone().ok_or_else(|| missing("password"))?)),
-            "gcp" => Ok(("_json_key".into(), self.service_account_json.clone().filter(|j| !j.is_empty()).ok_or_else(|| missing("serviceAccountJson"))?)),
-            "aws" => Err(ManagerError::InvalidArgument(
-                "fromImageRegistry type 'aws' is not supported here (its login is a token from AWS's API); give the registry's user and password as type 'registry' (`aws ecr get-login-password` prints one for user AWS)".into(),
-            )),
-            other => Err(ManagerError::InvalidArgument(format!("fromImageRegistry type '{other}' is not one of registry, gcp"))),
+            "registry" => options.credentials = Some((self.username.clone().ok_or_else(|| missing("username"))?, self.password.clone().ok_or_else(|| missing("password"))?)),
+            "gcp" => options.credentials = Some(("_json_key".into(), given(&self.service_account_json, "serviceAccountJson")?)),
+            "aws" => {
+                let login = hutch_oci::ecr::AwsLogin {
+                    access_key_id: given(&self.aws_access_key_id, "awsAccessKeyId")?,
+                    secret_access_key: given(&self.aws_secret_access_key, "awsSecretAccessKey")?,
+                    region: given(&self.aws_region, "awsRegion")?,
+                    endpoint: None,
+                };
+                login.check().map_err(|e| ManagerError::InvalidArgument(format!("fromImageRegistry: {e}")))?;
+                options.aws = Some(login);
+            }
+            other => return Err(ManagerError::InvalidArgument(format!("fromImageRegistry type '{other}' is not one of registry, aws, gcp"))),
         }
+        Ok(())
     }
 }
 
@@ -463,11 +484,14 @@ impl SandboxManager {
         let base = match (&req.from_image, &req.from_template) {
             (Some(image), None) if image == "e2bdev/base" => Base::Template("base".into()),
             (Some(image), None) => {
-                let credentials = req.from_image_registry.as_ref().map(RegistryAuth::credentials).transpose()?;
                 // Registries on this machine or its private networks only as the operator
                 // listed them (`hutch serve --insecure-registry`): a tenant's image
                 // reference must not reach the host's own services.
-                Base::Image { reference: image.clone(), registry: RegistryOptions { credentials, insecure: self.config.insecure_registries.clone(), local: false, proxy: Some(self.public_proxy()?) } }
+                let mut registry = RegistryOptions { insecure: self.config.insecure_registries.clone(), local: false, proxy: Some(self.public_proxy()?), ..Default::default() };
+                if let Some(auth) = &req.from_image_registry {
+                    auth.set_login(&mut registry)?;
+                }
+                Base::Image { reference: image.clone(), registry }
             }
             (None, Some(template)) => {
                 // A base this key may use: a built-in template or one of its own.
@@ -631,16 +655,24 @@ mod tests {
 
     #[test]
     fn registry_logins_are_the_users_and_passwords_registries_take() {
-        let auth = |json: serde_json::Value| serde_json::from_value::<RegistryAuth>(json).expect("a registry login").credentials();
+        let auth = |json: serde_json::Value| {
+            let mut options = hutch_oci::pull::RegistryOptions::default();
+            serde_json::from_value::<RegistryAuth>(json).expect("a registry login").set_login(&mut options).map(|()| options)
+        };
         let plain = auth(serde_json::json!({"type": "registry", "username": "me", "password": "pw"})).expect("registry");
-        assert_eq!(plain, ("me".into(), "pw".into()));
+        assert_eq!(plain.credentials, Some(("me".into(), "pw".into())));
         let gcp = auth(serde_json::json!({"type": "gcp", "serviceAccountJson": "{\"type\":\"service_account\"}"})).expect("gcp");
-        assert_eq!(gcp, ("_json_key".into(), "{\"type\":\"service_account\"}".into()));
+        assert_eq!(gcp.credentials, Some(("_json_key".into(), "{\"type\":\"service_account\"}".into())));
+        let aws = auth(serde_json::json!({"type": "aws", "awsAccessKeyId": "AKIAHUTCHTEST0000001", "awsSecretAccessKey": "s3cret", "awsRegion": "eu-west-1"})).expect("aws");
+        let login = aws.aws.expect("an ECR login");
+        assert_eq!((login.access_key_id.as_str(), login.secret_access_key.as_str(), login.region.as_str()), ("AKIAHUTCHTEST0000001", "s3cret", "eu-west-1"));
+        assert!(aws.credentials.is_none() && !format!("{login:?}").contains("s3cret"));
         for (json, says) in [
             (serde_json::json!({"type": "registry", "username": "me"}), "needs password"),
             (serde_json::json!({"type": "gcp"}), "needs serviceAccountJson"),
-            (serde_json::json!({"type": "aws", "awsAccessKeyId": "a", "awsSecretAccessKey": "b", "awsRegion": "r"}), "aws ecr get-login-password"),
-            (serde_json::json!({"type": "azure"}), "is not one of registry, gcp"),
+            (serde_json::json!({"type": "aws", "awsAccessKeyId": "a", "awsRegion": "r"}), "needs awsSecretAccessKey"),
+            (serde_json::json!({"type": "aws", "awsAccessKeyId": "a", "awsSecretAccessKey": "b", "awsRegion": "x.example.com/"}), "is not an AWS region"),
+            (serde_json::json!({"type": "azure"}), "is not one of registry, aws, gcp"),
         ] {
             let e = auth(json).expect_err("refused").to_string();
             assert!(e.contains(says), "{e}");
