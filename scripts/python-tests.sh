@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python tests against a real `hutch serve`: the official e2b SDK (pinned), hutch's
 # own Python SDK (sdk/python, used from the tree), REST error handling, the quickstart
-# example. The virtualenv is cached under $HUTCH_HOME.
+# example. The virtualenvs are cached under $HUTCH_HOME. `--install-only` installs the
+# SDKs and tools and runs nothing.
 source "$(dirname "$0")/lib.sh"
 ensure_test_packages
 VENV="$HUTCH_HOME/cache/py-e2b-2.63.0-ci-2.11.5"
@@ -42,18 +43,24 @@ if [ ! -d "$JS_SDK/node_modules/e2b" ]; then
   rm -rf "$JS_SDK" && mv "$JS_SDK.partial" "$JS_SDK"
 fi
 export HUTCH_NODE="$NODE" HUTCH_JS_SDK="$JS_SDK"
-
-step "running the Python tests against hutch serve"
-PYTHONPATH="$PWD/sdk/python" "$VENV/bin/pytest" -q tests "$@"
-
-# The official-SDK tests again with the oldest SDK set hutch supports (README): E2B
-# users do not all upgrade at once.
+# The oldest SDK set hutch supports (README), for the second pass below.
 OLD_VENV="$HUTCH_HOME/cache/py-e2b-2.45.1-ci-2.9.1"
 if [ ! -x "$OLD_VENV/bin/pytest" ]; then
   step "installing the oldest supported official SDKs (e2b 2.45.1, e2b-code-interpreter 2.9.1) and pytest into $OLD_VENV"
   python3 -m venv "$OLD_VENV"
   "$OLD_VENV/bin/pip" install -q "e2b==2.45.1" "e2b-code-interpreter==2.9.1" "pytest==8.3.4"
 fi
+# `--install-only`: the tools above and nothing else (scripts/test.sh installs them
+# while it compiles).
+if [ "${1:-}" = "--install-only" ]; then
+  exit 0
+fi
+
+step "running the Python tests against hutch serve"
+PYTHONPATH="$PWD/sdk/python" "$VENV/bin/pytest" -q tests "$@"
+
+# The official-SDK tests again with the oldest SDK set hutch supports (README): E2B
+# users do not all upgrade at once.
 if [ "$#" -eq 0 ]; then
   step "running the official-SDK tests with e2b 2.45.1 and e2b-code-interpreter 2.9.1"
   # The five-kernel test (4 to 7 minutes) is left to the newest set: the kernels are the
