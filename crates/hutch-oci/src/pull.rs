@@ -154,11 +154,11 @@ impl Puller {
 
     pub async fn pull(&self, reference: &str, progress: Arc<dyn PullProgress>) -> Result<PulledImage, PullError> {
         let image: Reference = reference.parse().map_err(|e: oci_client::ParseError| PullError::BadReference { reference: reference.to_string(), reason: e.to_string() })?;
+        let aws_login = |source| PullError::AwsLogin { reference: reference.to_string(), source };
         if let Some(aws) = &self.options.aws {
             // Before any name is resolved: a login for another registry sends nothing.
-            let login = |source| PullError::AwsLogin { reference: reference.to_string(), source };
-            aws.check().map_err(login)?;
-            aws.check_registry(registry_host(image.registry())).map_err(login)?;
+            aws.check().map_err(aws_login)?;
+            aws.check_registry(registry_host(image.registry())).map_err(aws_login)?;
         }
         let listed = self.options.insecure.iter().any(|r| r == image.registry());
         if !self.options.local && !listed && is_local(image.registry()) {
@@ -184,8 +184,7 @@ impl Puller {
         let name = image.whole();
         let auth = match &self.options.aws {
             Some(aws) => {
-                let login = |source| PullError::AwsLogin { reference: reference.to_string(), source };
-                let (user, password) = aws.login(self.options.proxy.as_deref()).await.map_err(login)?;
+                let (user, password) = aws.login(self.options.proxy.as_deref()).await.map_err(aws_login)?;
                 RegistryAuth::Basic(user, password)
             }
             None => self.auth.clone(),
