@@ -164,7 +164,20 @@ ensure_rust() {
 }
 
 build() {
-  step "building hutch and its guest agent"
-  cargo build --release --locked -p hutch-cli
-  cargo build --profile agent --locked --target "$AGENT_TARGET" -p hutch-agent
+  # Side by side: the agent is another target and profile (its own directories under
+  # target/, so neither cargo waits for the other's lock), and it fills the core the
+  # release build leaves idle while it compiles hutch's own crates one after another.
+  local log="target/agent-build.log" agent=0 release=0 pid
+  mkdir -p target
+  step "building hutch (release) and, beside it, its guest agent (agent profile, log: $log)"
+  cargo build --profile agent --locked --target "$AGENT_TARGET" -p hutch-agent >"$log" 2>&1 &
+  pid=$!
+  cargo build --release --locked -p hutch-cli || release=$?
+  wait "$pid" || agent=$?
+  if [ "$agent" -ne 0 ]; then
+    tail -n 40 "$log" >&2
+    die "building the guest agent failed (cargo exited with $agent); its output is above and in $log"
+  fi
+  [ "$release" -eq 0 ] || die "building hutch failed (cargo exited with $release; see above)"
+  grep -h 'Finished' "$log" >&2 || true
 }

@@ -50,24 +50,34 @@ if [ ! -x "$OLD_VENV/bin/pytest" ]; then
   python3 -m venv "$OLD_VENV"
   "$OLD_VENV/bin/pip" install -q "e2b==2.45.1" "e2b-code-interpreter==2.9.1" "pytest==8.3.4"
 fi
+# pytest-xdist: each pass runs its test files on two workers (below).
+for venv in "$VENV" "$OLD_VENV"; do
+  if [ ! -f "$venv/.xdist-3.8.0" ]; then
+    step "installing pytest-xdist 3.8.0 into $venv"
+    "$venv/bin/pip" install -q "pytest-xdist==3.8.0"
+    touch "$venv/.xdist-3.8.0"
+  fi
+done
 # `--install-only`: the tools above and nothing else (scripts/test.sh installs them
 # while it compiles).
 if [ "${1:-}" = "--install-only" ]; then
   exit 0
 fi
 
-step "running the Python tests against hutch serve"
-PYTHONPATH="$PWD/sdk/python" "$VENV/bin/pytest" -q tests "$@"
+# Two workers, each with its own `hutch serve` (tests/conftest.py), a test file at a
+# time: one worker's guests leave about half of a 2-core machine idle (measured:
+# docs/BENCHMARKS.md). HUTCH_TEST_WORKERS=1 runs them one after another.
+WORKERS=(-n "${HUTCH_TEST_WORKERS:-2}" --dist loadfile)
+step "running the Python tests against hutch serve (${HUTCH_TEST_WORKERS:-2} workers)"
+PYTHONPATH="$PWD/sdk/python" "$VENV/bin/pytest" -q "${WORKERS[@]}" tests "$@"
 
-# The official-SDK tests again with the oldest SDK set hutch supports (README): E2B
-# users do not all upgrade at once.
+# Again with the oldest SDK set hutch supports (README): E2B users do not all upgrade at
+# once. Only the tests marked sdk_versions, which exercise what differs between SDK
+# versions (wire formats, auth headers, the code interpreter's transport); what the
+# server does with a request does not depend on which SDK sent it.
 if [ "$#" -eq 0 ]; then
-  step "running the official-SDK tests with e2b 2.45.1 and e2b-code-interpreter 2.9.1"
-  # The five-kernel test (4 to 7 minutes) is left to the newest set: the kernels are the
-  # server's, and the SDK only names a language, which the other tests here cover. So is
-  # the test of hutch's own SDK, which does not use e2b's at all.
-  PYTHONPATH="$PWD/sdk/python" "$OLD_VENV/bin/pytest" -q tests/e2b/test_official_sdk.py tests/e2b/test_official_list.py \
-    tests/persistence/test_official_persistence.py tests/code_interpreter/test_official_code_interpreter.py \
-    --deselect tests/code_interpreter/test_official_code_interpreter.py::test_javascript_typescript_r_and_java_kernels \
-    --deselect tests/code_interpreter/test_official_code_interpreter.py::test_hutch_python_sdk_run_code
+  step "running the tests marked sdk_versions with e2b 2.45.1 and e2b-code-interpreter 2.9.1"
+  PYTHONPATH="$PWD/sdk/python" "$OLD_VENV/bin/pytest" -q "${WORKERS[@]}" -m sdk_versions \
+    tests/e2b/test_official_sdk.py tests/e2b/test_official_list.py \
+    tests/persistence/test_official_persistence.py tests/code_interpreter/test_official_code_interpreter.py
 fi

@@ -1,35 +1,46 @@
 #!/usr/bin/env bash
 # Quick start, part 2: the whole test suite. Tests boot real microVMs.
+# Where its minutes go, test by test: scripts/suite-times.sh (docs/BENCHMARKS.md).
 source "$(dirname "$0")/lib.sh"
 ensure_host_packages
 ensure_test_packages
 ensure_rust
+# Crates whose unit-test harness is off (`test = false`: compiling it would cost a
+# minute and run nothing) must stay without unit tests, or those would never run.
+for crate in hutch-cli hutch-envd hutch-sdk; do
+  if grep -rlE '#\[(tokio::)?test' "crates/$crate/src" >/dev/null; then
+    die "crates/$crate has unit tests, but its Cargo.toml says test = false; remove that line so they run"
+  fi
+done
 build
-# The guest artifacts (mostly mmdebstrap's downloads and dpkg, one core) are made while
-# the test binaries compile: on a fresh 2-core machine that overlap is minutes.
+# The guest artifacts (mostly mmdebstrap's downloads and dpkg, one core each) are made
+# while the test binaries compile: on a fresh 2-core machine that overlap is minutes.
+# Both templates at once: their downloads and unpacking overlap too (the kernel fetch
+# and each template snapshot take a lock, so the two setups never race).
 mkdir -p "$HUTCH_HOME/cache"
-SETUP_LOG="$HUTCH_HOME/cache/test-setup.log"
-step "preparing guest artifacts (hutch setup, log: $SETUP_LOG) and the Python tests' SDKs (log: $HUTCH_HOME/cache/test-tools.log) in the background while the test binaries compile"
-./target/release/hutch setup --template base --template code-interpreter >"$SETUP_LOG" 2>&1 &
-SETUP_PID=$!
+LOGS="$HUTCH_HOME/cache"
+step "preparing guest artifacts (hutch setup of base and of code-interpreter, logs: $LOGS/test-setup-*.log) and the Python tests' SDKs (log: $LOGS/test-tools.log) in the background while the test binaries compile"
+./target/release/hutch setup --template base >"$LOGS/test-setup-base.log" 2>&1 &
+BASE_PID=$!
+./target/release/hutch setup --template code-interpreter >"$LOGS/test-setup-code-interpreter.log" 2>&1 &
+CI_PID=$!
 # The Python tests' SDKs (PyPI, npm) too: network, not cores.
-TOOLS_LOG="$HUTCH_HOME/cache/test-tools.log"
-bash scripts/python-tests.sh --install-only >"$TOOLS_LOG" 2>&1 &
+bash scripts/python-tests.sh --install-only >"$LOGS/test-tools.log" 2>&1 &
 TOOLS_PID=$!
-# A failed compile still waits for setup, so no hutch is left running behind the script.
+# A failed compile still waits for the rest, so no hutch is left running behind the script.
 compiled=0
 cargo test --release --locked --workspace --no-run || compiled=$?
-setup=0
-wait "$SETUP_PID" || setup=$?
-tools=0
-wait "$TOOLS_PID" || tools=$?
-step "hutch setup's output"
-cat "$SETUP_LOG" >&2
-step "the test tools' installation"
-cat "$TOOLS_LOG" >&2
+failed=()
+for job in "base:$BASE_PID:test-setup-base.log" "code-interpreter:$CI_PID:test-setup-code-interpreter.log" "SDKs:$TOOLS_PID:test-tools.log"; do
+  IFS=: read -r what pid log <<<"$job"
+  status=0
+  wait "$pid" || status=$?
+  step "output of the background step ($what)"
+  cat "$LOGS/$log" >&2
+  [ "$status" -eq 0 ] || failed+=("$what (exit $status)")
+done
 [ "$compiled" -eq 0 ] || die "compiling the tests failed (cargo test --no-run exited with $compiled)"
-[ "$setup" -eq 0 ] || die "hutch setup failed (exit $setup); its output is above"
-[ "$tools" -eq 0 ] || die "installing the Python tests' SDKs failed (exit $tools); its output is above"
-step "running the test suite"
+[ "${#failed[@]}" -eq 0 ] || die "a background step failed: ${failed[*]}; its output is above"
+step "running the Rust tests"
 cargo test --release --locked --workspace
 bash scripts/python-tests.sh

@@ -28,6 +28,15 @@ for _name in ("E2B_API_URL", "E2B_SANDBOX_URL"):
     os.environ.setdefault(_name, "http://127.0.0.1:9")
 
 
+def pytest_configure(config):
+    # scripts/python-tests.sh runs every test with the newest official SDKs, then only
+    # these again with the oldest supported ones.
+    config.addinivalue_line(
+        "markers",
+        "sdk_versions: exercises what differs between official SDK versions (the REST and "
+        "envd wire formats, auth and signature headers, the code interpreter's transport)")
+
+
 def _timed_out(what: str, timeout: float, detail: Callable[[], Any] | None) -> AssertionError:
     message = f"timed out after {timeout}s waiting for {what}"
     if detail is not None:

@@ -18,6 +18,7 @@ def sbx(server):
     s.kill()
 
 
+@pytest.mark.sdk_versions  # the create route (v1 POST /sandboxes with timeout, secure and allowInternetAccess, against v2), end to end
 def test_happy_path(server):
     sbx = Sandbox.create("base", metadata={"k": "v"})
     try:
@@ -82,6 +83,7 @@ def test_files(sbx):
     assert sbx.files.read("/home/user/m2.txt") == "two"
 
 
+@pytest.mark.sdk_versions  # connect (v1 with timeout 300 against v2 without) after set_timeout(600) must only extend it
 def test_list_info_timeout_connect(sbx):
     ids = [s.sandbox_id for s in Sandbox.list().next_items()]
     assert sbx.sandbox_id in ids
@@ -187,6 +189,7 @@ def test_upgraded_connections_are_spliced_through(server, sbx):
     conn.close()
 
 
+@pytest.mark.sdk_versions  # the /health probe after a broken stream, and how a 502 is read
 def test_a_command_whose_sandbox_is_killed_ends_as_e2b_says(server):
     """The SDK asks envd's /health after a stream breaks, and names a sandbox that is
     gone "killed or reached its end of life" (issue 12, item 11)."""

@@ -1,6 +1,7 @@
 """Pause/resume, fork and snapshots through the official SDKs (e2b 2.63.0,
 e2b-code-interpreter 2.11.5), unchanged, against `hutch serve`."""
 
+import pytest
 import time
 
 from e2b import Sandbox
@@ -24,6 +25,7 @@ def state_of(sandbox_id: str) -> str:
     return next(s.state.value for s in Sandbox.list().next_items() if s.sandbox_id == sandbox_id)
 
 
+@pytest.mark.sdk_versions  # pause's body ({"memory": true} against {}) and the v1 connect that resumes; a code-interpreter create on v1
 def test_interpreter_variable_file_and_process_survive_pause_and_connect(server):
     sbx = CodeSandbox.create(timeout=600)
     try:
@@ -51,6 +53,7 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         Sandbox.kill(sbx.sandbox_id)
 
 
+@pytest.mark.sdk_versions  # fork's body (timeout 300 sent against left out)
 def test_fork_gives_independent_copies(server):
     src = Sandbox.create(timeout=300)
     try:
@@ -103,6 +106,7 @@ def test_timeout_pauses_when_asked(server):
         Sandbox.kill(sbx.sandbox_id)
 
 
+@pytest.mark.sdk_versions  # autoResume in the v1 create body, and pause's body
 def test_traffic_resumes_a_sandbox_that_asked_for_it(server):
     """E2B's auto_resume: a command, a file call or a port request to the paused
     sandbox resumes it, when it carries the sandbox's token (issue 12, item 13)."""
@@ -204,6 +208,7 @@ def boot_id(sbx) -> str:
     return sbx.commands.run("cat /proc/sys/kernel/random/boot_id").stdout.strip()
 
 
+@pytest.mark.sdk_versions  # pause with {"memory": false} and {"memory": true}; v1 connect resuming each
 def test_a_pause_without_memory_keeps_files_and_boots_on_resume(server):
     """E2B's filesystem-only pause (issue 12, item 12): the files stay, the processes go,
     the guest boots on resume; the timeout's auto-pause can be asked to do the same, and
@@ -243,6 +248,7 @@ def test_a_pause_without_memory_keeps_files_and_boots_on_resume(server):
         Sandbox.kill(sbx.sandbox_id)
 
 
+@pytest.mark.sdk_versions  # autoPauseMemory from the old on_timeout keep_memory spelling, on the v1 create
 def test_the_timeout_can_pause_without_memory(server):
     import inspect
     import httpx

@@ -47,6 +47,8 @@ pub enum KernelError {
 
 
 const MANIFEST: &str = "current.json";
+/// Held while a kernel is fetched into `kernels()` (beside the versions and manifest).
+const FETCH_LOCK: &str = "fetch.lock";
 
 /// The cached kernel, if there is one.
 pub fn cached(home: &HutchHome) -> Result<Option<Kernel>, KernelError> {
@@ -61,6 +63,16 @@ pub fn cached(home: &HutchHome) -> Result<Option<Kernel>, KernelError> {
 
 /// The cached kernel, downloading and unpacking it first if needed.
 pub fn ensure(home: &HutchHome, progress: &dyn Progress) -> Result<Kernel, KernelError> {
+    if let Ok(Some(k)) = cached(home) {
+        return Ok(k);
+    }
+    // One fetch per home at a time: two hutch processes on a fresh home (two setups, or
+    // a setup and a run) would otherwise each replace the other's unpacked kernel while
+    // it is being read. The second waits, then finds the first one's kernel cached.
+    std::fs::create_dir_all(home.kernels()).map_err(at("creating", &home.kernels()))?;
+    let lock_path = home.kernels().join(FETCH_LOCK);
+    let lock = std::fs::File::create(&lock_path).map_err(at("creating", &lock_path))?;
+    lock.lock().map_err(at("locking", &lock_path))?;
     match cached(home) {
         Ok(Some(k)) => return Ok(k),
         Ok(None) => {}

@@ -95,9 +95,15 @@ impl Env {
         Fut: Future<Output = anyhow::Result<()>> + Send + 'static,
     {
         let env = self.clone();
+        let label = name.to_string();
         Trial::test(name, move || {
+            let started = std::time::Instant::now();
             let fut = body(env.clone());
-            env.rt.block_on(fut).map_err(|e| Failed::from(format!("{e:#}")))
+            let result = env.rt.block_on(fut).map_err(|e| Failed::from(format!("{e:#}")));
+            // One line per trial for scripts/suite_times.py (libtest-mimic reports no
+            // per-test times of its own).
+            eprintln!("trial-time {label} {:.2}s", started.elapsed().as_secs_f64());
+            result
         })
     }
 }
