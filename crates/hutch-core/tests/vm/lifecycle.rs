@@ -2,7 +2,7 @@
 //! a failed boot.
 
 use crate::check;
-use crate::support::{qemu_processes_of, run, Env};
+use crate::support::{qemu_processes_of, qemus_since, run, Env};
 use hutch_core::{CreateError, Sandbox};
 use libtest_mimic::Trial;
 use std::sync::Arc;
@@ -83,6 +83,7 @@ async fn drop_kills(env: Arc<Env>) -> anyhow::Result<()> {
 }
 
 async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
+    let qemus_before = qemu_processes_of(&env.home);
     // A kernel that is not a kernel: QEMU refuses it, and nothing may remain.
     let mut broken = env.artifacts.clone();
     let bogus = env.home.tmp().join(format!("not-a-kernel-{}", std::process::id()));
@@ -102,7 +103,7 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
     check!(matches!(err, CreateError::Start(_) | CreateError::VmExited { .. }), "unexpected error {err:?}");
     let after: Vec<_> = std::fs::read_dir(env.home.sandboxes())?.flatten().map(|e| e.path()).filter(|p| !before.contains(p)).collect();
     check!(after.is_empty(), "left behind: {after:?}");
-    check!(qemu_processes_of(&env.home).is_empty(), "QEMU left running");
+    check!(qemus_since(&env.home, &qemus_before).is_empty(), "QEMU left running");
 
     // A guest that panics at boot: the error carries the console's last lines.
     let mut panicking = env.artifacts.clone();
@@ -144,6 +145,6 @@ async fn failed_boot(env: Arc<Env>) -> anyhow::Result<()> {
         })
         .collect();
     check!(stray.is_empty(), "snapshot files left: {stray:?}");
-    check!(qemu_processes_of(&env.home).is_empty(), "QEMU left running");
+    check!(qemus_since(&env.home, &qemus_before).is_empty(), "QEMU left running");
     Ok(())
 }

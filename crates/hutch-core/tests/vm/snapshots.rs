@@ -2,7 +2,7 @@
 //! (fork), and no leaks over many restore cycles.
 
 use crate::check;
-use crate::support::{qemu_processes_of, run, Env};
+use crate::support::{qemu_processes_of, qemus_since, run, Env};
 use hutch_core::sandbox::StartKind;
 use hutch_core::Sandbox;
 use libtest_mimic::Trial;
@@ -126,6 +126,7 @@ async fn fork_independent(env: Arc<Env>) -> anyhow::Result<()> {
 }
 
 async fn fifty_cycles(env: Arc<Env>) -> anyhow::Result<()> {
+    let qemus_before = qemu_processes_of(&env.home);
     let before: Vec<_> = std::fs::read_dir(env.home.sandboxes())?.flatten().map(|e| e.path()).collect();
     for i in 0..50 {
         let sb = Sandbox::create(&env.home, &env.artifacts, &env.backend, &Env::options()).await?;
@@ -137,7 +138,7 @@ async fn fifty_cycles(env: Arc<Env>) -> anyhow::Result<()> {
     }
     let after: Vec<_> = std::fs::read_dir(env.home.sandboxes())?.flatten().map(|e| e.path()).filter(|p| !before.contains(p)).collect();
     check!(after.is_empty(), "left behind: {after:?}");
-    check!(qemu_processes_of(&env.home).is_empty(), "QEMU left running");
+    check!(qemus_since(&env.home, &qemus_before).is_empty(), "QEMU left running");
     Ok(())
 }
 

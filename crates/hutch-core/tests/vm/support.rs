@@ -108,6 +108,13 @@ impl Env {
     }
 }
 
+/// QEMU children of this process that `before` (taken when a trial began) did not
+/// list: what that trial left running, whatever the clock check's sandbox, which runs
+/// beside every trial, is doing.
+pub fn qemus_since(home: &HutchHome, before: &[u32]) -> Vec<u32> {
+    qemu_processes_of(home).into_iter().filter(|pid| !before.contains(pid)).collect()
+}
+
 /// PIDs of QEMU processes this test process started (its children, under this home).
 pub fn qemu_processes_of(home: &HutchHome) -> Vec<u32> {
     let me = std::process::id();
