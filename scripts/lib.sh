@@ -18,6 +18,18 @@ OTHER_PACKAGES=(mmdebstrap e2fsprogs util-linux uidmap ca-certificates musl-tool
 step() { printf '\n==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# Background jobs end with the script however it ends (an error, Ctrl-C): each runs as
+# `setsid CMD &` (a process group of its own, so its children go with it) and is
+# registered here; a job already waited for is gone, and its kill does nothing.
+BACKGROUND_GROUPS=()
+end_background() {
+  local group
+  for group in "${BACKGROUND_GROUPS[@]}"; do
+    kill -- -"$group" 2>/dev/null || true
+  done
+}
+trap end_background EXIT
+
 # "10.0.2" from "QEMU emulator version 10.0.2 (Debian ...)" or "qemu-img version 10.0.2 ...".
 tool_version() { "$@" --version 2>/dev/null | sed -n '1s/.*version \([0-9][0-9.]*\).*/\1/p'; }
 # True when version $1 >= version $2.
@@ -170,8 +182,9 @@ build() {
   local log="target/agent-build.log" agent=0 release=0 pid
   mkdir -p target
   step "building hutch (release) and, beside it, its guest agent (agent profile, log: $log)"
-  cargo build --profile agent --locked --target "$AGENT_TARGET" -p hutch-agent >"$log" 2>&1 &
+  setsid cargo build --profile agent --locked --target "$AGENT_TARGET" -p hutch-agent >"$log" 2>&1 &
   pid=$!
+  BACKGROUND_GROUPS+=("$pid")
   cargo build --release --locked -p hutch-cli || release=$?
   wait "$pid" || agent=$?
   if [ "$agent" -ne 0 ]; then

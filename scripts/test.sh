@@ -8,9 +8,10 @@ ensure_rust
 # Crates whose unit-test harness is off (`test = false`: compiling it would cost a
 # minute and run nothing) must stay without unit tests, or those would never run.
 for crate in hutch-cli hutch-envd hutch-sdk; do
-  if grep -rlE '#\[(tokio::)?test' "crates/$crate/src" >/dev/null; then
-    die "crates/$crate has unit tests, but its Cargo.toml says test = false; remove that line so they run"
-  fi
+  found=0
+  grep -rqE '#\[(tokio::)?test' "crates/$crate/src" || found=$?
+  [ "$found" -ne 0 ] || die "crates/$crate has unit tests, but its Cargo.toml says test = false; remove that line so they run"
+  [ "$found" -eq 1 ] || die "could not read crates/$crate/src to check it has no unit tests"
 done
 build
 # The guest artifacts (mostly mmdebstrap's downloads and dpkg, one core each) are made
@@ -20,16 +21,18 @@ build
 mkdir -p "$HUTCH_HOME/cache"
 LOGS="$HUTCH_HOME/cache"
 step "preparing guest artifacts (hutch setup of base and of code-interpreter, logs: $LOGS/test-setup-*.log) and the Python tests' SDKs (log: $LOGS/test-tools.log) in the background while the test binaries compile"
-./target/release/hutch setup --template base >"$LOGS/test-setup-base.log" 2>&1 &
+setsid ./target/release/hutch setup --template base >"$LOGS/test-setup-base.log" 2>&1 &
 BASE_PID=$!
-./target/release/hutch setup --template code-interpreter >"$LOGS/test-setup-code-interpreter.log" 2>&1 &
+setsid ./target/release/hutch setup --template code-interpreter >"$LOGS/test-setup-code-interpreter.log" 2>&1 &
 CI_PID=$!
 # The Python tests' SDKs (PyPI, npm) too: network, not cores.
-bash scripts/python-tests.sh --install-only >"$LOGS/test-tools.log" 2>&1 &
+setsid bash scripts/python-tests.sh --install-only >"$LOGS/test-tools.log" 2>&1 &
 TOOLS_PID=$!
+BACKGROUND_GROUPS+=("$BASE_PID" "$CI_PID" "$TOOLS_PID")
 # A failed compile still waits for the rest, so no hutch is left running behind the script.
 compiled=0
 cargo test --release --locked --workspace --no-run || compiled=$?
+step "waiting for the background steps (hutch setup, the SDKs' installs)"
 failed=()
 for job in "base:$BASE_PID:test-setup-base.log" "code-interpreter:$CI_PID:test-setup-code-interpreter.log" "SDKs:$TOOLS_PID:test-tools.log"; do
   IFS=: read -r what pid log <<<"$job"

@@ -33,8 +33,10 @@ def pytest_configure(config):
     # these again with the oldest supported ones.
     config.addinivalue_line(
         "markers",
-        "sdk_versions: exercises what differs between official SDK versions (the REST and "
-        "envd wire formats, auth and signature headers, the code interpreter's transport)")
+        "sdk_versions: exercises what differs between official SDK versions on the wire "
+        "(the v1 and v2 create, connect, pause and fork bodies, list paging, the /health probe "
+        "after a broken stream, the envd services, signed URLs and content encodings, the code "
+        "interpreter's /execute stream)")
 
 
 def _timed_out(what: str, timeout: float, detail: Callable[[], Any] | None) -> AssertionError:
@@ -112,11 +114,16 @@ def qemus_under(home: Path) -> list[int]:
 
 def link_shared_artifacts(home: Path) -> None:
     """Kernel, initramfs, templates and template snapshots come from the shared cache
-    (built once by `hutch setup`); everything else under `home` is the test's own."""
+    (built once by `hutch setup`); everything else under `home` is the test's own. So do
+    the host facts a template snapshot's name is made of (the TSC rate, QEMU's version):
+    a server that measured them itself could name the shared snapshot differently, make
+    its own and prune the other while another worker's sandboxes stack on it."""
     (home / "snapshots").mkdir(parents=True, exist_ok=True)
     for sub in ("kernel", "initramfs", "templates", "snapshots/templates"):
         (shared_home() / sub).mkdir(parents=True, exist_ok=True)
         (home / sub).symlink_to(shared_home() / sub)
+    for fact in ("host-tsc", "qemu-version"):
+        (home / fact).symlink_to(shared_home() / fact)
 
 
 class Server:

@@ -16,6 +16,7 @@ def sbx(server):
     s.kill()
 
 
+@pytest.mark.sdk_versions  # the code interpreter's transport: /execute and its streamed results
 def test_state_persists_and_results_come_back(sbx):
     assert sbx.run_code("x = 41").error is None
     e = sbx.run_code("x + 1")
@@ -49,6 +50,7 @@ def test_errors_carry_tracebacks(sbx):
     assert e.error.name == "SyntaxError"
 
 
+@pytest.mark.sdk_versions  # the code interpreter's transport: output while a cell runs
 def test_output_streams_while_running(sbx):
     seen = []
     started = time.time()

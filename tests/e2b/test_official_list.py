@@ -4,6 +4,7 @@ state, metadata, start time and template (issue 12, item 10)."""
 
 from datetime import timedelta
 
+import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
 
@@ -16,6 +17,7 @@ def every_page(query, limit, order=None):
     return pages
 
 
+@pytest.mark.sdk_versions  # the v2 list's query and its X-Next-Token paging
 def test_listing_orders_pages_and_filters_like_e2b(server):
     tag = {"suite": "listing", "with space": "a&b c"}
     made = [Sandbox.create("base", metadata=tag, timeout=600) for _ in range(3)]

@@ -42,6 +42,7 @@ def test_happy_path(server):
     assert Sandbox.kill(sbx.sandbox_id) is False
 
 
+@pytest.mark.sdk_versions  # the process service's messages: stdin, signals, list, non-UTF-8 output
 def test_commands(sbx):
     r = sbx.commands.run("echo $FOO; echo oops >&2")
     assert (r.stdout, r.stderr) == ("bar\n", "oops\n")
@@ -62,6 +63,7 @@ def test_commands(sbx):
     assert broken == "a\ufffdb"
 
 
+@pytest.mark.sdk_versions  # the filesystem service and the multipart upload of write_files
 def test_files(sbx):
     sbx.files.write("data/blob.bin", b"\x00\x01\xfe\xff")
     assert sbx.files.read("data/blob.bin", format="bytes") == b"\x00\x01\xfe\xff"
@@ -206,6 +208,7 @@ def test_a_command_whose_sandbox_is_killed_ends_as_e2b_says(server):
         assert "sandbox was killed or reached its end of life" in str(ended.value), repr(ended.value)
 
 
+@pytest.mark.sdk_versions  # signed URLs and the upload/download headers
 def test_signed_file_urls_work_through_one_sandbox_url(server):
     """With E2B_SANDBOX_URL set (as here) the SDK's signed URLs name no sandbox: hutch
     finds it by the signature, and a bad one is a 401 (issue 12, item 14)."""
@@ -233,6 +236,7 @@ def test_signed_file_urls_work_through_one_sandbox_url(server):
         other.kill()
 
 
+@pytest.mark.sdk_versions  # Content-Encoding and Accept-Encoding on /files
 def test_gzip_uploads_and_downloads(server, sbx):
     """files.write(gzip=True) sends Content-Encoding: gzip, files.read(gzip=True)
     asks for it; raw requests see envd's headers (issue 12, item 6)."""
@@ -324,6 +328,7 @@ def events_until(handle, count: int) -> list:
     return seen
 
 
+@pytest.mark.sdk_versions  # the watch stream
 def test_watch_events_come_as_envd_reports_them(sbx):
     """A new file in a watched directory is CREATE, CHMOD (envd's chown), then WRITE, and
     a recursive watch names a file in a subdirectory `sub/file` (issue 12, item 9; E2B's

@@ -72,7 +72,14 @@ pub fn ensure(home: &HutchHome, progress: &dyn Progress) -> Result<Kernel, Kerne
     std::fs::create_dir_all(home.kernels()).map_err(at("creating", &home.kernels()))?;
     let lock_path = home.kernels().join(FETCH_LOCK);
     let lock = std::fs::File::create(&lock_path).map_err(at("creating", &lock_path))?;
-    lock.lock().map_err(at("locking", &lock_path))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            progress.detail("waiting for another hutch that is downloading the guest kernel");
+            lock.lock().map_err(at("locking", &lock_path))?;
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(at("locking", &lock_path)(e).into()),
+    }
     match cached(home) {
         Ok(Some(k)) => return Ok(k),
         Ok(None) => {}

@@ -29,15 +29,16 @@ fn main() {
         }
     };
 
+    // Booted before the clock check starts: a failed boot exits the process, which must
+    // not happen while the clock check's busy loop runs (nothing would end it).
+    let shared = env.shared_sandbox();
+    eprintln!("trial-time (setup: artifacts and the shared sandbox's boot) {:.2}s", started.elapsed().as_secs_f64());
     let mut serial = args.clone();
     serial.test_threads = Some(1);
     let clock = {
         let (args, trials) = (serial.clone(), clock::trials(&env));
         std::thread::spawn(move || libtest_mimic::run(&args, trials))
     };
-
-    let shared = env.shared_sandbox();
-    eprintln!("trial-time (setup: artifacts and the shared sandbox's boot) {:.2}s", started.elapsed().as_secs_f64());
     let mut trials: Vec<Trial> = Vec::new();
     trials.extend(process::trials(&env, &shared));
     trials.extend(files::trials(&env, &shared));
