@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 
 STAMP = re.compile(r"^(\d\d:\d\d:\d\d) ?(.*)$")
 STEP = re.compile(r"^==> (.*)$")
-TRIAL = re.compile(r"^trial-time (.+) ([\d.]+)s$")
+# Anywhere in a line: with one test thread, libtest-mimic's "test NAME ... " comes first.
+TRIAL = re.compile(r"trial-time (.+?) ([\d.]+)s$")
 RUNNING = re.compile(r"^\s*Running (.+) \(\S*/deps/(.+)-[0-9a-f]+\)$")
 FINISHED = re.compile(r"^test result: (\w+)\. (\d+) passed.*finished in ([\d.]+)s$")
 DURATION = re.compile(r"^([\d.]+)s (setup|call|teardown)\s+(\S.*)$")
@@ -52,7 +53,7 @@ def parse(lines):
             elif "with e2b 2.45" in text:
                 current_pass = "oldest SDKs"
             continue
-        if t := TRIAL.match(text):
+        if t := TRIAL.search(text):
             trials.append((t.group(1), float(t.group(2))))
         elif r := RUNNING.match(text):
             running = f"{r.group(2)} ({r.group(1)})"
