@@ -4,15 +4,9 @@
 # ring and the archive importer. Usage: scripts/fuzz.sh [SECONDS_PER_TARGET] [TARGET...]
 # (default 20 s each, every target). CI runs it briefly after the tests; long runs are
 # recorded in docs/SECURITY.md. Needs the nightly toolchain and cargo-fuzz, which it
-# installs; builds and corpora are cached under $HUTCH_HOME/cache. `--build-only` builds
-# the targets and runs nothing (.ci/run starts it at low priority beside the tests).
+# installs; builds and corpora are cached under $HUTCH_HOME/cache.
 source "$(dirname "$0")/lib.sh"
 ensure_rust
-BUILD_ONLY=0
-if [ "${1:-}" = "--build-only" ]; then
-  BUILD_ONLY=1
-  shift
-fi
 SECS="${1:-20}"
 shift || true
 if ! rustup toolchain list | grep -q '^nightly'; then
@@ -27,9 +21,6 @@ export CARGO_TARGET_DIR="$HUTCH_HOME/cache/fuzz-target"
 cd fuzz
 step "building the fuzz targets (nightly, AddressSanitizer)"
 cargo +nightly fuzz build -O
-if [ "$BUILD_ONLY" -eq 1 ]; then
-  exit 0
-fi
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
   mapfile -t targets < <(cargo +nightly fuzz list)
