@@ -2,8 +2,10 @@
 //! HUTCH_HOME whose artifact folders link to the shared cache, so leak checks see only
 //! that test's sandboxes.
 
+mod common;
+
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -11,21 +13,10 @@ struct Home {
     dir: tempfile::TempDir,
 }
 
-fn shared_home() -> PathBuf {
-    std::env::var_os("HUTCH_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".local/share/hutch"))
-}
-
 impl Home {
     fn new() -> Home {
         let dir = tempfile::Builder::new().prefix("hutch-cli-").tempdir_in("/tmp").expect("temp home");
-        let shared = shared_home();
-        std::fs::create_dir_all(dir.path().join("snapshots")).expect("snapshots dir");
-        for sub in ["kernel", "initramfs", "templates", "snapshots/templates"] {
-            std::fs::create_dir_all(shared.join(sub)).expect("shared dir");
-            std::os::unix::fs::symlink(shared.join(sub), dir.path().join(sub)).expect("link");
-        }
+        common::link_shared_artifacts(dir.path());
         Home { dir }
     }
 

@@ -1,8 +1,9 @@
 //! The Rust SDK (hutch-sdk) end to end against a real `hutch serve`.
 
+mod common;
+
 use hutch_proto::process::{DataEvent, ProcessConfig, ProcessEvent, StartRequest};
 use hutch_sdk::{Api, ApiError, CreateOptions};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -23,14 +24,7 @@ impl Drop for Server {
 
 fn start_server() -> Server {
     let home = tempfile::Builder::new().prefix("hutch-sdk-").tempdir_in("/tmp").expect("home");
-    let shared = std::env::var_os("HUTCH_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/root".into())).join(".local/share/hutch"));
-    std::fs::create_dir_all(home.path().join("snapshots")).expect("snapshots dir");
-    for sub in ["kernel", "initramfs", "templates", "snapshots/templates"] {
-        std::fs::create_dir_all(shared.join(sub)).expect("shared");
-        std::os::unix::fs::symlink(shared.join(sub), home.path().join(sub)).expect("link");
-    }
+    common::link_shared_artifacts(home.path());
     let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
     let url = format!("http://127.0.0.1:{port}");
     let child = Command::new(env!("CARGO_BIN_EXE_hutch"))
