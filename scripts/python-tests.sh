@@ -52,10 +52,9 @@ if [ ! -x "$OLD_VENV/bin/pytest" ]; then
 fi
 # pytest-xdist: each pass runs its test files on two workers (below).
 for venv in "$VENV" "$OLD_VENV"; do
-  if [ ! -f "$venv/.xdist-3.8.0" ]; then
+  if ! "$venv/bin/python" -c 'import xdist' 2>/dev/null; then
     step "installing pytest-xdist 3.8.0 into $venv"
     "$venv/bin/pip" install -q "pytest-xdist==3.8.0"
-    touch "$venv/.xdist-3.8.0"
   fi
 done
 # `--install-only`: the tools above and nothing else (scripts/test.sh installs them
