@@ -106,16 +106,20 @@ pub const RECIPES: &[Recipe] = &[
         ],
         ready_port: Some(49999),
         // Not counted (`warm_up`): the user's first cell is execution 1. The kernels
-        // E2B's server starts (Python, JavaScript) and bash are warm in the snapshot;
-        // TypeScript, R and Java start on first use (see docs/ARCHITECTURE.md).
+        // E2B's server starts (Python, JavaScript), bash, and the two slowest to start
+        // under TCG for what they take (Java 24 s for ~130 MiB of guest memory, R 12 s
+        // for ~105) are warm in the snapshot; TypeScript, a second Deno (6 s, ~185
+        // MiB), starts on first use (measured in docs/BENCHMARKS.md).
         warm_up: &[
             ("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot", "warm_up": true}"#),
             ("/execute", r#"{"code": "true", "language": "bash", "warm_up": true}"#),
             ("/execute", r#"{"code": "process.cwd()", "language": "javascript", "warm_up": true}"#),
+            ("/execute", r#"{"code": "getwd()", "language": "r", "warm_up": true}"#),
+            ("/execute", r#"{"code": "System.getProperty(\"user.dir\")", "language": "java", "warm_up": true}"#),
         ],
-        // E2B's template has 2 GiB. Its warm kernels alone take ~380 MiB (Deno's ~175,
-        // Python's with numpy and pandas ~100, bash's and the server's ~50 each), which
-        // left 45 MiB free in 512 MiB; R and Java need more on first use.
+        // E2B's template has 2 GiB. With its warm kernels a restored guest uses ~800
+        // MiB (resident: Deno ~215, Python with numpy and pandas ~135, R ~125, Java
+        // ~100, bash's kernel and the server ~70 each), which 512 MiB could not hold.
         memory_mib: Some(2048),
     },
 ];
