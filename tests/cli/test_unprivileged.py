@@ -1,11 +1,12 @@
-"""hutch for a user who is not root. `hutch run`: the template is built without root
-(mmdebstrap in a user namespace, the image written in one of the same shape), and the
-guest still gets root-owned system files, setuid bits and its own user. `hutch template
+"""hutch for a user who is not root. `hutch run`: the user's base template (root's, made
+by `hutch setup` before the tests, linked in) boots, and the guest gets root-owned system
+files, setuid bits and its own user. `hutch template
 build`: a Dockerfile FROM an image on a loopback registry, its layers unpacked in such a
 namespace, keeps the image's owners and modes, and its RUN and COPY steps run. `hutch serve`:
 each QEMU is still jailed, in a user namespace as an id of the user's /etc/subuid
 range (docs/SECURITY.md), and in a cgroup under one delegated to the user."""
 
+import json
 import os
 import pwd
 import shutil
@@ -17,7 +18,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from conftest import API_KEY, HUTCH, ROOT, free_port, qemus_under, wait_until
+from conftest import API_KEY, HUTCH, ROOT, free_port, qemus_under, shared_home, wait_until
 from oci_registry import CONFIG, add_dir, add_file, busybox_image, docker_registry, layer, push
 
 USER = "hutch-unpriv"
@@ -51,15 +52,47 @@ def install_binaries(home: Path) -> Path:
     return bin_dir
 
 
-def test_hutch_run_builds_and_boots_without_root():
+def reuse_base_template(hutch_home: Path) -> None:
+    """Root's base template, linked into the user's home so the user's hutch finds it
+    built. Building it as the user (mmdebstrap in a user namespace, then the image written
+    in one) cost 1.5-2 minutes of every run; the image writing in a namespace is still
+    proven by the registry-image build below, and `HUTCH_TEST_UNPRIV_MMDEBSTRAP=1` runs
+    the whole unprivileged mmdebstrap instead (the user's template removed, so `hutch
+    run` builds it). The image stays root's and read-only to the user: hutch only reads
+    a template's image (each sandbox's disk is an overlay on it)."""
+    dst = hutch_home / "templates" / "base"
+    if os.environ.get("HUTCH_TEST_UNPRIV_MMDEBSTRAP") == "1":
+        shutil.rmtree(dst, ignore_errors=True)
+        return
+    src = shared_home() / "templates" / "base"
+    image = json.loads((src / "template.json").read_text())["body"]["image"]
+    if (dst / image).exists() and (dst / "template.json").exists() and (dst / "template.json").read_bytes() == (src / "template.json").read_bytes():
+        return
+    shutil.rmtree(dst, ignore_errors=True)
+    (dst / image).parent.mkdir(parents=True)
+    for manifest in ("template.json", str(Path(image).parent / "template.json")):
+        shutil.copyfile(src / manifest, dst / manifest)
+    try:
+        os.link(src / image, dst / image)
+    except OSError:  # another filesystem: a copy, sparse as the original
+        subprocess.run(["cp", "--sparse=always", src / image, dst / image], check=True)
+    user = pwd.getpwnam(USER)
+    for p in [hutch_home, hutch_home / "templates", *(q for q in dst.rglob("*") if q.name != "rootfs.ext4"), dst]:
+        os.chown(p, user.pw_uid, user.pw_gid)
+
+
+def test_hutch_run_boots_the_base_template_without_root():
     home = ensure_user()
     bin_dir = install_binaries(home)
+    reuse_base_template(home / "hutch-home")
     script = "id -un; stat -c '%u %a' /usr/bin/sudo /etc/shadow; sudo id -u"
     cmd = f"HUTCH_HOME={home}/hutch-home {bin_dir}/hutch run -- sh -c \"{script}\""
     r = subprocess.run(["su", USER, "-c", cmd], capture_output=True, text=True, timeout=1500, cwd=home)
     assert r.returncode == 0, r.stderr[-3000:]
     # The guest's own user, root-owned setuid sudo (mode 4755) and shadow (640), and sudo works.
     assert r.stdout == "user\n0 4755\n0 640\n0\n", (r.stdout, r.stderr[-2000:])
+    built = "building template 'base'" in r.stderr
+    assert built == (os.environ.get("HUTCH_TEST_UNPRIV_MMDEBSTRAP") == "1"), r.stderr[-2000:]
     leftovers = list((home / "hutch-home" / "tmp").iterdir()) + list((home / "hutch-home" / "sandboxes").iterdir())
     assert leftovers == [], leftovers
 
@@ -165,6 +198,7 @@ def test_hutch_serve_without_root_jails_each_vm_as_an_id_of_the_users_range():
     user = pwd.getpwnam(USER)
     uids, gids = subordinate_range("/etc/subuid"), subordinate_range("/etc/subgid")
     hutch_home = home / "hutch-home"
+    reuse_base_template(hutch_home)
     delegated = delegate_cgroups("hutch-unpriv-serve")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
