@@ -5,7 +5,7 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let dir = tempfile::tempdir().expect("tempdir");
-    let _ = hutch_core::archive::import(data, dir.path());
+    let _ = hutch_formats::archive::import(data, dir.path());
     let written: u64 = std::fs::read_dir(dir.path())
         .into_iter()
         .flatten()

@@ -19,7 +19,7 @@ fuzz_target!(|data: &[u8]| {
     std::fs::write(base.join("outside"), b"SECRET-OUTSIDE").expect("outside");
     std::os::unix::fs::symlink("../outside", context.join("link")).expect("link");
     let args = BTreeMap::from([("WHO".to_string(), "fuzz".to_string())]);
-    let _ = hutch_core::build::dockerfile::plan(text, "Dockerfile", &context, &args, &scratch);
+    let _ = hutch_formats::dockerfile::plan(text, "Dockerfile", &context, &args, &scratch);
     for entry in std::fs::read_dir(&scratch).into_iter().flatten().flatten() {
         let mut bytes = Vec::new();
         if std::fs::File::open(entry.path()).and_then(|mut f| f.read_to_end(&mut bytes)).is_ok() {

@@ -4,7 +4,7 @@
 //! Owns sandbox directories under `$HUTCH_HOME/sandboxes`. Must not know about HTTP
 //! routing, the CLI or terminals; those sit above it.
 
-pub mod archive;
+pub use hutch_formats::archive;
 pub mod artifacts;
 pub mod build;
 pub mod clock_sync;
@@ -16,7 +16,7 @@ pub use hutch_image::record;
 pub mod references;
 pub mod sandbox;
 pub mod snapshot;
-pub mod space;
+pub use hutch_vmm::space;
 pub mod store;
 pub mod sweep;
 pub mod template_snapshot;

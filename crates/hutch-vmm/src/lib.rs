@@ -10,6 +10,7 @@ pub mod console;
 pub mod disk;
 pub mod pidfd;
 pub mod process;
+pub mod space;
 pub mod fake;
 pub mod qemu;
 pub mod qmp;

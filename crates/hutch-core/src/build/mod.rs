@@ -9,14 +9,14 @@
 //! for the step that failed (layers are recorded only once complete).
 
 pub mod cache;
-pub mod context;
-pub mod dockerfile;
 mod finalize;
 mod guest;
-mod run_heredoc;
+
+// What a build does, read from what the user sent (Dockerfiles, contexts, steps): a
+// crate of its own, which the fuzz targets build without the rest of hutch.
+pub use hutch_formats::{context, dockerfile, shell_join, Step, StepKind};
 
 use cache::{BuildCache, Key};
-use context::CopyFiles;
 use hutch_image::rootfs::{ImageSource, Template};
 use hutch_image::HutchHome;
 use hutch_oci::pull::{PullProgress, Puller, RegistryOptions};
@@ -33,30 +33,6 @@ pub enum Base {
     Image { reference: String, registry: RegistryOptions },
     /// A template on this machine (built first if it is one of hutch's recipes).
     Template(String),
-}
-
-#[derive(Debug, Clone)]
-pub enum StepKind {
-    Env(Vec<(String, String)>),
-    /// Sets the directory later steps run in (created, owned by the current user).
-    Workdir(String),
-    User(String),
-    /// A shell command; `user` overrides the current user for this step only;
-    /// `build_args` are in its environment but not the template's (Dockerfile `ARG`).
-    Run { cmd: String, user: Option<String>, build_args: BTreeMap<String, String> },
-    /// Files from the build context; `owner` defaults to the current user.
-    Copy { files: CopyFiles, dest: String, owner: Option<String>, mode: Option<String> },
-    /// A Dockerfile's `ENTRYPOINT`/`CMD` (None: unchanged).
-    Command { entrypoint: Option<Vec<String>>, cmd: Option<Vec<String>> },
-}
-
-#[derive(Debug, Clone)]
-pub struct Step {
-    pub kind: StepKind,
-    /// Rebuild this step (and so every later one) even when cached.
-    pub force: bool,
-    /// How the step is shown in the log (`RUN make`).
-    pub text: String,
 }
 
 pub struct BuildSpec {
@@ -524,20 +500,6 @@ fn final_defaults(spec: &BuildSpec, image: &ImageDefaults, ctx: &Context) -> Ima
         start_cmd: spec.start_cmd.clone().or(if spec.docker_rules { docker_start } else { None }),
         ready_cmd: spec.ready_cmd.clone(),
     }
-}
-
-/// Words as one POSIX shell command line, each quoted where it needs it.
-pub fn shell_join<'a>(words: impl Iterator<Item = &'a String>) -> String {
-    words
-        .map(|w| {
-            if !w.is_empty() && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:@%+,".contains(&b)) {
-                w.clone()
-            } else {
-                format!("'{}'", w.replace('\'', r"'\''"))
-            }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// hutch-image's progress, as build log lines.

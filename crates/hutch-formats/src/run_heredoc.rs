@@ -80,7 +80,7 @@ fn delimiters(command: &str) -> Vec<(String, bool)> {
         while bytes.get(j).is_some_and(|b| b.is_ascii_alphanumeric() || *b == b'_') {
             j += 1;
         }
-        let closed = quoted.is_none_or(|q| bytes.get(j) == Some(&q));
+        let closed = quoted.map_or(true, |q| bytes.get(j) == Some(&q));
         if j > start && closed {
             // ASCII from `start` to `j`, so these are character boundaries.
             out.push((command[start..j].to_string(), strip));

@@ -84,7 +84,7 @@ pub fn export(disk: &Path, name: Option<&str>, template: &str, work: &Path, out:
         format: FORMAT.into(),
         name: name.map(str::to_string),
         template: template.to_string(),
-        created_at: crate::store::now_rfc3339(),
+        created_at: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
         disk_sha256: hex::encode(hash.finalize()),
         disk_bytes,
     };
@@ -159,7 +159,7 @@ pub fn import(archive: impl Read, dir: &Path) -> Result<Imported, ArchiveError> 
     if manifest.disk_bytes > MAX_ARCHIVE_BYTES {
         return Err(ArchiveError::TooLarge { declared: manifest.disk_bytes, limit: MAX_ARCHIVE_BYTES });
     }
-    crate::space::check_room(dir, manifest.disk_bytes).map_err(ArchiveError::NoSpace)?;
+    hutch_vmm::space::check_room(dir, manifest.disk_bytes).map_err(ArchiveError::NoSpace)?;
     let disk = dir.join(DISK);
     let mut reader = HashReader { inner: next(DISK)?, hash: Sha256::new() };
     let mut file = std::fs::File::create(&disk).map_err(io("writing", &disk))?;
@@ -176,7 +176,7 @@ pub fn import(archive: impl Read, dir: &Path) -> Result<Imported, ArchiveError> 
         }
         if written % (64 << 20) < n as u64 {
             // Other imports and VMs write to the same disk meanwhile.
-            crate::space::check_room(dir, 64 << 20).map_err(ArchiveError::NoSpace)?;
+            hutch_vmm::space::check_room(dir, 64 << 20).map_err(ArchiveError::NoSpace)?;
         }
         if buf[..n].iter().all(|b| *b == 0) {
             // A hole: leave it unallocated (the length is set at the end).

@@ -4,8 +4,8 @@
 //! files from the context, and refuses what hutch does not build yet, each error
 //! naming `Dockerfile:LINE:COL`.
 
-use super::context::{self, CopyFiles, Ignore};
-use super::{shell_join, Step, StepKind};
+use crate::context::{self, CopyFiles, Ignore};
+use crate::step::{shell_join, Step, StepKind};
 use parse_dockerfile::{Command as DockerCommand, Flag, Instruction, Source, UnescapedString};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,7 +33,7 @@ struct Planner<'a> {
     /// The Dockerfile with each `RUN cmd <<EOF` rewritten (`run_heredoc.rs`); errors
     /// name the original's lines.
     text: &'a str,
-    rewritten: &'a super::run_heredoc::Rewritten,
+    rewritten: &'a crate::run_heredoc::Rewritten,
     file: &'a str,
     context: &'a Path,
     ignore: Ignore,
@@ -50,7 +50,7 @@ struct Planner<'a> {
 /// Plans the Dockerfile `text` (named `file` in errors) whose context is `context`;
 /// `COPY` tars are written into `scratch`.
 pub fn plan(text: &str, file: &str, context: &Path, build_args: &BTreeMap<String, String>, scratch: &Path) -> Result<Plan, DockerfileError> {
-    let rewritten = super::run_heredoc::rewrite(text);
+    let rewritten = crate::run_heredoc::rewrite(text);
     let parsed = parse_dockerfile::parse(&rewritten.text)
         .map_err(|e| DockerfileError { file: file.into(), line: rewritten.original_line(e.line()), column: e.column(), message: strip_position(&e.to_string()) })?;
     let ignore = Ignore::of_context(context).map_err(|e| DockerfileError { file: ".dockerignore".into(), line: 1, column: 1, message: e.to_string() })?;
