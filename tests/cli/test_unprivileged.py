@@ -22,6 +22,8 @@ from conftest import API_KEY, HUTCH, ROOT, free_port, qemus_under, shared_home, 
 from oci_registry import CONFIG, add_dir, add_file, busybox_image, docker_registry, layer, push
 
 USER = "hutch-unpriv"
+# The user's base template built by the user, not linked from root's (slow: see below).
+UNPRIV_MMDEBSTRAP = os.environ.get("HUTCH_TEST_UNPRIV_MMDEBSTRAP") == "1"
 
 
 def ensure_user() -> Path:
@@ -56,17 +58,19 @@ def reuse_base_template(hutch_home: Path) -> None:
     """Root's base template, linked into the user's home so the user's hutch finds it
     built. Building it as the user (mmdebstrap in a user namespace, then the image written
     in one) cost 1.5-2 minutes of every run; the image writing in a namespace is still
-    proven by the registry-image build below, and `HUTCH_TEST_UNPRIV_MMDEBSTRAP=1` runs
-    the whole unprivileged mmdebstrap instead (the user's template removed, so `hutch
-    run` builds it). The image stays root's and read-only to the user: hutch only reads
-    a template's image (each sandbox's disk is an overlay on it)."""
-    dst = hutch_home / "templates" / "base"
-    if os.environ.get("HUTCH_TEST_UNPRIV_MMDEBSTRAP") == "1":
-        shutil.rmtree(dst, ignore_errors=True)
+    proven by the registry-image build below, and `HUTCH_TEST_UNPRIV_MMDEBSTRAP=1` makes
+    the first test run the whole unprivileged mmdebstrap instead (`UNPRIV_MMDEBSTRAP`).
+    The image stays root's and read-only to the user: hutch only reads a template's
+    image (each sandbox's disk is an overlay on it)."""
+    if UNPRIV_MMDEBSTRAP:
         return
+    dst = hutch_home / "templates" / "base"
+    # Root works in a directory the user owns: refuse a link the user could have planted.
+    assert not any(p.is_symlink() for p in (hutch_home, hutch_home / "templates", dst)), "a symlink in the user's hutch home"
     src = shared_home() / "templates" / "base"
     image = json.loads((src / "template.json").read_text())["body"]["image"]
-    if (dst / image).exists() and (dst / "template.json").exists() and (dst / "template.json").read_bytes() == (src / "template.json").read_bytes():
+    linked = (dst / image).exists() and os.path.samefile(src / image, dst / image)
+    if linked and (dst / "template.json").read_bytes() == (src / "template.json").read_bytes():
         return
     shutil.rmtree(dst, ignore_errors=True)
     (dst / image).parent.mkdir(parents=True)
@@ -84,6 +88,8 @@ def reuse_base_template(hutch_home: Path) -> None:
 def test_hutch_run_boots_the_base_template_without_root():
     home = ensure_user()
     bin_dir = install_binaries(home)
+    if UNPRIV_MMDEBSTRAP:
+        shutil.rmtree(home / "hutch-home" / "templates" / "base", ignore_errors=True)
     reuse_base_template(home / "hutch-home")
     script = "id -un; stat -c '%u %a' /usr/bin/sudo /etc/shadow; sudo id -u"
     cmd = f"HUTCH_HOME={home}/hutch-home {bin_dir}/hutch run -- sh -c \"{script}\""
@@ -91,8 +97,7 @@ def test_hutch_run_boots_the_base_template_without_root():
     assert r.returncode == 0, r.stderr[-3000:]
     # The guest's own user, root-owned setuid sudo (mode 4755) and shadow (640), and sudo works.
     assert r.stdout == "user\n0 4755\n0 640\n0\n", (r.stdout, r.stderr[-2000:])
-    built = "building template 'base'" in r.stderr
-    assert built == (os.environ.get("HUTCH_TEST_UNPRIV_MMDEBSTRAP") == "1"), r.stderr[-2000:]
+    assert ("building template 'base'" in r.stderr) == UNPRIV_MMDEBSTRAP, r.stderr[-2000:]
     leftovers = list((home / "hutch-home" / "tmp").iterdir()) + list((home / "hutch-home" / "sandboxes").iterdir())
     assert leftovers == [], leftovers
 

@@ -19,12 +19,15 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// How long one warm-up request may take.
+const WARM_UP_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// Bumped when the snapshot layout or the agent's restore contract changes.
 const FORMAT: &str = "hutch-snapshot-3";
 
 /// What the snapshot's guest ran before it was saved: a change means a new snapshot.
-fn warm_up_id(artifacts: &Artifacts) -> String {
-    artifacts.template.warm_up().iter().map(|(p, b)| format!("{p} {b}")).collect::<Vec<_>>().join("\n")
+fn warm_up_id(artifacts: &Artifacts, memory_mib: u32) -> String {
+    artifacts.template.warm_up(memory_mib).map(|w| format!("{} {}", w.path, w.body)).collect::<Vec<_>>().join("\n")
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,7 +110,7 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions, b
         &tsc_mhz(home),
         // The flags the snapshot's kernel booted with (the rate aside, hashed above).
         &hutch_vmm::qemu::kernel_cmdline(hutch_vmm::clock::FALLBACK_TSC_KHZ),
-        &warm_up_id(artifacts),
+        &warm_up_id(artifacts, opts.memory.get()),
         // The devices the saved VM has (a state loads only into the same set).
         &format!("nic:virtio-net-device,{}", hutch_vmm::qemu::NIC_QUIRKS),
     ] {
@@ -291,8 +294,8 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
     let agent = wait_for_agent(vm.as_mut(), opts.boot_timeout, started).await.map_err(TemplateSnapshotError::Boot)?;
     if let Some(port) = artifacts.template.ready_port() {
         wait_for_port(&agent, port, opts.boot_timeout, started, dir).await.map_err(TemplateSnapshotError::Boot)?;
-        for (path, body) in artifacts.template.warm_up() {
-            warm_up(&agent, port, path, body)
+        for w in artifacts.template.warm_up(opts.memory.get()) {
+            warm_up(&agent, port, w.path, w.body)
                 .await
                 .map_err(|detail| TemplateSnapshotError::WarmUp { port, detail: format!("{detail}; console:\n{}", console_tail(&spec.console_log(), 20)) })?;
         }
@@ -384,9 +387,11 @@ async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Resu
     );
     tunnel.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
     let mut reply = Vec::new();
-    tokio::time::timeout(Duration::from_secs(120), tunnel.read_to_end(&mut reply))
+    // As long as a boot may take: Java's kernel alone starts in 24 s on an idle host
+    // under TCG, and `hutch setup` may share the host with a build.
+    tokio::time::timeout(WARM_UP_TIMEOUT, tunnel.read_to_end(&mut reply))
         .await
-        .map_err(|_| "no reply within 120 s".to_string())?
+        .map_err(|_| format!("no reply within {} s", WARM_UP_TIMEOUT.as_secs()))?
         .map_err(|e| e.to_string())?;
     let text = String::from_utf8_lossy(&reply);
     if !text.starts_with("HTTP/1.1 200") && !text.starts_with("HTTP/1.0 200") {

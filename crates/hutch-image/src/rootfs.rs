@@ -53,13 +53,23 @@ pub struct Recipe {
     /// A guest port the template's own service listens on; a sandbox is ready only
     /// once it accepts connections.
     pub ready_port: Option<u16>,
-    /// HTTP requests (path, JSON body) to `ready_port` made before the template's
-    /// memory snapshot is taken, so what it starts lazily (Jupyter kernels) is warm in
-    /// every sandbox restored from it.
-    pub warm_up: &'static [(&'static str, &'static str)],
+    /// HTTP requests to `ready_port` made before the template's memory snapshot is
+    /// taken, so what it starts lazily (Jupyter kernels) is warm in every sandbox
+    /// restored from it.
+    pub warm_up: &'static [WarmUp],
     /// Guest memory (MiB) its sandboxes get unless a size is asked for; `None`: hutch's
     /// default. As on E2B, memory belongs to the template.
     pub memory_mib: Option<u32>,
+}
+
+/// One warm-up request: a POST of `body` (JSON) to `path` on the template's port.
+pub struct WarmUp {
+    pub path: &'static str,
+    pub body: &'static str,
+    /// The least guest memory (MiB) it is made at: in smaller guests what it starts
+    /// would take the memory users' code needs (or not fit), so there it starts on
+    /// first use instead.
+    pub min_memory_mib: u32,
 }
 
 impl Recipe {
@@ -110,16 +120,18 @@ pub const RECIPES: &[Recipe] = &[
         // under TCG for what they take (Java 24 s for ~130 MiB of guest memory, R 12 s
         // for ~105) are warm in the snapshot; TypeScript, a second Deno (6 s, ~185
         // MiB), starts on first use (measured in docs/BENCHMARKS.md).
+        // R and Java only from 1 GiB: with them a restored guest uses ~800 MiB.
         warm_up: &[
-            ("/execute", r#"{"code": "import numpy, pandas, matplotlib.pyplot", "warm_up": true}"#),
-            ("/execute", r#"{"code": "true", "language": "bash", "warm_up": true}"#),
-            ("/execute", r#"{"code": "process.cwd()", "language": "javascript", "warm_up": true}"#),
-            ("/execute", r#"{"code": "getwd()", "language": "r", "warm_up": true}"#),
-            ("/execute", r#"{"code": "System.getProperty(\"user.dir\")", "language": "java", "warm_up": true}"#),
+            WarmUp { path: "/execute", body: r#"{"code": "import numpy, pandas, matplotlib.pyplot", "warm_up": true}"#, min_memory_mib: 0 },
+            WarmUp { path: "/execute", body: r#"{"code": "true", "language": "bash", "warm_up": true}"#, min_memory_mib: 0 },
+            WarmUp { path: "/execute", body: r#"{"code": "process.cwd()", "language": "javascript", "warm_up": true}"#, min_memory_mib: 0 },
+            WarmUp { path: "/execute", body: r#"{"code": "getwd()", "language": "r", "warm_up": true}"#, min_memory_mib: 1024 },
+            WarmUp { path: "/execute", body: r#"{"code": "System.getProperty(\"user.dir\")", "language": "java", "warm_up": true}"#, min_memory_mib: 1024 },
         ],
         // E2B's template has 2 GiB. With its warm kernels a restored guest uses ~800
         // MiB (resident: Deno ~215, Python with numpy and pandas ~135, R ~125, Java
-        // ~100, bash's kernel and the server ~70 each), which 512 MiB could not hold.
+        // ~100, bash's kernel and the server ~70 each; a kernel's start also costs the
+        // guest the page cache and memory it frees again), which 512 MiB could not hold.
         memory_mib: Some(2048),
     },
 ];
@@ -240,8 +252,9 @@ impl Template {
         recipe(&self.name).and_then(|r| r.ready_port)
     }
 
-    pub fn warm_up(&self) -> &'static [(&'static str, &'static str)] {
-        recipe(&self.name).map(|r| r.warm_up).unwrap_or(&[])
+    /// The warm-up requests of a snapshot made at `memory_mib`.
+    pub fn warm_up(&self, memory_mib: u32) -> impl Iterator<Item = &'static WarmUp> {
+        recipe(&self.name).map(|r| r.warm_up).unwrap_or(&[]).iter().filter(move |w| memory_mib >= w.min_memory_mib)
     }
 }
 
@@ -685,6 +698,15 @@ fn download_wheels(home: &HutchHome, recipe: &Recipe, stage: &Path, progress: &d
 #[cfg(test)]
 mod build_tests {
     use super::*;
+
+    #[test]
+    fn the_r_and_java_kernels_are_warmed_only_in_guests_of_a_gib_or_more() {
+        let t = manifest("code-interpreter");
+        let languages = |mib| t.warm_up(mib).map(|w| serde_json::from_str::<serde_json::Value>(w.body).expect("json")["language"].as_str().unwrap_or("python").to_string()).collect::<Vec<_>>();
+        assert_eq!(languages(512), ["python", "bash", "javascript"]);
+        assert_eq!(languages(2048), ["python", "bash", "javascript", "r", "java"]);
+        assert_eq!(manifest("base").warm_up(2048).count(), 0);
+    }
 
     fn built(home: &HutchHome, bytes: &[u8]) -> PathBuf {
         std::fs::create_dir_all(home.tmp()).expect("tmp");
