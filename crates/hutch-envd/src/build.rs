@@ -8,6 +8,10 @@ use std::time::Duration;
 
 /// A copy streams a tar as large as the step's files; beyond this the guest is stuck.
 const COPY_DEADLINE: Duration = Duration::from_secs(600);
+/// A freeze flushes all that the steps wrote to the guest's disk, through QEMU to the
+/// host's, which a busy host's own writeback can hold up for minutes (a one-minute
+/// deadline failed a test build while another test copied gigabytes).
+const FREEZE_DEADLINE: Duration = COPY_DEADLINE;
 
 /// Where a `COPY` writes and as whom.
 pub struct CopyTarget<'a> {
@@ -50,7 +54,7 @@ impl AgentClient {
     /// Flushes the guest's root filesystem and holds its writes until `thaw_root`
     /// (or until the agent gives up waiting, two minutes later).
     pub async fn freeze_root(&self) -> Result<(), AgentError> {
-        self.post_json("/build/freeze", &serde_json::json!({})).await
+        self.post_json_within("/build/freeze", &serde_json::json!({}), FREEZE_DEADLINE).await
     }
 
     pub async fn thaw_root(&self) -> Result<(), AgentError> {

@@ -162,6 +162,11 @@ impl AgentClient {
 
     /// Sends `method path` with an optional JSON body; returns the status and body.
     async fn call(&self, method: Method, path: &str, json: Option<Vec<u8>>) -> Result<(StatusCode, Bytes), AgentError> {
+        self.call_within(method, path, json, CALL_DEADLINE).await
+    }
+
+    /// `call`, for a request whose work may take longer than `CALL_DEADLINE`.
+    async fn call_within(&self, method: Method, path: &str, json: Option<Vec<u8>>, deadline: std::time::Duration) -> Result<(StatusCode, Bytes), AgentError> {
         let method_name = method.to_string();
         let mut req = self.request(method, path);
         if json.is_some() {
@@ -174,9 +179,9 @@ impl AgentClient {
             let max = if status.is_success() { MAX_REPLY } else { MAX_ERROR_BODY };
             Ok((status, read_limited(resp.into_body(), max).await?))
         };
-        tokio::time::timeout(CALL_DEADLINE, exchange)
+        tokio::time::timeout(deadline, exchange)
             .await
-            .map_err(|_| AgentError::Timeout { what: format!("{method_name} {path}"), secs: CALL_DEADLINE.as_secs() })?
+            .map_err(|_| AgentError::Timeout { what: format!("{method_name} {path}"), secs: deadline.as_secs() })?
     }
 
     fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, AgentError> {
@@ -204,7 +209,12 @@ impl AgentClient {
 
     /// Plain-HTTP JSON POST (`/init`), expecting no body back.
     pub async fn post_json<Req: Serialize>(&self, path: &str, req: &Req) -> Result<(), AgentError> {
-        match self.call(Method::POST, path, Some(Self::encode(req)?)).await? {
+        self.post_json_within(path, req, CALL_DEADLINE).await
+    }
+
+    /// `post_json`, for a request whose work may take longer than `CALL_DEADLINE`.
+    pub async fn post_json_within<Req: Serialize>(&self, path: &str, req: &Req, deadline: std::time::Duration) -> Result<(), AgentError> {
+        match self.call_within(Method::POST, path, Some(Self::encode(req)?), deadline).await? {
             (status, _) if status.is_success() => Ok(()),
             (status, bytes) => Err(error_from(status, &bytes)),
         }

@@ -31,7 +31,13 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() && !self.logged {
             tracing::error!(status = %self.status, "{}", self.message);
         }
-        (self.status, Json(json!({ "code": self.status.as_u16(), "message": self.message }))).into_response()
+        let mut response = (self.status, Json(json!({ "code": self.status.as_u16(), "message": self.message }))).into_response();
+        if self.status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is left unread, so the connection cannot carry another
+            // request: say so, or the client sends its next one on it and finds it closed.
+            response.headers_mut().insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 
