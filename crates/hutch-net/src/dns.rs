@@ -117,19 +117,21 @@ pub async fn answer(packet: &[u8], cx: &DnsContext<'_>) -> Option<Vec<u8>> {
     let addrs = match cx.seam.lookup(&name).await {
         Ok(a) => a,
         Err(LookupError::NotFound) => return reply(&query, ResponseCode::NXDomain).to_vec().ok(),
-        Err(LookupError::Timeout) => return reply(&query, ResponseCode::ServFail).to_vec().ok(),
+        Err(LookupError::Timeout | LookupError::Failed(_)) => return reply(&query, ResponseCode::ServFail).to_vec().ok(),
     };
     let mut kept = Vec::new();
-    let mut rebound = None;
+    let mut refused = None;
     for ip in addrs {
-        match cx.reach.closed_group(IpAddr::V4(ip)) {
-            Some(group) => rebound = Some(group),
+        match cx.reach.refusal(IpAddr::V4(ip)) {
+            Some(reason) => refused = Some(reason),
             None => kept.push(ip),
         }
     }
     if kept.is_empty() {
-        if let Some(group) = rebound {
-            cx.log.name_denied(&name, DenyReason::Rebinding { group });
+        match refused {
+            Some(DenyReason::Protected { group }) => cx.log.name_denied(&name, DenyReason::Rebinding { group }),
+            Some(reason) => cx.log.name_denied(&name, reason),
+            None => {}
         }
         return reply(&query, ResponseCode::NXDomain).to_vec().ok();
     }
@@ -159,6 +161,7 @@ mod tests {
         let mut file = TestMapFile::default();
         file.names.insert("pypi.org".into(), vec!["151.101.0.223".parse().expect("ip"), "151.101.64.223".parse().expect("ip")]);
         file.names.insert("rebind.example.com".into(), vec!["127.0.0.1".parse().expect("ip"), "169.254.169.254".parse().expect("ip")]);
+        file.names.insert("zero.example.com".into(), vec!["0.0.0.0".parse().expect("ip"), "240.1.2.3".parse().expect("ip"), "255.255.255.255".parse().expect("ip"), "239.1.1.1".parse().expect("ip")]);
         file.names.insert("mixed.example.com".into(), vec!["10.0.0.5".parse().expect("ip"), "93.184.216.34".parse().expect("ip")]);
         TestMap::new(file)
     }
@@ -215,6 +218,10 @@ mod tests {
         let m = ask("allow@public", "rebind.example.com", RecordType::A, &pins, &log).await;
         assert_eq!(m.response_code(), ResponseCode::NXDomain);
         assert!(log.view().denials[0].message.contains("resolves to a"));
+        // `allow@*` matches every address, yet 0.0.0.0 is this host's loopback and the
+        // rest are never destinations: none of them is handed to the guest.
+        let zero = ask("allow@*", "zero.example.com", RecordType::A, &pins, &log).await;
+        assert_eq!((zero.response_code(), addresses(&zero).len()), (ResponseCode::NXDomain, 0));
         let mixed = ask("allow@public", "mixed.example.com", RecordType::A, &pins, &log).await;
         assert_eq!(addresses(&mixed), ["93.184.216.34"]);
     }

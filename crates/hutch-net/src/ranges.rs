@@ -64,7 +64,10 @@ fn canonical(ip: IpAddr) -> IpAddr {
     }
 }
 
-const LOOPBACK: &[&str] = &["127.0.0.0/8", "::1/128"];
+/// 127/8 and ::1, and also "this network" (0.0.0.0/8) and the unspecified `::`: Linux
+/// delivers a connection or datagram sent to 0.0.0.0 (or `::`) to this host's own
+/// loopback, so those addresses reach exactly what 127.0.0.1 reaches.
+const LOOPBACK: &[&str] = &["127.0.0.0/8", "0.0.0.0/8", "::1/128", "::/128"];
 /// RFC 1918, shared address space (carrier NAT, also where some clouds put internal
 /// services) and IPv6 unique-local.
 const PRIVATE: &[&str] = &["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "fc00::/7"];
@@ -113,6 +116,23 @@ const SPECIAL_PURPOSE: &[&str] = &[
     "fe80::/10",
     "ff00::/8",
 ];
+
+/// Destinations no flow from a sandbox may have, whatever the rules and the operator
+/// say: one host relays each guest flow as a unicast connection of its own, so a
+/// multicast group, the broadcast address or the reserved 240/4 would send the guest's
+/// packets to every machine on the host's link, or nowhere defined.
+const UNROUTABLE: &[(&str, &str)] = &[
+    ("224.0.0.0/4", "a multicast"),
+    ("ff00::/8", "a multicast"),
+    ("255.255.255.255/32", "the broadcast"),
+    ("240.0.0.0/4", "a reserved (240/4)"),
+];
+
+/// Why `ip` can never be a sandbox flow's destination ("a multicast", …), or None.
+pub fn unroutable(ip: IpAddr) -> Option<&'static str> {
+    let ip = canonical(ip);
+    UNROUTABLE.iter().find(|(net, _)| in_any(ip, &[net])).map(|(_, what)| *what)
+}
 
 fn in_any(ip: IpAddr, nets: &[&str]) -> bool {
     nets.iter().any(|n| n.parse::<IpNet>().is_ok_and(|net| net.contains(&ip)))
@@ -178,7 +198,9 @@ mod tests {
         assert!(groups_of("192.0.2.1", &host).is_empty());
         assert!(groups_of("198.18.0.1", &host).is_empty());
         assert!(groups_of("240.0.0.1", &host).is_empty());
-        assert!(groups_of("0.0.0.0", &host).is_empty());
+        // "This network": a host's connect() to 0.0.0.0 reaches its own loopback.
+        assert_eq!(groups_of("0.0.0.0", &host), ["loopback"]);
+        assert_eq!(groups_of("0.1.2.3", &host), ["loopback"]);
         // The host's own public address is `host`, not `public`.
         assert_eq!(groups_of("93.184.216.34", &host), ["host"]);
         assert_eq!(groups_of("203.0.113.7", &host), ["host"]);
@@ -196,6 +218,18 @@ mod tests {
         assert!(groups_of("2001:db8::1", &host).is_empty());
         assert!(groups_of("::7f00:1", &host).is_empty(), "IPv4-compatible 127.0.0.1 is not public");
         assert!(groups_of("::ffff:0:a00:1", &host).is_empty(), "IPv4-translated 10.0.0.1 is not public");
+        assert_eq!(groups_of("::", &host), ["loopback"], "the unspecified address reaches this host");
+        assert_eq!(groups_of("::ffff:0.0.0.0", &host), ["loopback"]);
+    }
+
+    #[test]
+    fn multicast_broadcast_and_reserved_destinations_are_unroutable() {
+        for (ip, what) in [("224.0.0.251", "a multicast"), ("239.255.255.250", "a multicast"), ("ff02::1", "a multicast"), ("255.255.255.255", "the broadcast"), ("240.0.0.1", "a reserved (240/4)"), ("::ffff:255.255.255.255", "the broadcast")] {
+            assert_eq!(unroutable(ip.parse().expect("ip")), Some(what), "{ip}");
+        }
+        for ip in ["1.1.1.1", "10.0.0.1", "0.0.0.0", "223.255.255.255"] {
+            assert_eq!(unroutable(ip.parse().expect("ip")), None, "{ip}");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! `allow@public:tcp:443`, `deny@metadata`, `allow@*.pypi.org:tcp:443`,
 //! `allow@198.51.100.0/24:udp:5000-5100`.
 
-use crate::ranges::{Group, HostAddrs};
+use crate::ranges::{unroutable, Group, HostAddrs};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -355,6 +355,8 @@ pub enum DenyReason {
     NoRule,
     /// The address is in a group only the operator can open.
     Protected { group: Group },
+    /// Multicast, broadcast or reserved: no rule can allow it.
+    Unroutable { what: &'static str },
     /// The sandbox has its connection cap's worth of flows open.
     ConnectionLimit,
     /// A domain answer pointed into a protected group (DNS rebinding).
@@ -369,6 +371,7 @@ impl fmt::Display for DenyReason {
             DenyReason::Rule { rule, .. } => write!(f, "denied by rule {rule}"),
             DenyReason::NoRule => write!(f, "no rule allows it"),
             DenyReason::Protected { group } => write!(f, "{} addresses are never reachable from sandboxes", group.name()),
+            DenyReason::Unroutable { what } => write!(f, "{what} address is never a sandbox's destination"),
             DenyReason::ConnectionLimit => write!(f, "the sandbox has too many connections open"),
             DenyReason::Rebinding { group } => write!(f, "the name resolves to a {} address", group.name()),
             DenyReason::DialFailed { error } => write!(f, "the destination did not accept: {error}"),
@@ -390,6 +393,15 @@ impl Reach {
     /// The protected group `ip` is in that the operator has not opened.
     pub fn closed_group(&self, ip: IpAddr) -> Option<Group> {
         Group::PROTECTED.into_iter().filter(|g| !self.open.contains(g)).find(|g| g.contains(ip, &self.host))
+    }
+
+    /// Why no flow may go to `ip` before any rule is read: an unroutable address, or a
+    /// protected group the operator has not opened.
+    pub fn refusal(&self, ip: IpAddr) -> Option<DenyReason> {
+        if let Some(what) = unroutable(ip) {
+            return Some(DenyReason::Unroutable { what });
+        }
+        self.closed_group(ip).map(|group| DenyReason::Protected { group })
     }
 }
 
@@ -429,8 +441,8 @@ impl Policy {
     /// Whether a flow to `dest` may go: protected groups first, then the first rule
     /// that matches.
     pub fn check(&self, dest: &Dest<'_>, reach: &Reach) -> Result<usize, DenyReason> {
-        if let Some(group) = reach.closed_group(dest.ip) {
-            return Err(DenyReason::Protected { group });
+        if let Some(reason) = reach.refusal(dest.ip) {
+            return Err(reason);
         }
         match self.rules.iter().position(|r| r.matches(dest, reach)) {
             Some(i) if self.rules[i].action == Action::Allow => Ok(i),
@@ -556,13 +568,18 @@ mod tests {
     fn protected_groups_stay_closed_whatever_the_rules_say_unless_the_operator_opens_them() {
         let p = Policy::parse("allow@*").expect("parse");
         let mut reach = Reach { open: vec![], also_public: vec![], host: HostAddrs::new(vec!["93.184.216.34".parse().expect("ip")]) };
-        for (ip, group) in [("10.1.1.1", Group::Private), ("127.0.0.1", Group::Loopback), ("169.254.169.254", Group::LinkLocal), ("93.184.216.34", Group::Host)] {
+        for (ip, group) in [("10.1.1.1", Group::Private), ("127.0.0.1", Group::Loopback), ("0.0.0.0", Group::Loopback), ("::", Group::Loopback), ("::ffff:0.0.0.0", Group::Loopback), ("169.254.169.254", Group::LinkLocal), ("93.184.216.34", Group::Host)] {
             assert_eq!(p.check(&dest(ip, Proto::Tcp, 80, &[]), &reach), Err(DenyReason::Protected { group }), "{ip}");
         }
         reach.open = vec![Group::Private];
         assert_eq!(p.check(&dest("10.1.1.1", Proto::Tcp, 80, &[]), &reach), Ok(0));
         // Opening private does not open the metadata address inside it.
         assert_eq!(p.check(&dest("100.100.100.200", Proto::Tcp, 80, &[]), &reach), Err(DenyReason::Protected { group: Group::Metadata }));
+        // Multicast, broadcast and 240/4 are never destinations, whatever is open.
+        reach.open = Group::ALL.to_vec();
+        for ip in ["224.0.0.1", "255.255.255.255", "240.0.0.1", "ff02::1"] {
+            assert!(matches!(p.check(&dest(ip, Proto::Udp, 5353, &[]), &reach), Err(DenyReason::Unroutable { .. })), "{ip}");
+        }
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl std::fmt::Debug for Environment {
 impl Default for Environment {
     /// The real world through this host's resolver, nothing protected opened.
     fn default() -> Self {
-        Environment { reach: Reach { open: Vec::new(), also_public: Vec::new(), host: HostAddrs::of_this_machine() }, seam: Arc::new(crate::seam::Direct), limits: Limits::default() }
+        Environment { reach: Reach { open: Vec::new(), also_public: Vec::new(), host: HostAddrs::of_this_machine() }, seam: Arc::new(crate::seam::Direct::default()), limits: Limits::default() }
     }
 }
 

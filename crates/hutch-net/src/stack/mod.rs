@@ -36,8 +36,15 @@ pub use hutch_proto::net::{GATEWAY_IP, GATEWAY_MAC, GUEST_IP, GUEST_MAC, MTU, PR
 
 /// Helper results waiting for the stack's loop.
 const EVENTS_QUEUED: usize = 1024;
-/// DNS questions a sandbox may have in flight at once.
+/// DNS questions a sandbox may have in flight at once, over UDP and TCP together.
 const DNS_IN_FLIGHT: usize = 32;
+/// DNS-over-TCP connections a sandbox may have open at once (inside its flow cap): a
+/// resolver uses one for a truncated answer, so a handful is plenty, and each costs
+/// a socket's buffers, a pipe and a task.
+const DNS_TCP_FLOWS: usize = 8;
+/// A DNS-over-TCP connection that sends no whole question for this long is closed
+/// (RFC 7766 suggests seconds; BIND and Unbound use about this).
+const DNS_TCP_IDLE: Duration = Duration::from_secs(10);
 /// Echo requests waiting for their replies at once.
 const ECHOES_IN_FLIGHT: usize = 32;
 
@@ -305,10 +312,16 @@ impl Stack {
             return;
         }
         if dst.port() == 53 {
-            // DNS over TCP, to whatever address: the stack's own server.
-            let (ours, theirs) = tokio::io::duplex(64 * 1024);
-            let shared = self.shared.clone();
-            self.tasks.spawn(serve_dns_tcp(theirs, shared));
+            // DNS over TCP, to whatever address: the stack's own server, inside the
+            // flow cap and a small cap of its own, checked before anything is made.
+            let dns_flows = self.tcp.keys().filter(|(_, d)| d.port() == 53).count();
+            if self.flows() >= self.limits.max_flows || dns_flows >= DNS_TCP_FLOWS {
+                self.shared.log.flow_denied(Proto::Tcp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::ConnectionLimit);
+                self.dev.tx.extend(packets::refuse_syn(&frame));
+                return;
+            }
+            let (ours, theirs) = tokio::io::duplex(4 * 1024);
+            self.tasks.spawn(serve_dns_tcp(theirs, self.shared.clone(), self.dns_slots.clone()));
             self.open(key, frame, ours);
             return;
         }
@@ -483,16 +496,23 @@ impl Stack {
     }
 }
 
-/// DNS over TCP: two-byte length, message, both ways.
-async fn serve_dns_tcp(mut conn: tokio::io::DuplexStream, shared: Arc<Shared>) {
+/// DNS over TCP: two-byte length, message, both ways. Each question takes one of the
+/// sandbox's DNS slots, as a UDP one does; a connection idle for `DNS_TCP_IDLE`, or
+/// slow to send a whole question, is closed.
+async fn serve_dns_tcp(mut conn: tokio::io::DuplexStream, shared: Arc<Shared>, slots: Arc<tokio::sync::Semaphore>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     loop {
-        let Ok(len) = conn.read_u16().await else { return };
-        let mut query = vec![0; usize::from(len)];
-        if conn.read_exact(&mut query).await.is_err() {
-            return;
-        }
-        let Some(answer) = shared.answer_dns(&query).await else { return };
+        let question = async {
+            let len = conn.read_u16().await?;
+            let mut query = vec![0; usize::from(len)];
+            conn.read_exact(&mut query).await?;
+            Ok::<_, std::io::Error>(query)
+        };
+        let Ok(Ok(query)) = tokio::time::timeout(DNS_TCP_IDLE, question).await else { return };
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        let answer = shared.answer_dns(&query).await;
+        drop(slot);
+        let Some(answer) = answer else { return };
         let Ok(len) = u16::try_from(answer.len()) else { return };
         if conn.write_u16(len).await.is_err() || conn.write_all(&answer).await.is_err() {
             return;

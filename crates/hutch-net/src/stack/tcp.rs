@@ -13,6 +13,13 @@ use tokio::sync::{mpsc, Notify};
 
 /// Each direction's socket buffer: large enough for a few 64 KiB segments.
 pub const SOCKET_BUFFER: usize = 256 * 1024;
+/// A guest that sends nothing for this long (no data, no ACK of a keep-alive probe, no
+/// ACK of a SYN-ACK) has its connection aborted: a raw-socket guest cannot keep
+/// half-open connections, and a vanished one cannot keep sockets.
+pub const PEER_SILENCE: smoltcp::time::Duration = smoltcp::time::Duration::from_secs(120);
+/// How often an idle connection asks the guest whether it is still there; a live
+/// guest kernel answers, so idle connections that are wanted stay open.
+const KEEP_ALIVE: smoltcp::time::Duration = smoltcp::time::Duration::from_secs(30);
 /// Chunks queued each way between the socket and the pump.
 const CHANNEL_CHUNKS: usize = 8;
 const CHUNK: usize = 64 * 1024;
@@ -30,6 +37,8 @@ pub fn new_socket() -> tcp::Socket<'static> {
     let mut s = tcp::Socket::new(tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]), tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]));
     // The guest's own stack batches; hutch forwards what it has at once.
     s.set_nagle_enabled(false);
+    s.set_timeout(Some(PEER_SILENCE));
+    s.set_keep_alive(Some(KEEP_ALIVE));
     s
 }
 

@@ -77,11 +77,15 @@ impl Guest {
 }
 
 fn stack_with(policy: &str, tcp_map: Vec<(SocketAddr, SocketAddr)>) -> (NetHandle, Guest, std::path::PathBuf, tempfile::TempDir) {
+    stack_with_map(policy, TestMapFile { tcp: tcp_map.into_iter().collect(), ..Default::default() }, Limits::default())
+}
+
+fn stack_with_map(policy: &str, mut map: TestMapFile, limits: Limits) -> (NetHandle, Guest, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let violations = dir.path().join("violations");
-    let map = TestMapFile { tcp: tcp_map.into_iter().collect(), violations: Some(violations.clone()), ..Default::default() };
+    map.violations = Some(violations.clone());
     let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let handle = NetHandle::start(ours, Policy::parse(policy).expect("policy"), Reach::default(), Arc::new(TestMap::new(map)), Limits::default());
+    let handle = NetHandle::start(ours, Policy::parse(policy).expect("policy"), Reach::default(), Arc::new(TestMap::new(map)), limits);
     (handle, Guest::new(theirs), violations, dir)
 }
 
@@ -207,4 +211,101 @@ async fn echo_is_relayed_where_the_policy_allows_it_and_refused_elsewhere() {
     assert_eq!(log.denials.len(), 1);
     assert_eq!(log.denials[0].message, "no rule allows it");
     assert!(!dir.path().join("violations").exists(), "nothing unmapped was pinged");
+}
+
+#[tokio::test]
+async fn this_network_and_unroutable_destinations_are_refused_before_any_dial() {
+    // The host's kernel delivers a datagram for 0.0.0.0:P to its own 127.0.0.1:P; the
+    // map does what it would, so a datagram that got past the policy would arrive.
+    let listener = tokio::net::UdpSocket::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let forbidden = [Ipv4Addr::UNSPECIFIED, Ipv4Addr::new(0, 9, 9, 9), Ipv4Addr::BROADCAST, Ipv4Addr::new(240, 0, 0, 1), Ipv4Addr::new(224, 0, 0, 1)];
+    let to_listener = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut map = TestMapFile::default();
+    for ip in forbidden.iter().chain([&WEB]) {
+        map.udp.insert(SocketAddr::from((*ip, port)), to_listener);
+    }
+    let (handle, mut guest, violations, _dir) = stack_with_map("allow@*", map, Limits::default());
+    let datagrams = forbidden.iter().map(|ip| packets::udp_to_guest(SocketAddrV4::new(GUEST_IP, 50_000), SocketAddrV4::new(*ip, port), b"leak", MTU).expect("frame"));
+    link::write_frames(&mut guest.wr, datagrams).await.expect("write");
+    for _ in forbidden {
+        assert_eq!(next_icmp(&mut guest).await.1, smoltcp::wire::Icmpv4Message::DstUnreachable);
+    }
+    // An allowed datagram after them: the first thing the listener hears.
+    let marker = packets::udp_to_guest(SocketAddrV4::new(GUEST_IP, 50_000), SocketAddrV4::new(WEB, port), b"marker", MTU).expect("frame");
+    link::write_frames(&mut guest.wr, [marker].into_iter()).await.expect("write");
+    let mut buf = [0; 64];
+    let n = tokio::time::timeout(DEADLINE, listener.recv(&mut buf)).await.expect("the allowed datagram within the deadline").expect("recv");
+    assert_eq!(&buf[..n], b"marker", "a refused datagram reached the host's loopback");
+    let messages: Vec<String> = handle.log().denials.iter().map(|d| d.message.clone()).collect();
+    assert_eq!(
+        messages,
+        [
+            "loopback addresses are never reachable from sandboxes",
+            "loopback addresses are never reachable from sandboxes",
+            "the broadcast address is never a sandbox's destination",
+            "a reserved (240/4) address is never a sandbox's destination",
+            "a multicast address is never a sandbox's destination",
+        ]
+    );
+    assert!(!violations.exists());
+}
+
+/// Opens `count` guest connections to `to` and runs until each is established or
+/// reset; how many were established.
+async fn connect_all(guest: &mut Guest, to: (Ipv4Addr, u16), count: u16) -> (usize, Vec<smoltcp::iface::SocketHandle>) {
+    let handles: Vec<_> = (0..count).map(|i| guest.connect(to, 42_000 + i)).collect();
+    let settled = guest
+        .run_until(|sockets| handles.iter().all(|h| matches!(sockets.get_mut::<smol_tcp::Socket>(*h).state(), smol_tcp::State::Established | smol_tcp::State::Closed)))
+        .await;
+    assert!(settled, "every connection is answered within {DEADLINE:?}");
+    let established = handles.iter().filter(|h| guest.sockets.get_mut::<smol_tcp::Socket>(**h).state() == smol_tcp::State::Established).count();
+    (established, handles)
+}
+
+#[tokio::test]
+async fn dns_over_tcp_has_a_small_cap_inside_the_flow_cap_and_still_answers() {
+    let map = TestMapFile { names: [("pypi.test".to_string(), vec![WEB])].into(), ..Default::default() };
+    let (handle, mut guest, _violations, _dir) = stack_with_map("allow@public", map, Limits::default());
+    let (established, handles) = connect_all(&mut guest, (GATEWAY_IP, 53), DNS_TCP_FLOWS as u16 + 4).await;
+    assert_eq!(established, DNS_TCP_FLOWS);
+    let log = handle.log();
+    assert_eq!(log.counters.flows_denied, 4);
+    assert!(log.denials.iter().all(|d| d.message == "the sandbox has too many connections open"), "{:?}", log.denials);
+    // One of the admitted connections answers a question, length-prefixed.
+    let h = handles[0];
+    let query = {
+        use hickory_proto::op::{Message, Query};
+        use hickory_proto::rr::{Name, RecordType};
+        let mut m = Message::new();
+        m.set_id(7).add_query(Query::query(Name::from_ascii("pypi.test.").expect("name"), RecordType::A));
+        m.to_vec().expect("encode")
+    };
+    let mut framed = (query.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(&query);
+    guest.sockets.get_mut::<smol_tcp::Socket>(h).send_slice(&framed).expect("send");
+    let mut got = Vec::new();
+    let answered = guest
+        .run_until(|sockets| {
+            let s = sockets.get_mut::<smol_tcp::Socket>(h);
+            while s.can_recv() {
+                let _ = s.recv(|b| {
+                    got.extend_from_slice(b);
+                    (b.len(), ())
+                });
+            }
+            got.len() >= 2 && got.len() >= 2 + usize::from(u16::from_be_bytes([got[0], got[1]]))
+        })
+        .await;
+    assert!(answered, "no answer within {DEADLINE:?}");
+    let answer = hickory_proto::op::Message::from_vec(&got[2..]).expect("decode");
+    assert_eq!(answer.answers().iter().map(|r| r.data().to_string()).collect::<Vec<_>>(), [WEB.to_string()]);
+}
+
+#[tokio::test]
+async fn dns_over_tcp_counts_in_the_flow_cap() {
+    let (handle, mut guest, _violations, _dir) = stack_with_map("none", TestMapFile::default(), Limits { max_flows: 3, ..Limits::default() });
+    let (established, _) = connect_all(&mut guest, (WEB, 53), 5).await;
+    assert_eq!(established, 3);
+    assert_eq!(handle.log().counters.flows_denied, 2);
 }
