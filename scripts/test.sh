@@ -7,7 +7,7 @@ ensure_test_packages
 ensure_rust
 # Crates whose unit-test harness is off (`test = false`: compiling it would cost a
 # minute and run nothing) must stay without unit tests, or those would never run.
-for crate in hutch-cli hutch-envd hutch-sdk; do
+for crate in hutch-envd hutch-sdk; do
   found=0
   grep -rqE '#\[(tokio::)?test' "crates/$crate/src" || found=$?
   [ "$found" -ne 0 ] || die "crates/$crate has unit tests, but its Cargo.toml says test = false; remove that line so they run"

@@ -5,6 +5,7 @@ refused and written to the violations file, which the network tests read. No pac
 leaves this machine."""
 
 import json
+import socket
 import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,13 +57,23 @@ class NetWorld:
         self.udp = socketserver.ThreadingUDPServer(("127.0.0.1", 0), _UdpEcho)
         for s in (self.web, self.echo, self.udp):
             threading.Thread(target=s.serve_forever, daemon=True).start()
+        # What a host's kernel does with a datagram for 0.0.0.0:P (it delivers it to its
+        # own 127.0.0.1:P): the map does the same, so one the stack let through arrives.
+        self.loopback_probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.loopback_probe.bind(("127.0.0.1", 0))
+        self.loopback_probe.setblocking(False)
+        # A DNS server that never answers, for names under silent.test.
+        self.silent_dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.silent_dns.bind(("127.0.0.1", 0))
+        self.silent_dns.setblocking(False)
         self.violations = directory / "net-violations"
         self.violations.write_text("")
         self.map = directory / "net-map.json"
         at = lambda s: f"127.0.0.1:{s.server_address[1]}"
         self.map.write_text(json.dumps({
             "tcp": {f"{WEB}:80": at(self.web), f"{WEB}:7": at(self.echo), f"{API}:80": at(self.web)},
-            "udp": {f"{WEB}:7": at(self.udp)},
+            "udp": {f"{WEB}:7": at(self.udp), f"0.0.0.0:{self.probe_port}": f"127.0.0.1:{self.probe_port}"},
+            "dns": {"silent.test": f"127.0.0.1:{self.silent_dns.getsockname()[1]}"},
             # The host's loopback answers echo itself.
             "icmp": {WEB: "127.0.0.1"},
             "names": {
@@ -74,6 +85,21 @@ class NetWorld:
             "violations": str(self.violations),
         }))
 
+    @property
+    def probe_port(self) -> int:
+        return self.loopback_probe.getsockname()[1]
+
+    @staticmethod
+    def drained(sock: socket.socket) -> int:
+        """How many datagrams `sock` holds; it holds none afterwards."""
+        n = 0
+        while True:
+            try:
+                sock.recv(65536)
+                n += 1
+            except BlockingIOError:
+                return n
+
     def violation_lines(self) -> list[str]:
         return [l for l in self.violations.read_text().splitlines() if l]
 
@@ -81,3 +107,5 @@ class NetWorld:
         for s in (self.web, self.echo, self.udp):
             s.shutdown()
             s.server_close()
+        self.loopback_probe.close()
+        self.silent_dns.close()

@@ -294,3 +294,156 @@ def test_a_rewritten_disk_header_cannot_reach_another_keys_snapshot(server):
         if snap is not None:
             Sandbox.delete_snapshot(snap.snapshot_id)
         Sandbox.delete_snapshot(their_snapshot.snapshot_id, api_key=other)
+
+
+# Runs as root inside an attacking guest; each attack prints one JSON line.
+ATTACKS = r'''
+import json, random, resource, select, socket, struct, sys, time
+
+def gateway():
+    for line in open("/proc/net/route").read().splitlines()[1:]:
+        f = line.split()
+        if f[1] == "00000000":
+            return f[0], socket.inet_ntoa(struct.pack("<I", int(f[2], 16)))
+
+def dns_query(name):
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    return struct.pack(">HHHHHH", random.getrandbits(16), 0x0100, 1, 0, 0, 0) + labels + struct.pack(">HH", 1, 1)
+
+def checksum(data):
+    total = sum(int.from_bytes((data + b"\0")[i:i + 2], "big") for i in range(0, len(data), 2))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+def raw_udp(dst, port, payload):
+    """A datagram for `dst` in an Ethernet frame of its own, straight to the gateway
+    (the guest's kernel would keep one for 0.0.0.0 to itself)."""
+    iface, gw = gateway()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # the gateway's MAC in the ARP table
+        s.settimeout(10)
+        s.sendto(dns_query("example.test"), (gw, 53))
+        s.recv(512)
+        src = s.getsockname()[0]
+    gw_mac = next(l.split()[3] for l in open("/proc/net/arp").read().splitlines()[1:] if l.split()[0] == gw)
+    my_mac = open(f"/sys/class/net/{iface}/address").read().strip()
+    udp = struct.pack(">HHHH", 40000, port, 8 + len(payload), 0) + payload
+    ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(dst))
+    ip = ip[:10] + struct.pack(">H", checksum(ip)) + ip[12:]
+    eth = bytes.fromhex(gw_mac.replace(":", "")) + bytes.fromhex(my_mac.replace(":", "")) + b"\x08\x00"
+    with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as s:
+        s.bind((iface, 0))
+        s.send(eth + ip + udp)
+    return "sent"
+
+def udp_echo(host, port, data):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(10)
+        s.sendto(data.encode(), (host, port))
+        return s.recv(512).decode()
+
+def dns_tcp_flood(count):
+    """`count` connections to port 53 at once, held open until all are answered."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (count + 64, count + 64))
+    _, gw = gateway()
+    socks, settled = [], set()
+    poller = select.poll()
+    for _ in range(count):
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex((gw, 53))
+        socks.append(s)
+        poller.register(s, select.POLLOUT)
+    deadline = time.monotonic() + 300
+    while len(settled) < count and time.monotonic() < deadline:
+        for fd, _ in poller.poll(1000):
+            settled.add(fd)
+            poller.unregister(fd)
+    out = {"connected": 0, "refused": 0, "other": 0}
+    for s in socks:
+        err = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if s.fileno() not in settled:
+            out["other"] += 1
+        elif err == 0:
+            out["connected"] += 1
+        elif err == 111:
+            out["refused"] += 1
+        else:
+            out["other"] += 1
+    return out
+
+def silent_names(count):
+    """`count` questions for random names under a domain whose server never answers."""
+    _, gw = gateway()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for i in range(count):
+            s.sendto(dns_query(f"n{random.getrandbits(48)}.silent.test"), (gw, 53))
+            if i % 50 == 49:
+                time.sleep(0.2)  # pacing the attack over a few seconds, not synchronisation
+    return count
+
+print(json.dumps(globals()[sys.argv[1]](*json.loads(sys.argv[2]))))
+'''
+
+
+@pytest.fixture(scope="module")
+def attacker(server):
+    """A guest with E2B's widest egress (`allowOut: ["0.0.0.0/0"]`) and root."""
+    s = Sandbox.create("base", network={"allow_out": ["0.0.0.0/0"]})
+    s.files.write("/tmp/attacks.py", ATTACKS)
+    yield s
+    s.kill()
+
+
+def attack(sbx, name, *args, background=False):
+    import json
+    cmd = f"python3 /tmp/attacks.py {name} '{json.dumps(list(args))}'"
+    if background:
+        return sbx.commands.run(cmd, user="root", background=True, timeout=600)
+    return json.loads(sbx.commands.run(cmd, user="root", timeout=600).stdout)
+
+
+def test_a_datagram_to_this_network_never_reaches_the_hosts_loopback(server, net_world, attacker):
+    """0.0.0.0:P on the host is its own 127.0.0.1:P; `allowOut: 0.0.0.0/0` must not reach it."""
+    from networld import WEB
+    net_world.drained(net_world.loopback_probe)
+    before = net_world.violation_lines()
+    assert attack(attacker, "raw_udp", "0.0.0.0", net_world.probe_port, "leak") == "sent"
+    # Frames are decided in order: once a later datagram is answered, the first one was too.
+    assert attack(attacker, "udp_echo", WEB, 7, "after") == "udp:after"
+    assert net_world.drained(net_world.loopback_probe) == 0, "a guest's datagram reached a loopback listener on the host"
+    assert net_world.violation_lines() == before
+    log = server.api().get(f"/sandboxes/{attacker.sandbox_id}/network").json()["log"]
+    assert any(d["message"] == "loopback addresses are never reachable from sandboxes" and d["ip"] == "0.0.0.0" for d in log["denials"]), log["denials"]
+
+
+def test_a_dns_over_tcp_flood_is_capped_and_does_not_grow_the_server(server, attacker, bystander):
+    from test_trust_boundary import rss_kib
+    pid = server.proc.pid
+    before = rss_kib(pid)
+    with open(f"/proc/{pid}/clear_refs", "w") as f:
+        f.write("5")  # resets the peak (VmHWM) to now
+    r = attack(attacker, "dns_tcp_flood", 10_000)
+    peak = int(next(l.split()[1] for l in open(f"/proc/{pid}/status") if l.startswith("VmHWM:")))
+    assert r["connected"] <= 8 and r["refused"] + r["connected"] == 10_000, r
+    assert peak - before < 64 << 10, f"the server grew by {peak - before} KiB under 10,000 connections to port 53"
+    still_fine(server, bystander)
+    # The attacker's own DNS still works once its connections are gone.
+    assert attacker.commands.run("getent hosts example.test").stdout.split() == ["93.184.216.34", "example.test"]
+
+
+def test_names_whose_server_never_answers_hold_up_no_one_else(server, net_world, attacker):
+    net_world.drained(net_world.silent_dns)
+    threads = lambda: int(status_fields(server.proc.pid)["Threads"][0])
+    before = threads()
+    flood = attack(attacker, "silent_names", 1000, background=True)
+    try:
+        wait_until(lambda: net_world.drained(net_world.silent_dns) > 0, "the attacker's questions to reach the silent server", timeout=60)
+        other = Sandbox.create("base")
+        try:
+            assert other.commands.run("echo created-during-the-flood").stdout == "created-during-the-flood\n"
+        finally:
+            other.kill()
+        assert threads() - before < 16, f"the server went from {before} to {threads()} threads"
+    finally:
+        assert flood.wait().exit_code == 0

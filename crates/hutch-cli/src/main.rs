@@ -107,3 +107,41 @@ fn main() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+    use std::collections::HashMap;
+
+    /// Every flag and argument of every command says, in its own words, what it does: a
+    /// doc comment on the wrong field shows one flag's text under another and none under
+    /// the first, and `--help` then misleads.
+    #[test]
+    fn every_argument_has_its_own_help() {
+        let mut root = Cli::command();
+        // Built, so global flags show under every subcommand as users see them.
+        root.build();
+        let mut faults = Vec::new();
+        let mut stack = vec![(root.get_name().to_string(), &root)];
+        while let Some((path, cmd)) = stack.pop() {
+            let mut seen: HashMap<String, String> = HashMap::new();
+            for arg in cmd.get_arguments().filter(|a| !matches!(a.get_id().as_str(), "help" | "version")) {
+                let name = match arg.get_long() {
+                    Some(long) => format!("--{long}"),
+                    None => arg.get_id().to_string(),
+                };
+                let help = arg.get_help().map(|h| h.to_string()).unwrap_or_default();
+                if help.trim().is_empty() {
+                    faults.push(format!("`{path}` {name}: no help"));
+                } else if let Some(other) = seen.insert(help.clone(), name.clone()) {
+                    faults.push(format!("`{path}` {name}: same help as {other} ({help:?})"));
+                }
+            }
+            // clap's generated `help` subcommand is not ours to document.
+            stack.extend(cmd.get_subcommands().filter(|s| s.get_name() != "help").map(|s| (format!("{path} {}", s.get_name()), s)));
+        }
+        faults.sort();
+        assert!(faults.is_empty(), "arguments whose help misleads:\n{}", faults.join("\n"));
+    }
+}

@@ -3,7 +3,8 @@
 //! between sessions, HTTP/2 after the hello) with the few endpoints the lifecycle
 //! uses, plus a key-value store (`POST /fake/put`, `GET /fake/values`) that is the
 //! guest's "memory": saved with the VM and back after a load, so tests can tell a
-//! resumed or forked guest from a fresh one.
+//! resumed or forked guest from a fresh one. Its access token is saved with it, and
+//! `/init` wants that token once one is set, as the real agent's does.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -17,11 +18,20 @@ use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
+/// What a save keeps of a guest.
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+struct Memory {
+    values: BTreeMap<String, String>,
+    token: Option<String>,
+}
+
 /// What the guest holds, shared by its connections.
 #[derive(Default)]
 struct Guest {
     /// The "memory": what `POST /fake/put` stored.
     values: BTreeMap<String, String>,
+    /// The access token the last `/init` gave.
+    token: Option<String>,
     /// The environment the last `/init` gave.
     envs: BTreeMap<String, String>,
     /// Open host sessions; idle probes are answered only at zero.
@@ -54,8 +64,8 @@ impl FakeAgent {
 
 impl FakeGuest for FakeAgent {
     fn run(&self, spec: &VmSpec, memory: Option<Vec<u8>>) -> Box<dyn RunningGuest> {
-        let values = memory.and_then(|m| serde_json::from_slice(&m).ok()).unwrap_or_default();
-        let guest = Mutex::new(Guest { values, ..Guest::default() });
+        let Memory { values, token } = memory.and_then(|m| serde_json::from_slice(&m).ok()).unwrap_or_default();
+        let guest = Mutex::new(Guest { values, token, ..Guest::default() });
         let shared = Arc::new(Shared { guest, idle: tokio::sync::Notify::new(), wedged: self.wedged.clone() });
         let socket = spec.agent_socket();
         let _ = std::fs::remove_file(&socket);
@@ -78,7 +88,8 @@ struct Running {
 
 impl RunningGuest for Running {
     fn memory(&self) -> Vec<u8> {
-        serde_json::to_vec(&lock(&self.shared.guest).values).unwrap_or_default()
+        let guest = lock(&self.shared.guest);
+        serde_json::to_vec(&Memory { values: guest.values.clone(), token: guest.token.clone() }).unwrap_or_default()
     }
 }
 
@@ -153,7 +164,13 @@ async fn answer(req: http::Request<hyper::body::Incoming>, shared: &Shared) -> h
         ("GET", "/health") | ("POST", "/sync") => status(http::StatusCode::NO_CONTENT),
         ("POST", "/init") => match serde_json::from_slice::<InitRequest>(&body) {
             Ok(init) => {
-                lock(&shared.guest).envs = init.env_vars;
+                let mut guest = lock(&shared.guest);
+                let given = parts.headers.get("x-access-token").and_then(|v| v.to_str().ok());
+                if guest.token.as_deref().is_some_and(|held| given.is_none_or(|g| !hutch_proto::access::secrets_equal(g, held))) {
+                    return status(http::StatusCode::UNAUTHORIZED);
+                }
+                guest.envs = init.env_vars;
+                guest.token = init.access_token.filter(|t| !t.is_empty());
                 status(http::StatusCode::NO_CONTENT)
             }
             Err(_) => status(http::StatusCode::BAD_REQUEST),

@@ -5,7 +5,7 @@
 //! followed down their whole backing chain, as QEMU opens them.
 
 use hutch_image::HutchHome;
-use hutch_vmm::qemu::backing::BackingError;
+use hutch_vmm::qemu::backing::{BackingError, Roots};
 use hutch_vmm::Memory;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -23,9 +23,17 @@ fn entries(dir: &Path) -> impl Iterator<Item = PathBuf> {
     std::fs::read_dir(dir).into_iter().flatten().flatten().map(|e| e.path())
 }
 
-fn chains(disks: Vec<PathBuf>, into: &mut HashSet<PathBuf>) -> Result<(), BackingError> {
+/// Each disk's chain, its names held to what the jail would bind (`backing::Roots`).
+/// A disk whose header a VM rewrote never starts again (`jail.rs`), so nothing is kept
+/// for it: one tenant's rewritten header does not stop every pruner of the home.
+fn chains(home: &HutchHome, disks: Vec<PathBuf>, into: &mut HashSet<PathBuf>) -> Result<(), BackingError> {
     for disk in disks.into_iter().filter(|d| d.is_file()) {
-        into.extend(hutch_vmm::qemu::backing::chain(&disk)?);
+        let roots = Roots::of_home(home.root(), disk.parent().unwrap_or(Path::new("/")));
+        match hutch_vmm::qemu::backing::chain(&disk, &roots) {
+            Ok(chain) => into.extend(chain),
+            Err(e) if e.is_tampered() => tracing::warn!("{e}"),
+            Err(e) => return Err(e),
+        }
     }
     Ok(())
 }
@@ -46,7 +54,7 @@ pub fn of_sandboxes_and_snapshots(home: &HutchHome) -> Result<InUse, BackingErro
         }
     }
     disks.extend(entries(&home.root().join("snapshots").join("sandboxes")).map(|d| d.join("disk.qcow2")));
-    chains(disks, &mut used.files)?;
+    chains(home, disks, &mut used.files)?;
     Ok(used)
 }
 
@@ -55,9 +63,9 @@ pub fn of_sandboxes_and_snapshots(home: &HutchHome) -> Result<InUse, BackingErro
 pub fn of_everything(home: &HutchHome) -> Result<HashSet<PathBuf>, BackingError> {
     let mut files = of_sandboxes_and_snapshots(home)?.files;
     let templates = crate::template_snapshot::root(home);
-    chains(entries(&templates).map(|d| d.join("disk.qcow2")).collect(), &mut files)?;
+    chains(home, entries(&templates).map(|d| d.join("disk.qcow2")).collect(), &mut files)?;
     // The build cache's layers stack on template builds (a build `FROM` a template).
-    chains(crate::build::cache::BuildCache::new(home).layer_files(), &mut files)?;
+    chains(home, crate::build::cache::BuildCache::new(home).layer_files(), &mut files)?;
     Ok(files)
 }
 
@@ -86,6 +94,7 @@ pub fn release_tags(home: &HutchHome, name: &str, tags: &[String]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
 
     fn qcow2_on(base: &Path, overlay: &Path) {
         std::fs::create_dir_all(overlay.parent().expect("parent")).expect("dir");
@@ -105,6 +114,47 @@ mod tests {
         std::fs::create_dir_all(image.parent().expect("parent")).expect("dir");
         std::fs::write(&image, vec![0u8; 1 << 16]).expect("image");
         image
+    }
+
+    /// A sandbox's overlay whose header a VM rewrote to name a FIFO (the open would
+    /// block) or a file outside hutch's directories: pruning goes on for everyone else.
+    #[test]
+    fn a_rewritten_header_neither_blocks_nor_stops_pruning() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(root.path());
+        let current = build(&home, "current");
+        let manifest = serde_json::json!({
+            "name": "t", "suite": "bookworm", "packages": [], "built_at": "", "disk_size": 1,
+            "build_id": "current", "image": "builds/current/rootfs.ext4"
+        });
+        std::fs::write(home.template("t").join("template.json"), manifest.to_string()).expect("manifest");
+        let unreferenced = build(&home, "replaced");
+        let fifo = root.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+        let outside = root.path().join("secret");
+        std::fs::write(&outside, "key").expect("secret");
+        for (sandbox, named) in [("sb1", &fifo), ("sb2", &outside)] {
+            let disk = home.sandboxes().join(sandbox).join("disk.qcow2");
+            std::fs::create_dir_all(disk.parent().expect("parent")).expect("dir");
+            let name = named.to_str().expect("utf-8").as_bytes();
+            let mut header = b"QFI\xfb\0\0\0\x03".to_vec();
+            header.extend_from_slice(&100u64.to_be_bytes());
+            header.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            header.resize(100, 0);
+            header.extend_from_slice(name);
+            std::fs::write(&disk, header).expect("disk");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let home2 = home.clone();
+        std::thread::spawn(move || tx.send(of_everything(&home2).map(|files| files.len())));
+        let Ok(used) = rx.recv_timeout(std::time::Duration::from_secs(5)) else {
+            // A writer arriving lets the stuck open return, so the thread ends.
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(nix::libc::O_NONBLOCK).open(&fifo);
+            panic!("reading the references blocked on the FIFO a disk header names");
+        };
+        assert_eq!(used.expect("the rewritten headers are skipped"), 0);
+        prune_template_builds(&home);
+        assert!(current.is_file() && !unreferenced.exists(), "pruning stopped");
     }
 
     #[test]

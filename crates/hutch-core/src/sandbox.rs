@@ -386,7 +386,9 @@ impl Sandbox {
         };
         let record = VmRecord { spec, base_snapshot: launch.base_snapshot, network: opts.network.clone() };
         let (mut vm, agent, net) = start_vm(backend, &record.spec, &record.network, opts, started).await?;
-        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, record.spec.incoming.is_some()).await?;
+        // A restored guest's agent holds the token of the sandbox it was saved from.
+        let held = launch.seed.and_then(|s| s.manifest.guest_token.as_deref());
+        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, record.spec.incoming.is_some(), held).await?;
         if launch.kind == StartKind::Cold {
             if let Some(port) = artifacts.template.ready_port() {
                 wait_for_port(&agent, port, opts.boot_timeout, started, &dir).await?;
@@ -424,7 +426,8 @@ impl Sandbox {
         // changed disk would corrupt its filesystem).
         let ran = async {
             let agent = connect_restored(vm.as_mut(), opts.boot_timeout, started).await?;
-            let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true).await?;
+            // The paused guest holds its own token, the one the host gives it again.
+            let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true, opts.access_token.as_deref()).await?;
             let net = start_net(&record.spec, &record.network, &opts.net_env).await?;
             record.spec.incoming = None;
             write_record(dir, &record)?;
@@ -585,7 +588,7 @@ impl Sandbox {
         // The VM's record before the VM: an adopter must find the kernel it runs.
         write_record(dir, &record)?;
         let (mut vm, agent, net) = start_vm(backend, &record.spec, &record.network, opts, started).await?;
-        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, false).await?;
+        let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, false, None).await?;
         if let Some(port) = artifacts.template.ready_port() {
             wait_for_port(&agent, port, opts.boot_timeout, started, dir).await?;
         }
@@ -645,6 +648,7 @@ impl Sandbox {
             source_sandbox: Some(self.id.to_string()),
             base: self.record.base_snapshot.clone(),
             nic: self.record.spec.nic.is_some(),
+            guest_token: self.agent.access_token().map(String::from),
         };
         MemorySnapshot::write_manifest(dir, &manifest)?;
         Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })
@@ -663,8 +667,7 @@ impl Sandbox {
     /// Hands the guest a new identity, environment, clock and entropy (a pooled
     /// sandbox being taken by a request).
     pub async fn reinit(&mut self, opts: &SandboxOptions) -> Result<(), CreateError> {
-        init_guest(&self.agent, self.id.as_str(), opts).await?;
-        self.agent = self.agent.with_token(opts.access_token.as_deref());
+        self.agent = init_guest(&self.agent, self.id.as_str(), opts).await?;
         Ok(())
     }
 
@@ -865,28 +868,42 @@ async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env: &hutch_ne
 /// a session does not answer (a guest starved of CPU can miss a reconnect). `/init` is
 /// idempotent. Before each retry the old session is released: the guest must see the
 /// host leave before a new hello, or the hello would land in the old session.
-async fn init_with_retry(vm: &mut dyn VmHandle, mut agent: AgentClient, id: &str, opts: &SandboxOptions, restored: bool) -> Result<AgentClient, CreateError> {
+/// `held` is the access token the guest's agent holds now (none after a boot), which
+/// it wants on `/init`.
+async fn init_with_retry(
+    vm: &mut dyn VmHandle,
+    mut agent: AgentClient,
+    id: &str,
+    opts: &SandboxOptions,
+    restored: bool,
+    held: Option<&str>,
+) -> Result<AgentClient, CreateError> {
     let started = Instant::now();
     let mut attempt = 0;
+    let (mut presented, given) = (held, opts.access_token.as_deref());
     loop {
         attempt += 1;
-        match init_guest(&agent, id, opts).await {
-            // From here on the host's own calls (/sync, /tunnel, /metrics) carry the
-            // token a secure sandbox's agent now wants.
-            Ok(()) => return Ok(agent.with_token(opts.access_token.as_deref())),
+        match init_guest(&agent.with_token(presented), id, opts).await {
+            Ok(agent) => return Ok(agent),
             Err(e @ CreateError::InitTimeout { .. }) if restored && attempt < 3 && started.elapsed() < opts.boot_timeout => {
                 tracing::warn!(sandbox = id, "{e}; reconnecting (attempt {attempt})");
                 let _ = crate::snapshot::release_agent(&agent, &vm.agent_socket(), Duration::from_secs(5)).await;
                 agent = connect_restored(vm, opts.boot_timeout, Instant::now()).await?;
             }
+            // The init that timed out may have landed, and its answer alone been lost:
+            // the guest then holds the token it gave.
+            Err(CreateError::Init(agent::AgentError::Http { status, .. })) if attempt > 1 && status == http::StatusCode::UNAUTHORIZED && presented != given => presented = given,
             Err(e) => return Err(e),
         }
     }
 }
 
 /// Hands the guest its identity, the host's clock and fresh randomness: after a
-/// restore, all three are the snapshot's.
-async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Result<(), CreateError> {
+/// restore, all three are the snapshot's. `agent` presents the token the guest holds
+/// (its agent refuses an `/init` without it once it has one); the client returned
+/// presents the one `opts` gives it, which the host's own calls from here on (/sync,
+/// /tunnel, /metrics) need.
+async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Result<AgentClient, CreateError> {
     let entropy: [[u8; 32]; 2] = rand::random();
     let entropy = entropy.concat();
     let init = InitRequest {
@@ -904,9 +921,10 @@ async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Res
         Ok(r) => r.map_err(CreateError::Init)?,
         Err(_) => return Err(CreateError::InitTimeout { secs: INIT_WAIT.as_secs() }),
     }
+    let agent = agent.with_token(opts.access_token.as_deref());
     // The time /init set is late by that first request's delay; fix it off the create's path.
-    crate::clock_sync::spawn_correct(agent);
-    Ok(())
+    crate::clock_sync::spawn_correct(&agent);
+    Ok(agent)
 }
 
 const INIT_WAIT: Duration = Duration::from_secs(10);

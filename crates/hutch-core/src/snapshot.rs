@@ -43,6 +43,12 @@ pub struct Manifest {
     /// before sandboxes had networks).
     #[serde(default)]
     pub nic: bool,
+    /// The access token the saved guest's agent holds (a secure sandbox's; the saved
+    /// memory holds it too): a restore presents it to the agent's `/init`, which wants
+    /// it once one is set. None for a guest never given one, and for snapshots saved
+    /// before agents asked (their agents do not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub guest_token: Option<String>,
 }
 
 #[derive(Debug, Clone)]

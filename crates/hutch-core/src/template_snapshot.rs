@@ -324,6 +324,8 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         source_sandbox: None,
         base: None,
         nic: true,
+        // The template's guest never had an `/init`.
+        guest_token: None,
     };
     MemorySnapshot::write_manifest(dir, &manifest)?;
     Ok(manifest)

@@ -3,6 +3,7 @@
 //! into one tar laid out as they land under the destination. The tar is written the
 //! same way every time (sorted, owner 0, mtime 0), so its hash is the step's cache key.
 
+use crate::budget::{Budget, BudgetError};
 use globset::{GlobBuilder, GlobMatcher};
 use sha2::{Digest, Sha256};
 use std::io::Write;
@@ -12,18 +13,23 @@ use std::path::{Component, Path, PathBuf};
 pub enum ContextError {
     #[error("the COPY source '{0}' is outside the build context; name files inside it")]
     Outside(String),
-    #[error("the COPY source '{src}' is not in the build context {}", context.display())]
-    Missing { src: String, context: PathBuf },
+    #[error("the COPY source '{src}' is not in the build context (nothing there has that name, or .dockerignore leaves it out); name a file that is")]
+    Missing { src: String },
     #[error("COPY with more than one source file needs a destination directory ending in '/', not '{0}'")]
     DestNotDir(String),
     #[error("'{pattern}' in .dockerignore is not a valid pattern: {detail}")]
     BadIgnore { pattern: String, detail: String },
     #[error("'{0}' is not a valid COPY source pattern")]
     BadPattern(String),
-    #[error("reading the build context at {}: {source}", path.display())]
+    /// `path` is relative to the context (or the name the file takes in the COPY): the
+    /// context may be hutch's scratch directory, whose host path a tenant is not shown.
+    #[error("reading '{}' in the build context: {source}; make it a readable file or leave it out", path.display())]
     Read { path: PathBuf, source: std::io::Error },
-    #[error("writing the COPY files at {}: {source}", path.display())]
+    /// `path` is the tar hutch writes, on the host: not in the message.
+    #[error("writing the COPY's files on the host: {source}")]
     Write { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Budget(#[from] BudgetError),
 }
 
 /// `.dockerignore`: patterns in order, a later match (or `!` exception) winning; a
@@ -60,7 +66,7 @@ impl Ignore {
         match std::fs::read_to_string(&path) {
             Ok(text) => Ignore::parse(&text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ignore::default()),
-            Err(source) => Err(ContextError::Read { path, source }),
+            Err(source) => Err(ContextError::Read { path: inside(context, &path), source }),
         }
     }
 
@@ -73,6 +79,15 @@ impl Ignore {
             }
         }
         excluded
+    }
+}
+
+/// `path` as the build context names it: relative to `context`, never a host path.
+fn inside(context: &Path, path: &Path) -> PathBuf {
+    match path.strip_prefix(context) {
+        Ok(rel) if rel.as_os_str().is_empty() => PathBuf::from("."),
+        Ok(rel) => rel.to_path_buf(),
+        Err(_) => path.file_name().map(PathBuf::from).unwrap_or_else(|| PathBuf::from(".")),
     }
 }
 
@@ -107,8 +122,14 @@ pub struct CopyFiles {
 
 /// Gathers `srcs` from `context` for a copy to `dest`, into the tar `out`.
 pub fn collect(context: &Path, srcs: &[String], dest: &str, ignore: &Ignore, out: &Path) -> Result<CopyFiles, ContextError> {
+    collect_within(context, srcs, dest, ignore, out, &mut Budget::unlimited())
+}
+
+/// [`collect`], taking every byte of the tar from `budget` before it is written; a
+/// tar refused part way is removed.
+pub fn collect_within(context: &Path, srcs: &[String], dest: &str, ignore: &Ignore, out: &Path, budget: &mut Budget) -> Result<CopyFiles, ContextError> {
     let read = |path: &Path| {
-        let path = path.to_path_buf();
+        let path = inside(context, path);
         move |source| ContextError::Read { path, source }
     };
     // (name in the tar, file on the host)
@@ -136,7 +157,7 @@ pub fn collect(context: &Path, srcs: &[String], dest: &str, ignore: &Ignore, out
             if exists { vec![rel.clone()] } else { Vec::new() }
         };
         if matches.is_empty() {
-            return Err(ContextError::Missing { src: src.clone(), context: context.to_path_buf() });
+            return Err(ContextError::Missing { src: src.clone() });
         }
         for m in matches {
             let host = context.join(&m);
@@ -165,7 +186,11 @@ pub fn collect(context: &Path, srcs: &[String], dest: &str, ignore: &Ignore, out
     }
     items.sort();
     items.dedup_by(|a, b| a.0 == b.0);
-    Ok(CopyFiles { single, ..write_tar(&items, out)? })
+    let written = write_tar(&items, out, budget);
+    if written.is_err() {
+        let _ = std::fs::remove_file(out);
+    }
+    Ok(CopyFiles { single, ..written? })
 }
 
 /// Calls `each(relative path, host path)` for everything under `context/start` (not
@@ -173,7 +198,7 @@ pub fn collect(context: &Path, srcs: &[String], dest: &str, ignore: &Ignore, out
 fn walk(context: &Path, start: &Path, ignore: &Ignore, each: &mut dyn FnMut(&Path, &Path)) -> Result<(), ContextError> {
     let dir = context.join(start);
     let mut names: Vec<_> = std::fs::read_dir(&dir)
-        .map_err(|source| ContextError::Read { path: dir.clone(), source })?
+        .map_err(|source| ContextError::Read { path: inside(context, &dir), source })?
         .flatten()
         .map(|e| e.file_name())
         .collect();
@@ -192,14 +217,17 @@ fn walk(context: &Path, start: &Path, ignore: &Ignore, each: &mut dyn FnMut(&Pat
     Ok(())
 }
 
-/// Writes a hashed writer's bytes to a file and to SHA-256 as they go.
-struct Hashing<W> {
+/// Writes a hashed writer's bytes to a file and to SHA-256 as they go, each taken
+/// from the budget first.
+struct Hashing<'b, W> {
     inner: W,
     hash: Sha256,
+    budget: &'b mut Budget,
 }
 
-impl<W: Write> Write for Hashing<W> {
+impl<W: Write> Write for Hashing<'_, W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.budget.take(buf.len() as u64).map_err(std::io::Error::other)?;
         let n = self.inner.write(buf)?;
         self.hash.update(&buf[..n]);
         Ok(n)
@@ -209,13 +237,16 @@ impl<W: Write> Write for Hashing<W> {
     }
 }
 
-fn write_tar(items: &[(PathBuf, PathBuf)], out: &Path) -> Result<CopyFiles, ContextError> {
+fn write_tar(items: &[(PathBuf, PathBuf)], out: &Path, budget: &mut Budget) -> Result<CopyFiles, ContextError> {
     use std::os::unix::fs::PermissionsExt;
-    let werr = |source| ContextError::Write { path: out.to_path_buf(), source };
+    let werr = |source: std::io::Error| match source.get_ref().and_then(|e| e.downcast_ref::<BudgetError>()) {
+        Some(refused) => ContextError::Budget(refused.clone()),
+        None => ContextError::Write { path: out.to_path_buf(), source },
+    };
     let file = std::fs::File::create(out).map_err(werr)?;
-    let mut tar = tar::Builder::new(Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new() });
+    let mut tar = tar::Builder::new(Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new(), budget });
     for (name, host) in items {
-        let meta = std::fs::symlink_metadata(host).map_err(|source| ContextError::Read { path: host.clone(), source })?;
+        let meta = std::fs::symlink_metadata(host).map_err(|source| ContextError::Read { path: name.clone(), source })?;
         let mut header = tar::Header::new_gnu();
         header.set_mode(meta.permissions().mode() & 0o7777);
         header.set_uid(0);
@@ -226,14 +257,14 @@ fn write_tar(items: &[(PathBuf, PathBuf)], out: &Path) -> Result<CopyFiles, Cont
             header.set_size(0);
             tar.append_data(&mut header, name, std::io::empty()).map_err(werr)?;
         } else if meta.file_type().is_symlink() {
-            let target = std::fs::read_link(host).map_err(|source| ContextError::Read { path: host.clone(), source })?;
+            let target = std::fs::read_link(host).map_err(|source| ContextError::Read { path: name.clone(), source })?;
             header.set_entry_type(tar::EntryType::Symlink);
             header.set_size(0);
             tar.append_link(&mut header, name, &target).map_err(werr)?;
         } else if meta.is_file() {
             header.set_entry_type(tar::EntryType::Regular);
             header.set_size(meta.len());
-            let file = std::fs::File::open(host).map_err(|source| ContextError::Read { path: host.clone(), source })?;
+            let file = std::fs::File::open(host).map_err(|source| ContextError::Read { path: name.clone(), source })?;
             tar.append_data(&mut header, name, file).map_err(werr)?;
         } else {
             continue; // sockets, FIFOs, devices: not build inputs
@@ -328,5 +359,42 @@ mod tests {
         assert!(matches!(collect(ctx.path(), &["req.txt".into()], "/x", &ignore, &out), Err(ContextError::Missing { .. })));
         let exception = Ignore::parse("*.md\n!b.md\n").expect("ignore");
         assert!(exception.excludes(Path::new("a.md")) && !exception.excludes(Path::new("b.md")));
+    }
+
+    #[test]
+    fn a_tar_past_its_allowance_or_the_disk_reserve_is_refused_and_removed() {
+        let ctx = context();
+        std::fs::write(ctx.path().join("app/big.bin"), vec![7u8; 1 << 20]).expect("file");
+        let out = ctx.path().join("t.tar");
+        let none = Ignore::default();
+        let mut budget = Budget::new(ctx.path(), u64::MAX, 0);
+        budget.begin(512 << 10);
+        let e = collect_within(ctx.path(), &["app".into()], "/srv/", &none, &out, &mut budget).expect_err("past the allowance");
+        assert!(matches!(e, ContextError::Budget(BudgetError::Write { .. })), "{e}");
+        assert!(!out.exists(), "the partial tar is removed");
+        let free = hutch_vmm::space::available(ctx.path()).expect("statvfs");
+        let mut short = Budget::new(ctx.path(), u64::MAX, free + (1 << 30));
+        let e = collect_within(ctx.path(), &["req.txt".into()], "/srv/", &none, &out, &mut short).expect_err("short of disk");
+        assert!(e.to_string().starts_with("the server is short of disk") && !out.exists(), "{e}");
+        let mut roomy = Budget::new(ctx.path(), u64::MAX, 0);
+        roomy.begin(2 << 20);
+        collect_within(ctx.path(), &["app".into()], "/srv/", &none, &out, &mut roomy).expect("within");
+    }
+
+    /// The context of an API build is hutch's scratch directory: what the tenant reads
+    /// names files as the context does, never the host path.
+    #[test]
+    fn errors_name_files_relative_to_the_context() {
+        let ctx = context();
+        let out = ctx.path().join("t.tar");
+        let none = Ignore::default();
+        let host = ctx.path().display().to_string();
+        let missing = collect(ctx.path(), &["nope.txt".into()], "/x", &none, &out).expect_err("missing").to_string();
+        assert!(missing.contains("'nope.txt'") && !missing.contains(&host), "{missing}");
+        std::os::unix::fs::symlink(ctx.path().join("gone"), ctx.path().join("app/dangling")).expect("link");
+        let unreadable = collect(ctx.path(), &["app/*".into()], "/x/", &none, &out).expect_err("dangling").to_string();
+        assert!(unreadable.contains("'app/dangling'") && !unreadable.contains(&host), "{unreadable}");
+        let unwritable = collect(ctx.path(), &["req.txt".into()], "/x/", &none, &ctx.path().join("no/such/dir/t.tar")).expect_err("write").to_string();
+        assert!(!unwritable.contains(&host), "{unwritable}");
     }
 }

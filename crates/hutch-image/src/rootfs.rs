@@ -260,8 +260,9 @@ impl Template {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TemplateError {
-    #[error("unknown template '{name}'; templates here: {known}")]
-    Unknown { name: String, known: String },
+    /// Names no other template: the home holds other API keys' templates too.
+    #[error("unknown template '{name}': it is neither built here nor a built-in template ({}); build it first (`hutch template ls` lists the templates built here)", builtin_names().join(", "))]
+    Unknown { name: String },
     #[error(transparent)]
     Tool(#[from] ToolError),
     #[error("building a template without root needs subordinate ids for user {user} in /etc/subuid and /etc/subgid (65536 of each; `usermod --add-subuids 100000-165535 --add-subgids 100000-165535 {user}`), or run as root")]
@@ -482,11 +483,7 @@ pub fn ensure(home: &HutchHome, reference: &str, progress: &dyn Progress) -> Res
         Err(e) => return Err(e),
     }
     let Some(recipe) = recipe(name) else {
-        let mut known: Vec<String> = list(home);
-        known.extend(RECIPES.iter().map(|r| r.name.to_string()));
-        known.sort();
-        known.dedup();
-        return Err(TemplateError::Unknown { name: name.into(), known: known.join(", ") });
+        return Err(TemplateError::Unknown { name: name.into() });
     };
     build_debian(home, recipe, progress)
 }
@@ -698,6 +695,20 @@ fn download_wheels(home: &HutchHome, recipe: &Recipe, stage: &Path, progress: &d
 #[cfg(test)]
 mod build_tests {
     use super::*;
+
+    /// A server's home holds every API key's templates: the error one key can read
+    /// names none of them.
+    #[test]
+    fn an_unknown_template_is_named_alone() {
+        let root = tempfile::tempdir().expect("home");
+        let home = HutchHome::at(root.path());
+        std::fs::create_dir_all(home.template("other-keys-secret")).expect("template");
+        std::fs::write(home.template("other-keys-secret").join(MANIFEST), "{}").expect("manifest");
+        assert_eq!(list(&home), ["other-keys-secret"]);
+        let e = ensure(&home, "nope", &crate::progress::Quiet).expect_err("unknown").to_string();
+        assert!(e.contains("unknown template 'nope'") && e.contains("base") && e.contains("hutch template ls"), "{e}");
+        assert!(!e.contains("other-keys-secret"), "{e}");
+    }
 
     #[test]
     fn the_r_and_java_kernels_are_warmed_only_in_guests_of_a_gib_or_more() {

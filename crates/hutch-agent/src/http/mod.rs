@@ -55,11 +55,13 @@ pub fn router(state: AgentState) -> Router {
 }
 
 /// envd's rule: with an access token set, everything but `GET /health` and hutch's
-/// `/init` and `/clock` needs `X-Access-Token`; `/files` also takes a URL signed with
-/// the token instead (the proxy refuses `/init` and `/clock`: only the host reaches them).
+/// `/clock` needs `X-Access-Token`; `/files` also takes a URL signed with the token
+/// instead. `/init` needs it too, unlike envd's: it replaces the token, and the proxy's
+/// refusal of it must not be the only thing keeping a tenant from doing that (the host
+/// presents the token the guest holds; before the first `/init` there is none).
 async fn require_token(State(st): State<AgentState>, req: Request, next: Next) -> Response {
     let path = req.uri().path();
-    let exempt = matches!((req.method(), path), (&Method::GET, "/health") | (&Method::POST, "/init") | (&Method::POST, "/clock"));
+    let exempt = matches!((req.method(), path), (&Method::GET, "/health") | (&Method::POST, "/clock"));
     let expected = st.config().access_token.clone();
     let Some(token) = expected.filter(|_| !exempt) else { return next.run(req).await };
     let given = req.headers().get("x-access-token").and_then(|v| v.to_str().ok());
@@ -67,6 +69,8 @@ async fn require_token(State(st): State<AgentState>, req: Request, next: Next) -
         files_access(&req, given, &token)
     } else if given.is_some_and(|g| secrets_equal(g, &token)) {
         Ok(())
+    } else if path == "/init" {
+        Err("this sandbox's agent already holds an access token, so /init must carry that token in X-Access-Token")
     } else {
         Err("unauthorized access, please provide a valid access token or method signing if supported")
     };
@@ -102,4 +106,63 @@ fn files_access(req: &Request, header_token: Option<&str>, token: &str) -> Resul
         now,
     };
     check_file_access(token, &access).map_err(|r| r.message())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+
+    /// Sends `method path` with `token` in `X-Access-Token` (none when `None`) and
+    /// `body`; returns the status and the body's text.
+    async fn send(st: &AgentState, method: Method, path: &str, token: Option<&str>, body: &str) -> (StatusCode, String) {
+        let mut req = axum::http::Request::builder().method(method).uri(path);
+        if let Some(t) = token {
+            req = req.header("x-access-token", t);
+        }
+        let reply = router(st.clone()).oneshot(req.body(Body::from(body.to_string())).expect("request")).await.expect("infallible");
+        let status = reply.status();
+        let bytes = reply.into_body().collect().await.expect("body").to_bytes();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    /// `/init` handing the guest `token` (only that: no clock, hostname or identity, so
+    /// nothing on the test host changes), authenticated with `with`.
+    async fn init(st: &AgentState, with: Option<&str>, token: &str) -> (StatusCode, String) {
+        send(st, Method::POST, "/init", with, &format!(r#"{{"accessToken":"{token}"}}"#)).await
+    }
+
+    #[tokio::test]
+    async fn the_first_init_needs_no_token() {
+        let st = AgentState::default();
+        assert_eq!(init(&st, None, "first").await.0, StatusCode::NO_CONTENT);
+        assert_eq!(st.config().access_token.as_deref(), Some("first"));
+    }
+
+    #[tokio::test]
+    async fn once_a_token_is_set_init_needs_it() {
+        let st = AgentState::default();
+        assert_eq!(init(&st, None, "old").await.0, StatusCode::NO_CONTENT);
+
+        let (status, message) = init(&st, None, "mine").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "an init without the token: {message}");
+        assert!(message.contains("must carry that token in X-Access-Token"), "{message}");
+        let (status, message) = init(&st, Some("wrong"), "mine").await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "an init with a wrong token: {message}");
+        assert_eq!(st.config().access_token.as_deref(), Some("old"), "a refused init changed the token");
+    }
+
+    #[tokio::test]
+    async fn an_init_with_the_token_rotates_it() {
+        let st = AgentState::default();
+        assert_eq!(init(&st, None, "old").await.0, StatusCode::NO_CONTENT);
+        assert_eq!(init(&st, Some("old"), "new").await.0, StatusCode::NO_CONTENT);
+
+        assert_eq!(send(&st, Method::GET, "/envs", Some("new"), "").await.0, StatusCode::OK, "the new token opens the API");
+        assert_eq!(send(&st, Method::GET, "/envs", Some("old"), "").await.0, StatusCode::UNAUTHORIZED, "the old token still opens the API");
+        assert_eq!(init(&st, Some("old"), "again").await.0, StatusCode::UNAUTHORIZED, "the old token still opens /init");
+        assert_eq!(init(&st, Some("new"), "again").await.0, StatusCode::NO_CONTENT);
+    }
 }

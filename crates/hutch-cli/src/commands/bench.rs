@@ -15,6 +15,7 @@ pub struct BenchArgs {
     /// Runs per measurement (at least 10 for meaningful p95).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(3..=1000))]
     pub runs: u32,
+    /// Accelerator: `auto` (KVM when it runs at native speed, else TCG), `kvm` or `tcg`.
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
     /// What to measure: `boot` (cold boot and exec against a bare QEMU boot),

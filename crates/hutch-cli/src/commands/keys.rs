@@ -8,13 +8,17 @@ use hutch_image::HutchHome;
 pub enum KeysCommand {
     /// Create a key; it is printed once and stored only as a hash.
     Create {
+        /// A name to tell the key by in `hutch keys list`.
         #[arg(long, default_value = "default")]
         name: String,
     },
     /// List keys (ids and names, never the keys).
     List,
     /// Revoke a key by id.
-    Revoke { id: String },
+    Revoke {
+        /// The key's id, as `hutch keys list` shows it.
+        id: String,
+    },
 }
 
 pub async fn run(cmd: KeysCommand) -> anyhow::Result<i32> {

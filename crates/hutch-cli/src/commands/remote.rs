@@ -21,13 +21,16 @@ pub struct Server {
 pub enum RemoteCommand {
     /// Create a sandbox on the server and print its id.
     Create {
+        /// The template to start from, or the name or id of one of your snapshots.
         #[arg(long, default_value = "base")]
         template: String,
         /// Seconds until the server kills it.
         #[arg(long)]
         timeout: Option<u64>,
+        /// A metadata entry to tag it with (repeatable); `hutch ls --metadata` selects by it.
         #[arg(long = "metadata", value_name = "K=V", value_parser = parse_env)]
         metadata: Vec<(String, String)>,
+        /// An environment variable every process in the sandbox gets (repeatable).
         #[arg(short, long = "env", value_name = "K=V", value_parser = parse_env)]
         envs: Vec<(String, String)>,
         /// Pause it instead of killing it when the timeout is reached.
@@ -45,11 +48,13 @@ pub enum RemoteCommand {
     Net(NetCommand),
     /// Pause sandboxes: memory, processes and files are saved and the VM stops.
     Pause {
+        /// The sandboxes to pause.
         #[arg(required = true)]
         ids: Vec<String>,
     },
     /// Resume a paused sandbox under its id.
     Resume {
+        /// The paused sandbox.
         id: String,
         /// Seconds until the server ends it again.
         #[arg(long)]
@@ -57,9 +62,12 @@ pub enum RemoteCommand {
     },
     /// Copy a running sandbox into COUNT new ones that continue from its state; prints their ids.
     Fork {
+        /// The running sandbox to copy.
         id: String,
+        /// How many copies to make (at most 20).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         count: u32,
+        /// Seconds until the server kills each copy [default: the server's --default-timeout].
         #[arg(long)]
         timeout: Option<u64>,
     },
@@ -68,19 +76,23 @@ pub enum RemoteCommand {
     Snapshot(super::snapshot::SnapshotCommand),
     /// List your sandboxes.
     Ls {
+        /// Print the server's answer as JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// List only sandboxes whose metadata has this entry (repeatable: all must match).
         #[arg(long = "metadata", value_name = "K=V", value_parser = parse_env)]
         metadata: Vec<(String, String)>,
     },
     /// Run a command in a sandbox (streams output, exits with its code).
     Exec {
+        /// The sandbox to run it in.
         id: String,
         #[command(flatten)]
         exec: ExecFlags,
     },
     /// Run code in a sandbox's Jupyter kernel (code-interpreter template); state persists.
     RunCode {
+        /// The sandbox whose kernel runs it.
         id: String,
         /// The code; `-` or nothing reads it from stdin.
         code: Option<String>,
@@ -92,16 +104,30 @@ pub enum RemoteCommand {
         save_images: Option<std::path::PathBuf>,
     },
     /// Copy a file into or out of a sandbox: `hutch cp ./a ID:/home/user/a`, `hutch cp ID:/etc/os-release -`.
-    Cp { src: String, dst: String },
+    Cp {
+        /// What to copy: a local path, ID:/path in a sandbox, or `-` for stdin.
+        src: String,
+        /// Where to copy it: a local path, ID:/path in a sandbox, or `-` for stdout.
+        dst: String,
+    },
     /// Kill sandboxes.
     Kill {
+        /// The sandboxes to kill.
         #[arg(required = true)]
         ids: Vec<String>,
     },
     /// Print a sandbox's console (kernel and agent messages).
-    Logs { id: String },
+    Logs {
+        /// The sandbox whose console to print.
+        id: String,
+    },
     /// Set a sandbox to end SECS from now.
-    Timeout { id: String, secs: u64 },
+    Timeout {
+        /// The sandbox.
+        id: String,
+        /// Seconds from now until the server ends it.
+        secs: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -109,13 +135,17 @@ pub enum NetCommand {
     /// Replace the sandbox's egress rules (`none`, `public`, or rules separated by
     /// commas); open connections stay.
     Update {
+        /// The sandbox whose rules to replace.
         id: String,
+        /// The new rules: `none`, `public`, or egress rules separated by commas.
         #[arg(value_parser = super::run::parse_policy)]
         rules: hutch_net::Policy,
     },
     /// The rules in force, counters, and the latest connections and names refused.
     Log {
+        /// The sandbox whose network to show.
         id: String,
+        /// Print the server's answer as JSON instead of a summary.
         #[arg(long)]
         json: bool,
     },

@@ -19,7 +19,7 @@ pub struct RunArgs {
     /// its build asked for, 2 GiB for code-interpreter, else 512 MiB].
     #[arg(long)]
     pub memory: Option<MemMib>,
-    /// Accelerator: auto picks KVM only when it runs at native speed.
+    /// Accelerator: `auto` (KVM when it runs at native speed, else TCG), `kvm` or `tcg`.
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
     /// Boot the guest kernel instead of restoring the template's memory snapshot.

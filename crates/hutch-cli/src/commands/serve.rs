@@ -45,13 +45,13 @@ pub struct ServeArgs {
     /// Seconds a sandbox lives when the request names no timeout.
     #[arg(long, default_value_t = 300)]
     pub default_timeout: u64,
-    /// A protected address group sandboxes' rules may reach (private, loopback,
-    /// link-local, metadata, host); repeat for more. None is by default.
     /// A registry (HOST:PORT) on this machine or a private network that template builds
     /// through the API may pull from, over plain HTTP (repeatable). Others there are refused.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure_registries: Vec<String>,
-    #[arg(long = "net-open", value_parser = parse_group)]
+    /// A protected address group sandboxes' rules may reach: private, loopback,
+    /// link-local, metadata or host (repeatable; by default they reach none).
+    #[arg(long = "net-open", value_name = "GROUP", value_parser = parse_group)]
     pub net_open: Vec<hutch_net::Group>,
     /// A reserved range this deployment counts as `public` (a package mirror at a
     /// documentation address, say); repeat for more.
@@ -64,6 +64,8 @@ pub struct ServeArgs {
     /// Seconds no sandbox outlives, whatever timeouts ask.
     #[arg(long, default_value_t = 86_400)]
     pub max_lifetime: u64,
+    /// Accelerator for sandboxes: `auto` (KVM when it runs at native speed, else TCG),
+    /// `kvm` or `tcg`.
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
     /// vCPUs per sandbox.

@@ -10,21 +10,34 @@ use std::path::PathBuf;
 pub enum SnapshotCommand {
     /// Save a sandbox (running or paused) as a snapshot named NAME; `hutch create
     /// --template NAME` starts new sandboxes from it.
-    Create { sandbox: String, name: String },
+    Create {
+        /// The sandbox to save.
+        sandbox: String,
+        /// The snapshot's name.
+        name: String,
+    },
     /// List your snapshots.
     Ls {
+        /// Print the server's answer as JSON instead of a table.
         #[arg(long)]
         json: bool,
     },
     /// Delete snapshots (sandboxes started from them keep working).
     Rm {
+        /// The snapshots to delete, by name or id.
         #[arg(required = true)]
         names: Vec<String>,
     },
     /// Write a snapshot's filesystem to FILE as a portable archive (manifest + hash).
-    Export { name: String, file: PathBuf },
+    Export {
+        /// The snapshot, by name or id.
+        name: String,
+        /// The archive to write.
+        file: PathBuf,
+    },
     /// Import an archive made by export; it is verified before it is accepted.
     Import {
+        /// The archive to import.
         file: PathBuf,
         /// Name it this instead of the name in the archive.
         #[arg(long)]

@@ -64,12 +64,14 @@ pub struct BuildArgs {
     /// The registry's user, for images that need a login.
     #[arg(long, env = "HUTCH_REGISTRY_USER", requires = "registry_password")]
     pub registry_user: Option<String>,
+    /// The registry's password (or token) for --registry-user.
     #[arg(long, env = "HUTCH_REGISTRY_PASSWORD", hide_env_values = true, requires = "registry_user")]
     pub registry_password: Option<String>,
     /// A registry (HOST:PORT) spoken to over plain HTTP, such as one on loopback.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     pub insecure: Vec<String>,
-    /// Accelerator for the builder VM.
+    /// Accelerator for the builder VM: `auto` (KVM when it runs at native speed, else
+    /// TCG), `kvm` or `tcg`.
     #[arg(long, default_value = "auto")]
     pub accel: hutch_vmm::AccelChoice,
     /// The build context: the directory COPY and ADD read from.

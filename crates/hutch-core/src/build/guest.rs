@@ -63,7 +63,8 @@ impl BuildVm {
         let overlay = self.sandbox.dir().join("disk.qcow2");
         let (from, dest, base) = (overlay.clone(), to.to_path_buf(), self.booted_on.clone());
         let copied = tokio::task::spawn_blocking(move || {
-            std::fs::copy(&from, &dest).map_err(|e| format!("copying the builder's disk to {}: {e}", dest.display()))?;
+            // The build log is the caller's to read: no host paths in it.
+            std::fs::copy(&from, &dest).map_err(|e| format!("copying the builder's disk into the build cache: {e}"))?;
             hutch_vmm::disk::reset_backing(&dest, &base).map_err(|e| e.to_string())
         })
         .await
@@ -136,7 +137,7 @@ pub async fn execute(vm: &BuildVm, step: &Step, ctx: &mut Context, n: usize, tot
             // A trailing '/' says directory; the agent's rule for a lone file keeps it.
             let dest = if files.single { dest } else { dest.trim_end_matches('/').to_string() };
             let dest = if dest.is_empty() { "/".to_string() } else { dest };
-            let file = tokio::fs::File::open(&files.tar).await.map_err(|e| (false, format!("reading {}: {e}", files.tar.display())))?;
+            let file = tokio::fs::File::open(&files.tar).await.map_err(|e| (false, format!("step {n}/{total} `{}`: reading its files on the host: {e}", step.text)))?;
             let body = stream_body(file);
             let target = hutch_envd::CopyTarget { dest: &dest, owner: &owner, mode: mode.as_deref().filter(|m| !m.is_empty()), single: files.single };
             agent.copy_tar(&target, body).await.map_err(|e| (is_user_error(&e), format!("step {n}/{total} `{}` failed: {e}", step.text)))

@@ -5,6 +5,8 @@
 
 use super::{ManagerError, SandboxManager};
 use crate::build::{context, Base, BuildLog, BuildSpec, Level, Step, StepKind};
+use hutch_formats::budget::{Budget, BudgetError};
+use hutch_formats::upload::{self, UnpackError};
 use hutch_oci::pull::RegistryOptions;
 pub use hutch_image::rootfs::Shape;
 use serde::{Deserialize, Serialize};
@@ -19,6 +21,27 @@ pub const MAX_UPLOAD: u64 = 2 << 30;
 const UPLOAD_VALID: Duration = Duration::from_secs(60 * 60);
 /// Log entries kept per build; later ones replace the oldest output lines.
 const MAX_ENTRIES: usize = 10_000;
+/// COPY steps one template may have. Each unpacks an upload and writes a tar into the
+/// build's scratch; the SDK makes one per `copy()` and real templates have a handful,
+/// so 64 leaves room while bounding the uploads, statvfs calls and time one build takes.
+const MAX_COPY_STEPS: usize = 64;
+
+/// What a build's COPY files may take of the host's disk, counted in tar bytes
+/// (headers and padded data) as they are written (`hutch_formats::budget`).
+#[derive(Debug, Clone, Copy)]
+struct CopyLimits {
+    /// One upload's unpacked files, and again its COPY's tar. A gzip upload of at most
+    /// `MAX_UPLOAD` may inflate to 4 times that, no more.
+    per_copy: u64,
+    /// A build's unpacked files and tars together. Builds run one at a time
+    /// (`Builds::gate`) and their scratch is removed when they end, so this is also
+    /// the most COPY files take on the host at once, for one API key or for all.
+    per_build: u64,
+    /// Free space kept on the scratch's filesystem for every tenant's VMs.
+    reserve: u64,
+}
+
+const COPY_LIMITS: CopyLimits = CopyLimits { per_copy: MAX_UPLOAD * 4, per_build: MAX_UPLOAD * 8, reserve: crate::space::FLOOR };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -502,10 +525,7 @@ impl SandboxManager {
         };
         // The name may have been claimed by another key since this record was made.
         self.claim(key_id, template_id)?;
-        // Every step is checked before anything runs.
-        for (i, step) in req.steps.iter().enumerate() {
-            check_step(i + 1, step, &self.files_dir(key_id))?;
-        }
+        check_steps(&req.steps, &self.files_dir(key_id))?;
         let Some(me) = self.me.upgrade() else { return Err(ManagerError::Internal("the server is stopping".into())) };
         lock(&record).status = BuildStatus::Building;
         let template_id = template_id.to_string();
@@ -548,7 +568,7 @@ impl SandboxManager {
     async fn run_api_build(&self, key_id: &str, name: &str, target: BuildTarget, base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
         use crate::build::{BuildError, FailedAt};
         let scratch = crate::build::cache::BuildCache::new(&self.home).scratch().map_err(|e| BuildError { at: FailedAt::Base, message: e.to_string(), caller_fault: false })?;
-        let steps = api_steps(&req.steps, &self.files_dir(key_id), &scratch);
+        let steps = api_steps(&req.steps, &self.files_dir(key_id), &scratch, COPY_LIMITS);
         let result = match steps {
             Ok(steps) => {
                 let spec = BuildSpec {
@@ -581,6 +601,20 @@ impl SandboxManager {
     }
 }
 
+/// Every step of a build, checked before anything runs.
+fn check_steps(steps: &[ApiStep], files: &Path) -> Result<(), ManagerError> {
+    let copies = steps.iter().filter(|s| s.kind == "COPY").count();
+    if copies > MAX_COPY_STEPS {
+        return Err(ManagerError::InvalidArgument(format!(
+            "the template has {copies} COPY steps, more than the {MAX_COPY_STEPS} one template may have; copy whole directories in fewer steps"
+        )));
+    }
+    for (i, step) in steps.iter().enumerate() {
+        check_step(i + 1, step, files)?;
+    }
+    Ok(())
+}
+
 fn check_step(n: usize, step: &ApiStep, files: &Path) -> Result<(), ManagerError> {
     let bad = |why: String| ManagerError::InvalidArgument(format!("step {n} ({} {}): {why}", step.kind, step.args.join(" ")));
     match step.kind.as_str() {
@@ -603,14 +637,18 @@ fn check_step(n: usize, step: &ApiStep, files: &Path) -> Result<(), ManagerError
 }
 
 /// E2B's steps as the build engine's. A COPY's uploaded tar (gzip or plain, names
-/// relative to the SDK's context) is unpacked into a scratch context first.
-fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path) -> Result<Vec<Step>, crate::build::BuildError> {
+/// relative to the SDK's context) is unpacked into a scratch context, collected into
+/// the step's tar, and the context removed, all within `limits`.
+fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path, limits: CopyLimits) -> Result<Vec<Step>, crate::build::BuildError> {
     use crate::build::{BuildError, FailedAt};
+    let mut budget = Budget::new(scratch, limits.per_build, limits.reserve);
     let mut out = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let n = i + 1;
         let fail = |message: String| BuildError { at: FailedAt::Step(n), message, caller_fault: true };
         let text = format!("{} {}", step.kind, step.args.join(" "));
+        // A host short of disk is not the caller's fault; the rest is its files'.
+        let refused = |e: &dyn std::fmt::Display, short: bool| BuildError { at: FailedAt::Step(n), message: format!("step {n} `{text}`: {e}"), caller_fault: !short };
         let kind = match step.kind.as_str() {
             "ENV" => StepKind::Env(step.args.chunks(2).map(|p| (p[0].clone(), p.get(1).cloned().unwrap_or_default())).collect()),
             "WORKDIR" => StepKind::Workdir(step.args[0].clone()),
@@ -619,10 +657,14 @@ fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path) -> Result<Vec<Step
             "COPY" => {
                 let hash = step.files_hash.clone().unwrap_or_default();
                 let ctx = scratch.join(format!("context-{n}"));
-                unpack_upload(&files.join(&hash), &ctx).map_err(|e| fail(format!("step {n} `{text}`: the uploaded files are not a readable tar: {e}")))?;
+                budget.begin(limits.per_copy);
+                upload::unpack(&files.join(&hash), &ctx, &mut budget).map_err(|e| refused(&e, matches!(e, UnpackError::Budget(BudgetError::NoSpace { .. }))))?;
                 let (src, dest) = (step.args[0].clone(), step.args[1].clone());
-                let copy = context::collect(&ctx, std::slice::from_ref(&src), &dest, &context::Ignore::default(), &scratch.join(format!("copy-{n}.tar")))
-                    .map_err(|e| fail(format!("step {n} `{text}`: {e}")))?;
+                budget.begin(limits.per_copy);
+                let copy = context::collect_within(&ctx, std::slice::from_ref(&src), &dest, &context::Ignore::default(), &scratch.join(format!("copy-{n}.tar")), &mut budget);
+                // The tar holds what the step needs: the unpacked files would only take disk.
+                let _ = std::fs::remove_dir_all(&ctx);
+                let copy = copy.map_err(|e| refused(&e, matches!(e, context::ContextError::Budget(BudgetError::NoSpace { .. }))))?;
                 StepKind::Copy { files: copy, dest, owner: step.args.get(2).filter(|o| !o.is_empty()).cloned(), mode: step.args.get(3).filter(|m| !m.is_empty()).cloned() }
             }
             other => return Err(fail(format!("'{other}' is not a step type"))),
@@ -632,26 +674,88 @@ fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path) -> Result<Vec<Step
     Ok(out)
 }
 
-/// Unpacks an uploaded tar (gzip or plain) into `dir`; names may not leave it.
-fn unpack_upload(file: &Path, dir: &Path) -> std::io::Result<()> {
-    use std::io::Read;
-    std::fs::create_dir_all(dir)?;
-    let mut head = [0u8; 2];
-    let gzip = std::fs::File::open(file)?.read(&mut head)? == 2 && head == [0x1f, 0x8b];
-    let reader: Box<dyn Read> = if gzip { Box::new(flate2::read::MultiGzDecoder::new(std::fs::File::open(file)?)) } else { Box::new(std::fs::File::open(file)?) };
-    let mut archive = tar::Archive::new(reader.take(MAX_UPLOAD * 4));
-    archive.set_preserve_permissions(true);
-    archive.set_preserve_ownerships(false);
-    for entry in archive.entries()? {
-        // unpack_in refuses names that climb out of `dir` (and links that would).
-        entry?.unpack_in(dir)?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
-    use super::{build_uuid, new_build_uuid, RegistryAuth};
+    use super::{api_steps, build_uuid, check_steps, new_build_uuid, ApiStep, CopyLimits, RegistryAuth, MAX_COPY_STEPS};
+    use crate::build::StepKind;
+    use std::path::Path;
+
+    fn copy(hash: &str) -> ApiStep {
+        ApiStep { kind: "COPY".into(), args: vec!["app".into(), "/srv/".into()], files_hash: Some(hash.into()), force: false }
+    }
+
+    /// An upload stored under `hash` in `files`, a tar.gz whose entries `fill` makes.
+    fn stored(files: &Path, hash: &str, fill: impl FnOnce(&mut tar::Builder<flate2::write::GzEncoder<std::fs::File>>)) {
+        let gz = flate2::write::GzEncoder::new(std::fs::File::create(files.join(hash)).expect("create"), flate2::Compression::default());
+        let mut tar = tar::Builder::new(gz);
+        fill(&mut tar);
+        tar.into_inner().expect("tar").finish().expect("gzip");
+    }
+
+    fn file(tar: &mut tar::Builder<impl std::io::Write>, name: &str, size: u64) {
+        let mut h = tar::Header::new_gnu();
+        h.set_mode(0o644);
+        h.set_size(size);
+        tar.append_data(&mut h, name, std::io::Read::take(std::io::repeat(b'x'), size)).expect("append");
+    }
+
+    fn left_in(scratch: &Path) -> Vec<String> {
+        std::fs::read_dir(scratch).expect("scratch").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()
+    }
+
+    const ROOMY: CopyLimits = CopyLimits { per_copy: 1 << 30, per_build: 1 << 30, reserve: 0 };
+
+    #[test]
+    fn a_template_has_at_most_64_copy_steps() {
+        let files = tempfile::tempdir().expect("dir");
+        let hash = "a".repeat(64);
+        std::fs::write(files.path().join(&hash), b"").expect("upload");
+        check_steps(&vec![copy(&hash); MAX_COPY_STEPS], files.path()).expect("64 are fine");
+        let e = check_steps(&vec![copy(&hash); MAX_COPY_STEPS + 1], files.path()).expect_err("65 are not");
+        assert!(matches!(e, super::ManagerError::InvalidArgument(_)), "a 400: {e:?}");
+        assert!(e.to_string().contains("65 COPY steps, more than the 64"), "{e}");
+    }
+
+    #[test]
+    fn a_copy_unpacks_its_upload_into_the_steps_tar_and_leaves_only_the_tar() {
+        let (files, scratch) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let hash = "b".repeat(64);
+        stored(files.path(), &hash, |t| file(t, "app/main.py", 9));
+        let steps = api_steps(&[copy(&hash)], files.path(), scratch.path(), ROOMY).expect("steps");
+        let StepKind::Copy { files: tar, .. } = &steps[0].kind else { panic!("a COPY: {:?}", steps[0].kind) };
+        assert_eq!(tar.entries, 1);
+        assert_eq!(left_in(scratch.path()), ["copy-1.tar"]);
+    }
+
+    #[test]
+    fn a_copy_past_its_allowance_fails_the_build_as_the_callers_fault_and_leaves_nothing() {
+        let (files, scratch) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let (small, big) = ("c".repeat(64), "d".repeat(64));
+        stored(files.path(), &small, |t| file(t, "app/a", 300 << 10));
+        stored(files.path(), &big, |t| file(t, "app/b", 2 << 20));
+        // Each COPY may hold 1 MiB: the big one is refused while it unpacks.
+        let per_copy = CopyLimits { per_copy: 1 << 20, per_build: 1 << 30, reserve: 0 };
+        let e = api_steps(&[copy(&small), copy(&big)], files.path(), scratch.path(), per_copy).expect_err("too big");
+        assert!(e.caller_fault && e.at.step_name() == "2", "{e:?}");
+        assert!(e.message.starts_with("step 2 `COPY app /srv/`: the COPY's files come to more than 1 MiB"), "{}", e.message);
+        assert_eq!(left_in(scratch.path()), ["copy-1.tar"], "the refused step's files are gone");
+        // The build's allowance counts every COPY's files and tars: the second small one passes it.
+        let per_build = CopyLimits { per_copy: 1 << 20, per_build: 1 << 20, reserve: 0 };
+        let e = api_steps(&[copy(&small), copy(&small)], files.path(), tempfile::tempdir().expect("dir").path(), per_build).expect_err("build");
+        assert!(e.message.contains("the most one template build may write"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_host_short_of_disk_fails_the_build_with_a_sentence_that_says_so() {
+        let (files, scratch) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
+        let hash = "e".repeat(64);
+        stored(files.path(), &hash, |t| file(t, "app/a", 10));
+        let free = crate::space::available(scratch.path()).expect("statvfs");
+        let short = CopyLimits { per_copy: 1 << 30, per_build: 1 << 30, reserve: free + (1 << 30) };
+        let e = api_steps(&[copy(&hash)], files.path(), scratch.path(), short).expect_err("short of disk");
+        assert!(!e.caller_fault && e.message.contains("the server is short of disk"), "{e:?}");
+        assert!(left_in(scratch.path()).is_empty());
+    }
 
     #[test]
     fn registry_logins_are_the_users_and_passwords_registries_take() {

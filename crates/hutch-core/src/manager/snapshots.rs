@@ -85,9 +85,12 @@ impl SandboxManager {
         let Some(memory_mib) = o.sandbox.as_ref().map(Sandbox::memory_mib) else {
             let was = o.advance(SandboxState::Snapshotting)?;
             // The row's lock is not held through the copy: everything else takes it.
-            let sandbox_dir = PathBuf::from(&lock(&live.row).dir);
+            let (sandbox_dir, token) = {
+                let row = lock(&live.row);
+                (PathBuf::from(&row.dir), row.envd_token.clone())
+            };
             let (to, t, sid) = (dir.to_path_buf(), template.to_string(), id.to_string());
-            let made = tokio::task::spawn_blocking(move || copy_paused(&sandbox_dir, &to, &t, &sid))
+            let made = tokio::task::spawn_blocking(move || copy_paused(&sandbox_dir, &to, &t, &sid, token))
                 .await
                 .unwrap_or_else(|e| Err(ManagerError::Internal(e.to_string())));
             o.advance(was)?;
@@ -356,12 +359,14 @@ impl SandboxManager {
     }
 }
 
-/// A snapshot of a paused sandbox: its saved state and disk, copied.
-fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Result<MemorySnapshot, ManagerError> {
+/// A snapshot of a paused sandbox: its saved state and disk, copied. `token` is the
+/// sandbox's access token, which its saved guest holds.
+fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str, token: Option<String>) -> Result<MemorySnapshot, ManagerError> {
     let io = |what: &str, e: std::io::Error| ManagerError::Internal(format!("{what}: {e}"));
     let record: VmRecord = crate::record::read(&sandbox_dir.join(VM_RECORD), crate::record::Kind::Vm).map_err(|e| ManagerError::Internal(e.to_string()))?;
-    // Paused without memory: the disk alone.
-    if sandbox_dir.join(PAUSED_STATE).exists() {
+    // Paused without memory: the disk alone, booted by its restores (no token held).
+    let memory = sandbox_dir.join(PAUSED_STATE).exists();
+    if memory {
         std::fs::copy(sandbox_dir.join(PAUSED_STATE), dir.join("state")).map_err(|e| io("copying the memory state", e))?;
     }
     std::fs::copy(&record.spec.disk, dir.join("disk.qcow2")).map_err(|e| io("copying the disk", e))?;
@@ -380,6 +385,7 @@ fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str) -> Resu
         source_sandbox: Some(id.to_string()),
         base: record.base_snapshot,
         nic: record.spec.nic.is_some(),
+        guest_token: token.filter(|_| memory),
     };
     MemorySnapshot::write_manifest(dir, &manifest).map_err(|e| ManagerError::Internal(e.to_string()))?;
     Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })

@@ -105,8 +105,10 @@ impl JailError {
     pub fn tampered_disk_in(e: &(dyn std::error::Error + 'static)) -> bool {
         let mut current = Some(e);
         while let Some(err) = current {
-            if let Some(JailError::ForeignBacking { .. } | JailError::ChangedBacking { .. }) = err.downcast_ref::<JailError>() {
-                return true;
+            match err.downcast_ref::<JailError>() {
+                Some(JailError::ForeignBacking { .. } | JailError::ChangedBacking { .. }) => return true,
+                Some(JailError::Backing(b)) if b.is_tampered() => return true,
+                _ => {}
             }
             current = err.source();
         }
@@ -241,7 +243,7 @@ pub(crate) fn resolve(binary: &str) -> Option<PathBuf> {
 
 impl Prepared {
     pub fn new(spec: &VmSpec, config: &JailConfig, binary: &str) -> Result<Prepared, JailError> {
-        let backing = super::backing::chain(&spec.disk)?;
+        let backing = super::backing::chain(&spec.disk, &super::backing::Roots::of_home(&config.hide, &spec.dir))?;
         confined_chain(spec, config, &backing)?;
         let steps = plan(spec, config, &backing, |p| p.is_dir());
         if let Some(binary) = resolve(binary) {
@@ -337,20 +339,13 @@ impl Prepared {
 /// its own overlay (and which then travel into snapshots copied from it). Whatever they
 /// say, only images in hutch's templates, snapshots and template-build layers, or the
 /// VM's own directory, are bound into a jail: resolved through symlinks, so a name
-/// cannot point elsewhere.
+/// cannot point elsewhere. (`backing::chain` checked each before opening it; this
+/// holds for any list of names.)
 fn confined_chain(spec: &VmSpec, config: &JailConfig, backing: &[PathBuf]) -> Result<(), JailError> {
-    // Each resolved on its own: any of them may be a link to a shared cache.
-    let allowed: Vec<PathBuf> = ["templates", "snapshots", "snapshots/templates", "snapshots/sandboxes", "cache/build/layers"]
-        .iter()
-        .map(|d| config.hide.join(d))
-        .chain([spec.dir.clone()])
-        .collect::<Vec<_>>()
-        .iter()
-        .filter_map(|d| std::fs::canonicalize(d).ok())
-        .collect();
+    let roots = super::backing::Roots::of_home(&config.hide, &spec.dir);
     for image in backing {
         let real = std::fs::canonicalize(image).map_err(file_err(image))?;
-        if !allowed.iter().any(|root| real.starts_with(root)) {
+        if !roots.holds(&real) {
             return Err(JailError::ForeignBacking { disk: spec.disk.clone(), backing: image.clone() });
         }
     }
@@ -606,5 +601,10 @@ mod tests {
         let changed = confined_chain(&s, &config, std::slice::from_ref(&theirs)).expect_err("plan");
         assert!(matches!(changed, JailError::ChangedBacking { .. }));
         assert!(JailError::tampered_disk_in(&changed));
+        // A name `backing::chain` refused before opening it keeps the sandbox down too.
+        let refused = super::super::backing::BackingError::Outside { image: s.disk.clone(), name: "/dev/watchdog".into() };
+        assert!(JailError::tampered_disk_in(&JailError::Backing(refused)));
+        let unreadable = super::super::backing::BackingError::Io(s.disk.clone(), std::io::ErrorKind::NotFound.into());
+        assert!(!JailError::tampered_disk_in(&JailError::Backing(unreadable)));
     }
 }

@@ -70,6 +70,58 @@ async fn a_sandbox_goes_through_every_state_and_keeps_its_memory() {
     env.kill_all().await;
 }
 
+/// A secure sandbox's agent wants the token it holds on every `/init` (the fake guest
+/// keeps it in its saved memory, as a real one does): each way a guest comes back —
+/// resumed, restored from a snapshot of a paused or running sandbox, forked, rebooted
+/// on its disk — is initialized by a host that presents the right one, and gets its
+/// own sandbox's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secure_guest_is_initialized_with_the_token_it_holds() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let key = env.key();
+    let secure = |template: &str| CreateSpec { secure: true, ..spec(template) };
+    // The row's token is the one the host presents from then on.
+    let holds_its_token = |row: &SandboxRow| {
+        let agent = env.manager.agent(&row.id).expect("a running sandbox");
+        assert!(row.envd_token.is_some(), "{}: a secure sandbox without a token", row.id);
+        assert_eq!(agent.access_token(), row.envd_token.as_deref(), "{}: the host's client presents another token", row.id);
+    };
+    let first = env.manager.create(key, secure("base")).await.expect("create");
+    holds_its_token(&first);
+    env.put(&first.id, "x", "1").await;
+
+    env.manager.pause(key, &first.id, PauseMode::Full).await.expect("pause");
+    let of_paused = env.manager.create_snapshot(key, &first.id, Some("of-paused".into()), true).await.expect("snapshot of a paused sandbox");
+    env.manager.connect(key, &first.id, None, OnResume::Restore).await.expect("resume");
+    holds_its_token(&first);
+    let of_running = env.manager.create_snapshot(key, &first.id, None, true).await.expect("snapshot of a running sandbox");
+    holds_its_token(&first);
+
+    for template in [of_paused.name.clone().expect("a name"), of_running.id.clone()] {
+        let started = env.manager.create(key, secure(&template)).await.expect("create from a secure sandbox's snapshot");
+        assert_eq!(env.values(&started.id).await["x"], "1", "{template}: not restored from its memory");
+        assert_ne!(started.envd_token, first.envd_token, "a restored sandbox shares its source's token");
+        holds_its_token(&started);
+    }
+    let forks = env.manager.fork(key, &first.id, 2, None).await.expect("fork");
+    for fork in forks {
+        let fork = fork.expect("a fork of a secure sandbox");
+        assert_ne!(fork.envd_token, first.envd_token, "a fork shares its source's token");
+        holds_its_token(&fork);
+    }
+
+    // A fork of a fork: the guest holds the first fork's token.
+    let forked = env.manager.fork(key, &first.id, 1, None).await.expect("fork").remove(0).expect("a fork");
+    let again = env.manager.fork(key, &forked.id, 1, None).await.expect("fork").remove(0).expect("a fork of a fork");
+    holds_its_token(&again);
+
+    // A pause without memory comes back by booting: that guest holds no token yet.
+    env.manager.pause(key, &first.id, PauseMode::Filesystem).await.expect("pause without memory");
+    env.manager.connect(key, &first.id, None, OnResume::Restore).await.expect("resume by booting");
+    holds_its_token(&first);
+    env.kill_all().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_keys_sandbox_is_not_found() {
     let env = Env::new(ManagerConfig::default()).await;
