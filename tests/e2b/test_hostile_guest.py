@@ -327,6 +327,7 @@ def raw_udp(dst, port, payload):
         src = s.getsockname()[0]
     gw_mac = next(l.split()[3] for l in open("/proc/net/arp").read().splitlines()[1:] if l.split()[0] == gw)
     my_mac = open(f"/sys/class/net/{iface}/address").read().strip()
+    payload = payload.encode()
     udp = struct.pack(">HHHH", 40000, port, 8 + len(payload), 0) + payload
     ip = struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp), 1, 0, 64, 17, 0, socket.inet_aton(src), socket.inet_aton(dst))
     ip = ip[:10] + struct.pack(">H", checksum(ip)) + ip[12:]

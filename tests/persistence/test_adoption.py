@@ -2,6 +2,7 @@
 stops, gracefully or by SIGKILL, and the next server on the same home adopts them, with
 their processes, memory and files, reconnecting to QMP and the agent."""
 
+import os
 import shutil
 import signal
 import subprocess
@@ -68,13 +69,23 @@ def test_three_running_sandboxes_keep_their_processes_across_a_graceful_and_a_ki
 
 
 def test_kill_on_exit_ends_running_sandboxes_and_a_local_sweep_spares_a_servers_vms(tmp_path):
+    """Also: while no server runs, the reaper the server started ends a VM at its end
+    time (and only then), and `hutch doctor` lists the VMs no server owns."""
     home, port = new_home("hutch-adopt-"), free_port()
     url = f"http://127.0.0.1:{port}"
     proc = launch(home, port)
     try:
         sbx = Sandbox.create(api_url=url, api_key=API_KEY, timeout=600)
+        short = Sandbox.create(api_url=url, api_key=API_KEY, timeout=20)
+        short_qemu = next(p for p in qemus_under(home) if short.sandbox_id in open(f"/proc/{p}/cmdline").read())
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
+        doctor = subprocess.run([str(HUTCH), "doctor"], env=dict(os.environ, HUTCH_HOME=str(home)), capture_output=True, text=True, timeout=120).stdout
+        assert "2 VM(s) no server owns" in doctor and f"{short.sandbox_id} (QEMU pid {short_qemu}, ends in" in doctor, doctor
+        reaper_log = home / "reaper.log"
+        wait_until(lambda: short_qemu not in qemus_under(home), "the reaper to end the orphaned VM at its end time", timeout=90,
+                   detail=lambda: reaper_log.read_text() if reaper_log.exists() else "no reaper.log")
+        assert f"sandbox={short.sandbox_id}" in reaper_log.read_text() and "ended an orphaned VM at its end time" in reaper_log.read_text()
         # A local command's orphan sweep runs while no server does: the server's VM
         # is left for the next server.
         env = {"HUTCH_HOME": str(home), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -91,5 +102,10 @@ def test_kill_on_exit_ends_running_sandboxes_and_a_local_sweep_spares_a_servers_
     finally:
         stop(proc)
     assert not qemus_under(home)
+    # With no server and no VM left, the reaper ends too.
+    # With no server and no VM left, the reapers end too (one per server start).
+    started = (home / "serve.log").read_text().count("hutch serve: listening")
+    wait_until(lambda: (home / "reaper.log").read_text().count("the reaper ends") == started, "every reaper to end with nothing left to watch",
+               timeout=30, detail=lambda: (home / "reaper.log").read_text())
     assert not list((home / "sandboxes").glob("*")), "sandbox files left"
     shutil.rmtree(home)

@@ -51,6 +51,9 @@ enum Command {
     Template(commands::template::TemplateCommand),
     #[command(flatten)]
     Remote(commands::remote::RemoteCommand),
+    /// End a stopped server's VMs at their end times (started by `hutch serve`).
+    #[command(hide = true)]
+    Reaper(commands::reaper::ReaperArgs),
 }
 
 fn init_logging(verbose: u8) {
@@ -60,7 +63,7 @@ fn init_logging(verbose: u8) {
         _ => "debug,hyper=info,h2=info",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_env("HUTCH_LOG").unwrap_or_else(|_| default.into());
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init();
 }
 
 fn main() {
@@ -88,6 +91,7 @@ fn main() {
             Command::Keys(cmd) => commands::keys::run(cmd).await,
             Command::Template(cmd) => commands::template::run(cmd).await,
             Command::Remote(cmd) => commands::remote::run(cli.server, cmd).await,
+            Command::Reaper(args) => commands::reaper::run(args).await,
         }
     });
     // Everything the command started (VMs included) has been torn down by now.

@@ -12,6 +12,7 @@ pub mod clock_sync;
 mod fake_guest;
 pub mod ids;
 pub mod manager;
+pub mod orphans;
 pub use hutch_image::record;
 pub mod references;
 pub mod sandbox;

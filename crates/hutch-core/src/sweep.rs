@@ -9,7 +9,7 @@ pub(crate) fn alive(pid: i32) -> bool {
     pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
 }
 
-fn read_pid(path: &Path) -> Option<i32> {
+pub(crate) fn read_pid(path: &Path) -> Option<i32> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
@@ -21,7 +21,7 @@ fn recently_made(dir: &Path) -> bool {
 
 /// The pid of the sandbox's QEMU if it is still running (checked against its command
 /// line, so a recycled pid is not taken for it).
-fn running_qemu(dir: &Path) -> Option<i32> {
+pub(crate) fn running_qemu(dir: &Path) -> Option<i32> {
     let pid = read_pid(&dir.join("qemu.pid")).filter(|p| alive(*p))?;
     hutch_vmm::qemu::is_vm_of(pid as u32, dir).then_some(pid)
 }

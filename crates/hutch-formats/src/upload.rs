@@ -18,9 +18,17 @@ const BLOCK: u64 = 512;
 /// The most one entry's headers (tar-rs reads long names and PAX records whole, into
 /// memory, before the entry is seen) may take. A path is at most 4 KiB.
 const HEADERS: u64 = 1 << 20;
+/// What one file or directory costs on the host's filesystem at least (a block and an
+/// inode), whatever its size in the tar: an upload of empty entries is charged so.
+const FS_BLOCK: u64 = 4096;
+/// Entries in one upload: inodes are a resource of their own (a tar of empty files
+/// costs 512 bytes an entry and could use up the host's inodes under the byte cap).
+pub const MAX_ENTRIES: u64 = 1_000_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UnpackError {
+    #[error("the uploaded files hold more than {MAX_ENTRIES} entries, the most one COPY may; copy fewer files in each step")]
+    TooMany,
     #[error("'{0}' in the uploaded files is a sparse file, which hutch does not unpack; upload it as a regular file")]
     Sparse(String),
     #[error("'{name}' in the uploaded files is a tar entry of type {kind:?}, not a file, a directory or a link; leave it out of the upload")]
@@ -58,7 +66,10 @@ fn unpack_into(file: &Path, dir: &Path, budget: &mut Budget) -> Result<(), Unpac
     let tar = |e: std::io::Error| if meter.over.get() { UnpackError::Header } else { UnpackError::Tar(e) };
     // Bytes of the inflated tar charged so far: every byte is, headers included.
     let mut charged = 0;
-    for entry in archive.entries().map_err(tar)? {
+    for (n, entry) in archive.entries().map_err(tar)?.enumerate() {
+        if n as u64 >= MAX_ENTRIES {
+            return Err(UnpackError::TooMany);
+        }
         let mut entry = entry.map_err(tar)?;
         let kind = entry.header().entry_type();
         if kind.is_gnu_sparse() || pax_sparse(&mut entry).map_err(tar)? {
@@ -66,7 +77,8 @@ fn unpack_into(file: &Path, dir: &Path, budget: &mut Budget) -> Result<(), Unpac
         }
         // This entry's headers, read already, and its data (padded to a block), to come.
         let data = entry.size().div_ceil(BLOCK).saturating_mul(BLOCK);
-        budget.take(meter.read.get().saturating_sub(charged).saturating_add(data))?;
+        // Charged at least a filesystem block, which the meter does not see.
+        budget.take(meter.read.get().saturating_sub(charged).saturating_add(data).max(FS_BLOCK))?;
         charged = meter.read.get().saturating_add(data);
         meter.limit.set(charged.saturating_add(HEADERS));
         match kind {

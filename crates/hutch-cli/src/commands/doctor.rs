@@ -101,6 +101,24 @@ pub async fn run(_args: DoctorArgs) -> anyhow::Result<i32> {
     line(true, "templates", if templates.is_empty() { "none built yet (base is built on first use)".to_string() } else { templates.join(", ") });
     let sandboxes = std::fs::read_dir(home.sandboxes()).map(|d| d.count()).unwrap_or(0);
     line(true, "sandboxes", format!("{sandboxes} on disk"));
+    let db = home.root().join("hutch.db");
+    if db.exists() {
+        let store = hutch_core::store::Store::open_file(&db).await?;
+        let orphans = hutch_core::orphans::find(&home, &store).await?;
+        if orphans.is_empty() {
+            line(true, "orphans", "none (every running VM has its server)");
+        } else {
+            let now = std::time::SystemTime::now();
+            let each: Vec<String> = orphans
+                .iter()
+                .map(|o| match o.end_at.map(|end| end.duration_since(now)) {
+                    Some(Ok(left)) => format!("{} (QEMU pid {}, ends in {} s)", o.id, o.qemu_pid, left.as_secs()),
+                    Some(Err(_)) | None => format!("{} (QEMU pid {}, past its end time)", o.id, o.qemu_pid),
+                })
+                .collect();
+            println!("WARN orphans     {} VM(s) no server owns: {}; the reaper `hutch serve` started ends each at its end time, and a new `hutch serve` adopts them before", orphans.len(), each.join(", "));
+        }
+    }
     match nix::sys::statvfs::statvfs(home.root().parent().unwrap_or(home.root())) {
         Ok(s) => {
             let free = s.blocks_available() * s.fragment_size();

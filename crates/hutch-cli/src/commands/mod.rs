@@ -4,6 +4,7 @@ pub mod bench_snapshots;
 pub mod doctor;
 pub mod exec;
 pub mod keys;
+pub mod reaper;
 pub mod remote;
 pub mod run;
 pub mod serve;

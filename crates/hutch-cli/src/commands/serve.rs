@@ -95,7 +95,22 @@ fn parse_pool(s: &str) -> Result<(String, usize), String> {
     Ok((template.to_string(), n))
 }
 
+/// Raises this process's open-file limit to its hard limit: every sandbox's flows and
+/// lookups are descriptors of the server, and a soft limit of 1,024 would be a ceiling
+/// a few sandboxes' 256 flows each could reach for every tenant.
+fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        if soft < hard {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("raising the open-file limit from {soft} to {hard}: {e}");
+            }
+        }
+    }
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
+    raise_open_file_limit();
     let local = Local::prepare("base", args.accel).await?;
     if local.accel.accel == hutch_vmm::Accel::Tcg {
         tracing::warn!("sandboxes run on TCG (software emulation), which is not a security boundary: {}", local.accel.why);
@@ -136,6 +151,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
     );
     let backend = Arc::new(local.backend());
     let manager = SandboxManager::start(local.home.clone(), store, backend, config).await?;
+    // After adoption: this server's VMs get an end time that holds without it.
+    super::reaper::spawn(&local.home)?;
     manager.prepare("base").await?;
     let app = hutch_server::router(hutch_server::AppState { manager: manager.clone(), domain: args.domain.clone() });
     let listener = tokio::net::TcpListener::bind(&args.listen).await.with_context(|| format!("listening on {}", args.listen))?;

@@ -14,6 +14,12 @@ use std::time::{Duration, Instant};
 /// How long an echo waits for its reply: then it is dropped, as on a network.
 pub const ECHO_WAIT: Duration = Duration::from_secs(5);
 
+/// Echoes waiting on blocking threads at once, all sandboxes together: each holds a
+/// thread of tokio's blocking pool for up to `ECHO_WAIT`, a pool the whole server
+/// shares, so guests pinging addresses that never answer may take this many of its
+/// 512 and no more (more echoes are dropped, as on a congested network).
+pub static ECHO_THREADS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(64);
+
 /// The host may not send ICMP echo at all.
 #[derive(Debug, thiserror::Error)]
 #[error("this host lets hutch send no ICMP echo (no ping socket: {ping}; no raw socket: {raw}); widen net.ipv4.ping_group_range or run hutch as root")]

@@ -450,6 +450,7 @@ impl Stack {
         };
         // More echoes in flight than slots are dropped, as on a congested network.
         let Ok(slot) = self.echo_slots.clone().try_acquire_owned() else { return };
+        let Ok(thread) = icmp::ECHO_THREADS.try_acquire() else { return };
         let (shared, events) = (self.shared.clone(), self.events.clone());
         self.tasks.spawn(async move {
             let echo = icmp::Echo { to, ident, seq, data };
@@ -465,7 +466,7 @@ impl Stack {
             if let Some(frame) = reply {
                 let _ = events.try_send(Event::Frame(frame));
             }
-            drop(slot);
+            drop((slot, thread));
         });
     }
 

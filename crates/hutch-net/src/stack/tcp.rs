@@ -13,13 +13,12 @@ use tokio::sync::{mpsc, Notify};
 
 /// Each direction's socket buffer: large enough for a few 64 KiB segments.
 pub const SOCKET_BUFFER: usize = 256 * 1024;
-/// A guest that sends nothing for this long (no data, no ACK of a keep-alive probe, no
-/// ACK of a SYN-ACK) has its connection aborted: a raw-socket guest cannot keep
-/// half-open connections, and a vanished one cannot keep sockets.
-pub const PEER_SILENCE: smoltcp::time::Duration = smoltcp::time::Duration::from_secs(120);
-/// How often an idle connection asks the guest whether it is still there; a live
-/// guest kernel answers, so idle connections that are wanted stay open.
-const KEEP_ALIVE: smoltcp::time::Duration = smoltcp::time::Duration::from_secs(30);
+/// A connection whose handshake the guest has not finished by then is dropped: a
+/// raw-socket guest cannot keep half-open connections (or ones smoltcp never accepted,
+/// a SYN with a wrong MAC or checksum) holding flow slots. Only the handshake has a
+/// deadline: an established connection may idle (the flow cap bounds how many), and
+/// while its VM is stopped for a snapshot the guest cannot answer anything.
+pub const HANDSHAKE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
 /// Chunks queued each way between the socket and the pump.
 const CHANNEL_CHUNKS: usize = 8;
 const CHUNK: usize = 64 * 1024;
@@ -31,14 +30,13 @@ pub struct TcpFlow {
     pending: Bytes,
     upstream_done: bool,
     closing: bool,
+    opened: std::time::Instant,
 }
 
 pub fn new_socket() -> tcp::Socket<'static> {
     let mut s = tcp::Socket::new(tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]), tcp::SocketBuffer::new(vec![0; SOCKET_BUFFER]));
     // The guest's own stack batches; hutch forwards what it has at once.
     s.set_nagle_enabled(false);
-    s.set_timeout(Some(PEER_SILENCE));
-    s.set_keep_alive(Some(KEEP_ALIVE));
     s
 }
 
@@ -49,7 +47,7 @@ where
 {
     let (to_tx, to_rx) = mpsc::channel(CHANNEL_CHUNKS);
     let (from_tx, from_rx) = mpsc::channel(CHANNEL_CHUNKS);
-    let flow = TcpFlow { handle, to_upstream: Some(to_tx), from_upstream: from_rx, pending: Bytes::new(), upstream_done: false, closing: false };
+    let flow = TcpFlow { handle, to_upstream: Some(to_tx), from_upstream: from_rx, pending: Bytes::new(), upstream_done: false, closing: false, opened: std::time::Instant::now() };
     (flow, pump(upstream, to_rx, from_tx, wake))
 }
 
@@ -99,6 +97,10 @@ impl TcpFlow {
         // Until the handshake is done the socket neither sends nor receives, which is
         // not the guest closing.
         let handshaking = matches!(socket.state(), tcp::State::Listen | tcp::State::SynReceived);
+        if handshaking && self.opened.elapsed() > HANDSHAKE_DEADLINE {
+            socket.abort();
+            return (true, false);
+        }
         // Guest → upstream.
         while socket.can_recv() {
             let Some(tx) = &self.to_upstream else { break };

@@ -40,7 +40,8 @@ pub enum BackingError {
 impl BackingError {
     /// Whether the header names something hutch never stacks a disk on: the VM's doing.
     pub fn is_tampered(&self) -> bool {
-        matches!(self, BackingError::Outside { .. } | BackingError::Link { .. } | BackingError::NotFile { .. })
+        // hutch never writes a bad name length or a chain deeper than the limit either.
+        matches!(self, BackingError::Outside { .. } | BackingError::Link { .. } | BackingError::NotFile { .. } | BackingError::BadName { .. } | BackingError::TooDeep(_))
     }
 }
 
