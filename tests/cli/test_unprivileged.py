@@ -182,6 +182,9 @@ def delegate_cgroups(name: str) -> list[Path]:
 
 
 def remove_cgroups(dirs: list[Path]) -> None:
+    # What the server started beside itself (its reaper) leaves once the server has.
+    busy = lambda: [p for d in dirs for p in d.rglob("cgroup.procs") if p.read_text().strip()]
+    wait_until(lambda: not busy(), "the server's processes to leave its cgroups", timeout=30, detail=lambda: str(busy()))
     for d in dirs:
         for sub in sorted(d.rglob("*"), key=lambda p: -len(p.parts)):
             if sub.is_dir():

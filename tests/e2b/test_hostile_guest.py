@@ -448,3 +448,73 @@ def test_names_whose_server_never_answers_hold_up_no_one_else(server, net_world,
         assert threads() - before < 16, f"the server went from {before} to {threads()} threads"
     finally:
         assert flood.wait().exit_code == 0
+
+
+def octal(n: int, width: int) -> bytes:
+    return ("%o" % n).zfill(width - 1).encode() + b"\0"
+
+
+def tar_header(name: str, size_field: bytes, kind: bytes, gnu_extra=None) -> bytes:
+    """One 512-byte GNU tar header, checksum filled in."""
+    h = bytearray(512)
+    h[0:len(name)] = name.encode()
+    h[100:108], h[108:116], h[116:124] = octal(0o644, 8), octal(0, 8), octal(0, 8)
+    h[124:136], h[136:148] = size_field, octal(0, 12)
+    h[156:157] = kind
+    h[257:265] = b"ustar  \0"
+    for offset, value in (gnu_extra or {}).items():
+        h[offset:offset + len(value)] = value
+    h[148:156] = b" " * 8
+    h[148:156] = ("%06o\0 " % sum(h)).encode()
+    return bytes(h)
+
+
+def sparse_tar() -> bytes:
+    """A GNU sparse entry ('S'): 512 stored bytes standing for a 4 GiB file, which tar-rs
+    would write by seeking over the hole (and the COPY would then copy whole)."""
+    real = 4 << 30
+    extra = {386: octal(real - 512, 12), 398: octal(512, 12), 483: octal(real, 12)}
+    return tar_header("big.bin", octal(512, 12), b"S", extra) + b"x" * 512 + bytes(1024)
+
+
+def inflating_tar() -> bytes:
+    """An entry claiming 9 GiB (GNU base-256 size) with a MiB of zeros behind it: what
+    a gzip bomb looks like to the server once inflated, more than one COPY may hold."""
+    size = b"\x80" + (9 << 30).to_bytes(11, "big")
+    return tar_header("big.bin", size, b"0") + bytes(1 << 20)
+
+
+def refused_copy(server, tar: bytes) -> str:
+    """Builds a template whose one COPY is `tar` (gzipped), through E2B's file-hash
+    upload; the build's error message."""
+    import gzip
+    import os
+    api = server.api()
+    made = api.post("/v3/templates", json={"name": f"hostile-copy-{os.urandom(4).hex()}", "cpuCount": 1, "memoryMB": 512})
+    assert made.status_code in (200, 202), made.text
+    tid, bid = made.json()["templateID"], made.json()["buildID"]
+    digest = os.urandom(32).hex()
+    link = api.get(f"/templates/{tid}/files/{digest}").json()
+    assert link["present"] is False, link
+    put = httpx.put(link["url"], content=gzip.compress(tar, compresslevel=1))
+    assert put.status_code < 300, put.text
+    start = api.post(f"/v2/templates/{tid}/builds/{bid}",
+                     json={"fromTemplate": "base", "steps": [{"type": "COPY", "args": ["big.bin", "/srv/"], "filesHash": digest}]})
+    assert start.status_code == 202, start.text
+    status = lambda: api.get(f"/templates/{tid}/builds/{bid}/status").json()
+    done = wait_until(lambda: status() if status()["status"] in ("error", "ready") else None, "the build to end", timeout=120)
+    api.delete(f"/templates/{tid}")
+    assert done["status"] == "error", done
+    return done["reason"]["message"]
+
+
+def test_copy_uploads_that_would_fill_the_hosts_disk_are_refused(server):
+    """A sparse entry and an upload inflating past the COPY cap fail the build with one
+    sentence each, before they are written; nothing is left in the build's scratch."""
+    scratch = server.home / "cache" / "build" / "tmp"
+    sparse = refused_copy(server, sparse_tar())
+    assert "step 1 `COPY big.bin /srv/`" in sparse and "'big.bin' in the uploaded files is a sparse file" in sparse, sparse
+    inflating = refused_copy(server, inflating_tar())
+    assert "more than 8192 MiB, the most one COPY may hold" in inflating, inflating
+    assert not list(scratch.glob("*/context-*")) and not list(scratch.glob("*/copy-*")), list(scratch.rglob("*"))
+    assert str(server.home) not in sparse + inflating, "a build message names a host path"

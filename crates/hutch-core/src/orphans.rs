@@ -99,9 +99,15 @@ pub async fn run_reaper(home: &HutchHome, server_pid: i32) -> Result<(), ReaperE
         .await
         .map_err(|e| ReaperError::Lock(lock_path.clone(), std::io::Error::other(e)))?
         .map_err(|(_, e)| ReaperError::Lock(lock_path.clone(), e.into()))?;
+    // Held open, so the reaper hears the moment its server ends (and does not stay on
+    // in the server's cgroup for a round after it).
+    let server = u32::try_from(server_pid).ok().and_then(|pid| hutch_vmm::pidfd::PidFd::open(pid).ok());
     let mut store = None;
     loop {
-        let server_alive = alive(server_pid);
+        let server_alive = match &server {
+            Some(s) => !s.has_exited(),
+            None => alive(server_pid),
+        };
         let orphans = unowned_vms(home);
         if orphans.is_empty() {
             if !server_alive {
@@ -122,6 +128,11 @@ pub async fn run_reaper(home: &HutchHome, server_pid: i32) -> Result<(), ReaperE
                 Err(e) => tracing::warn!("reading orphaned VMs' end times: {e}"),
             }
         }
-        tokio::time::sleep(REAP_INTERVAL).await;
+        match &server {
+            Some(s) if server_alive => {
+                s.wait(REAP_INTERVAL).await;
+            }
+            _ => tokio::time::sleep(REAP_INTERVAL).await,
+        }
     }
 }
