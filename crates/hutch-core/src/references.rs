@@ -116,10 +116,8 @@ mod tests {
         image
     }
 
-    /// A sandbox's overlay whose header a VM rewrote to name a FIFO (the open would
-    /// block) or a file outside hutch's directories: pruning goes on for everyone else.
-    #[test]
-    fn a_rewritten_header_neither_blocks_nor_stops_pruning() {
+    /// A home whose template `t` is the build `current` (its image returned).
+    fn home_with_template() -> (tempfile::TempDir, HutchHome, PathBuf) {
         let root = tempfile::tempdir().expect("tempdir");
         let home = HutchHome::at(root.path());
         let current = build(&home, "current");
@@ -128,6 +126,14 @@ mod tests {
             "build_id": "current", "image": "builds/current/rootfs.ext4"
         });
         std::fs::write(home.template("t").join("template.json"), manifest.to_string()).expect("manifest");
+        (root, home, current)
+    }
+
+    /// A sandbox's overlay whose header a VM rewrote to name a FIFO (the open would
+    /// block) or a file outside hutch's directories: pruning goes on for everyone else.
+    #[test]
+    fn a_rewritten_header_neither_blocks_nor_stops_pruning() {
+        let (root, home, current) = home_with_template();
         let unreferenced = build(&home, "replaced");
         let fifo = root.path().join("fifo");
         nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
@@ -159,14 +165,7 @@ mod tests {
 
     #[test]
     fn template_builds_are_kept_for_every_kind_of_reference_and_only_then() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let home = HutchHome::at(root.path());
-        let current = build(&home, "current");
-        let manifest = serde_json::json!({
-            "name": "t", "suite": "bookworm", "packages": [], "built_at": "", "disk_size": 1,
-            "build_id": "current", "image": "builds/current/rootfs.ext4"
-        });
-        std::fs::write(home.template("t").join("template.json"), manifest.to_string()).expect("manifest");
+        let (_root, home, current) = home_with_template();
         // A sandbox's disk (running, paused or pooled: all are a directory with a disk).
         let by_sandbox = build(&home, "sandbox");
         qcow2_on(&by_sandbox, &home.sandboxes().join("sb1").join("disk.qcow2"));
