@@ -5,8 +5,15 @@
 use hutch_image::HutchHome;
 use std::path::Path;
 
+/// Whether `pid` runs. A zombie does not: it has ended and only waits for its parent
+/// to collect its status (a server SIGKILLed by a supervisor is one for a moment).
 pub(crate) fn alive(pid: i32) -> bool {
-    pid > 0 && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    if pid <= 0 || nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+        return false;
+    }
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    !stat.rsplit_once(')').is_some_and(|(_, rest)| rest.trim_start().starts_with('Z'))
 }
 
 pub(crate) fn read_pid(path: &Path) -> Option<i32> {
@@ -61,4 +68,23 @@ pub fn sweep_orphans(home: &HutchHome, by: Sweeper) -> usize {
         }
     }
     swept
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let pid = child.id() as i32;
+        // Until it is waited for, the ended child is a zombie: kill(pid, 0) still succeeds.
+        let ended = |pid: i32| std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.contains(") Z")).unwrap_or(true);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !ended(pid) {
+            assert!(std::time::Instant::now() < deadline, "true did not end within 10 s");
+            std::thread::yield_now();
+        }
+        assert!(!super::alive(pid));
+        child.wait().expect("wait");
+        assert!(super::alive(std::process::id() as i32));
+    }
 }

@@ -9,7 +9,8 @@
 mod device;
 mod icmp;
 mod link;
-mod packets;
+/// Public for the `guest_frames` fuzz target: how the stack reads a guest's frame first.
+pub mod packets;
 mod tcp;
 mod udp;
 #[cfg(test)]
