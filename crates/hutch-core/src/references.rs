@@ -5,7 +5,7 @@
 //! followed down their whole backing chain, as QEMU opens them.
 
 use hutch_image::HutchHome;
-use hutch_vmm::qemu::backing::{BackingError, Roots};
+use hutch_vmm::qemu::backing::BackingError;
 use hutch_vmm::Memory;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -28,8 +28,7 @@ fn entries(dir: &Path) -> impl Iterator<Item = PathBuf> {
 /// for it: one tenant's rewritten header does not stop every pruner of the home.
 fn chains(home: &HutchHome, disks: Vec<PathBuf>, into: &mut HashSet<PathBuf>) -> Result<(), BackingError> {
     for disk in disks.into_iter().filter(|d| d.is_file()) {
-        let roots = Roots::of_home(home.root(), disk.parent().unwrap_or(Path::new("/")));
-        match hutch_vmm::qemu::backing::chain(&disk, &roots) {
+        match hutch_vmm::qemu::backing::chain_in(home.root(), &disk) {
             Ok(chain) => into.extend(chain),
             Err(e) if e.is_tampered() => tracing::warn!("{e}"),
             Err(e) => return Err(e),

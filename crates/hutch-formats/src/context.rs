@@ -25,9 +25,9 @@ pub enum ContextError {
     /// context may be hutch's scratch directory, whose host path a tenant is not shown.
     #[error("reading '{}' in the build context: {source}; make it a readable file or leave it out", path.display())]
     Read { path: PathBuf, source: std::io::Error },
-    /// `path` is the tar hutch writes, on the host: not in the message.
-    #[error("writing the COPY's files on the host: {source}")]
-    Write { path: PathBuf, source: std::io::Error },
+    /// The tar hutch writes is on the host: its path is not the tenant's to read.
+    #[error("writing the COPY's files on the host: {0}")]
+    Write(#[source] std::io::Error),
     #[error(transparent)]
     Budget(#[from] BudgetError),
 }
@@ -241,7 +241,7 @@ fn write_tar(items: &[(PathBuf, PathBuf)], out: &Path, budget: &mut Budget) -> R
     use std::os::unix::fs::PermissionsExt;
     let werr = |source: std::io::Error| match source.get_ref().and_then(|e| e.downcast_ref::<BudgetError>()) {
         Some(refused) => ContextError::Budget(refused.clone()),
-        None => ContextError::Write { path: out.to_path_buf(), source },
+        None => ContextError::Write(source),
     };
     let file = std::fs::File::create(out).map_err(werr)?;
     let mut tar = tar::Builder::new(Hashing { inner: std::io::BufWriter::new(file), hash: Sha256::new(), budget });
@@ -289,7 +289,7 @@ pub fn single_file_tar(name: &str, content: &[u8], mode: u32) -> std::io::Result
 
 /// A `COPY <<EOF dest` here-document: one file of `content`.
 pub fn here_doc(name: &str, content: &str, out: &Path) -> Result<CopyFiles, ContextError> {
-    let werr = |source| ContextError::Write { path: out.to_path_buf(), source };
+    let werr = ContextError::Write;
     let bytes = single_file_tar(name, content.as_bytes(), 0o644).map_err(werr)?;
     std::fs::write(out, &bytes).map_err(werr)?;
     Ok(CopyFiles { tar: out.to_path_buf(), single: true, hash: hex::encode(Sha256::digest(&bytes)), entries: 1 })

@@ -391,7 +391,7 @@ pub struct Reach {
 
 impl Reach {
     /// The protected group `ip` is in that the operator has not opened.
-    pub fn closed_group(&self, ip: IpAddr) -> Option<Group> {
+    fn closed_group(&self, ip: IpAddr) -> Option<Group> {
         Group::PROTECTED.into_iter().filter(|g| !self.open.contains(g)).find(|g| g.contains(ip, &self.host))
     }
 

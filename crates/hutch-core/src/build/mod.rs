@@ -568,8 +568,7 @@ pub fn remove_template(home: &HutchHome, name: &str) -> Result<(), RemoveError> 
     let Some(cache_held) = cache.exclusive(CACHE_PATIENCE).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))? else {
         return Err(RemoveError::InUse { name: name.into(), what: "a template build is running now and may stack on it; try again when it ends".into() });
     };
-    let chain = |l: &PathBuf| hutch_vmm::qemu::backing::chain(l, &hutch_vmm::qemu::backing::Roots::of_home(home.root(), l.parent().unwrap_or(Path::new("/"))));
-    let stacked: Vec<PathBuf> = cache.layer_files().into_iter().filter(|l| chain(l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)).collect();
+    let stacked: Vec<PathBuf> = cache.layer_files().into_iter().filter(|l| hutch_vmm::qemu::backing::chain_in(home.root(), l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)).collect();
     // Not while a build of it is being stored or its tags change.
     let _template_held = hutch_image::tags::lock(&dir).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
     cache.remove_layers(&cache_held, &stacked).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;

@@ -169,6 +169,12 @@ pub fn chain(disk: &Path, roots: &Roots) -> Result<Vec<PathBuf>, BackingError> {
     Ok(below)
 }
 
+/// Every image below `disk`, a disk of the hutch home `home`: its names held to the
+/// home's image directories and the disk's own directory.
+pub fn chain_in(home: &Path, disk: &Path) -> Result<Vec<PathBuf>, BackingError> {
+    chain(disk, &Roots::of_home(home, disk.parent().unwrap_or(Path::new("/"))))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -243,8 +243,9 @@ pub(crate) fn resolve(binary: &str) -> Option<PathBuf> {
 
 impl Prepared {
     pub fn new(spec: &VmSpec, config: &JailConfig, binary: &str) -> Result<Prepared, JailError> {
-        let backing = super::backing::chain(&spec.disk, &super::backing::Roots::of_home(&config.hide, &spec.dir))?;
-        confined_chain(spec, config, &backing)?;
+        let roots = super::backing::Roots::of_home(&config.hide, &spec.dir);
+        let backing = super::backing::chain(&spec.disk, &roots)?;
+        confined_chain(spec, &roots, &backing)?;
         let steps = plan(spec, config, &backing, |p| p.is_dir());
         if let Some(binary) = resolve(binary) {
             if let Some(mask) = under_mask(&steps, &binary) {
@@ -341,8 +342,7 @@ impl Prepared {
 /// VM's own directory, are bound into a jail: resolved through symlinks, so a name
 /// cannot point elsewhere. (`backing::chain` checked each before opening it; this
 /// holds for any list of names.)
-fn confined_chain(spec: &VmSpec, config: &JailConfig, backing: &[PathBuf]) -> Result<(), JailError> {
-    let roots = super::backing::Roots::of_home(&config.hide, &spec.dir);
+fn confined_chain(spec: &VmSpec, roots: &super::backing::Roots, backing: &[PathBuf]) -> Result<(), JailError> {
     for image in backing {
         let real = std::fs::canonicalize(image).map_err(file_err(image))?;
         if !roots.holds(&real) {
@@ -588,17 +588,17 @@ mod tests {
         let mut s = spec(Memory::Anonymous);
         s.dir = home.join("sandboxes/sb1");
         s.disk = s.dir.join("disk.qcow2");
-        let config = JailConfig { hide: home.clone(), identity: Identity::Root };
-        assert!(confined_chain(&s, &config, std::slice::from_ref(&inside)).is_ok());
-        assert!(matches!(confined_chain(&s, &config, &[inside.clone(), outside]), Err(JailError::ForeignBacking { .. })));
-        assert!(matches!(confined_chain(&s, &config, &[link]), Err(JailError::ForeignBacking { .. })));
+        let roots = super::super::backing::Roots::of_home(&home, &s.dir);
+        assert!(confined_chain(&s, &roots, std::slice::from_ref(&inside)).is_ok());
+        assert!(matches!(confined_chain(&s, &roots, &[inside.clone(), outside]), Err(JailError::ForeignBacking { .. })));
+        assert!(matches!(confined_chain(&s, &roots, &[link]), Err(JailError::ForeignBacking { .. })));
         // Inside hutch's snapshots but not the image hutch made the disk on: another
         // tenant's snapshot, named by a rewritten header.
         let theirs = home.join("snapshots/t/theirs.qcow2");
         std::fs::write(&theirs, "their disk").expect("plan");
         s.base = Some(inside.clone());
-        assert!(confined_chain(&s, &config, std::slice::from_ref(&inside)).is_ok());
-        let changed = confined_chain(&s, &config, std::slice::from_ref(&theirs)).expect_err("plan");
+        assert!(confined_chain(&s, &roots, std::slice::from_ref(&inside)).is_ok());
+        let changed = confined_chain(&s, &roots, std::slice::from_ref(&theirs)).expect_err("plan");
         assert!(matches!(changed, JailError::ChangedBacking { .. }));
         assert!(JailError::tampered_disk_in(&changed));
         // A name `backing::chain` refused before opening it keeps the sandbox down too.
