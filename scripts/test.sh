@@ -13,6 +13,11 @@ for crate in hutch-envd hutch-sdk; do
   [ "$found" -ne 0 ] || die "crates/$crate has unit tests, but its Cargo.toml says test = false; remove that line so they run"
   [ "$found" -eq 1 ] || die "could not read crates/$crate/src to check it has no unit tests"
 done
+# No new import circle between the files of a crate (issue 30 breaks the known ones).
+python3 scripts/import-circles.py --known scripts/import-circles.known >/dev/null || {
+  python3 scripts/import-circles.py --known scripts/import-circles.known || true
+  die "a new import circle between files (above); give what both files need a file of its own"
+}
 build
 # The guest artifacts (mostly mmdebstrap's downloads and dpkg, one core each) are made
 # while the test binaries compile: on a fresh 2-core machine that overlap is minutes.

@@ -239,6 +239,8 @@ def test_hutch_serve_without_root_jails_each_vm_as_an_id_of_the_users_range():
         assert f["NoNewPrivs"] == ["1"] and f["Seccomp"] == ["2"]
         assert os.readlink(f"/proc/{pid}/ns/user") != os.readlink("/proc/self/ns/user")
         assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+        assert f["NSpid"] == [str(pid), "1"], f["NSpid"]
+        assert sorted(n for n in os.listdir(f"/proc/{pid}/root/proc") if n.isdigit()) == ["1"]
         # Its view of the user's hutch home: its own disk, not the database or records.
         root = f"/proc/{pid}/root{hutch_home}"
         seen = {os.path.relpath(os.path.join(d, n), root) for d, ds, fs in os.walk(root) for n in ds + fs}

@@ -207,6 +207,9 @@ def test_qemu_runs_jailed_as_its_own_user_in_its_own_cgroup(server, bystander):
         assert f["Uid"] == [uid] * 4 and f["Gid"] == [uid] * 4, f["Uid"]
         assert f["Groups"] == [] and f["CapEff"] == ["0000000000000000"] and f["CapPrm"] == ["0000000000000000"]
         assert f["NoNewPrivs"] == ["1"] and f["Seccomp"] == ["2"]
+        # Pid 1 of its own PID namespace, whose /proc (what it would read) lists only itself.
+        assert f["NSpid"] == [str(pid), "1"], f["NSpid"]
+        assert sorted(n for n in os.listdir(f"/proc/{pid}/root/proc") if n.isdigit()) == ["1"]
         groups = hutch_cgroups(pid)
         limits = {}
         for d in groups:

@@ -29,22 +29,46 @@ fn sockaddr(ip: Ipv4Addr) -> libc::sockaddr {
     unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
 }
 
-fn ioctl(sock: &std::net::UdpSocket, request: u64, arg: *mut libc::c_void, what: &str) -> std::io::Result<()> {
-    // SAFETY: every caller passes a pointer to an ifreq or rtentry it owns, matching
-    // `request`; the socket is open.
-    if unsafe { libc::ioctl(sock.as_raw_fd(), request as _, arg) } < 0 {
+/// The interface ioctls the agent makes: each takes an `ifreq`.
+#[derive(Clone, Copy)]
+enum IfRequest {
+    GetFlags,
+    SetFlags,
+    SetAddress,
+    SetNetmask,
+}
+
+fn checked(ret: libc::c_int, what: &str) -> std::io::Result<()> {
+    if ret < 0 {
         let e = std::io::Error::last_os_error();
         return Err(std::io::Error::new(e.kind(), format!("{what}: {e}")));
     }
     Ok(())
 }
 
+fn if_ioctl(sock: &std::net::UdpSocket, request: IfRequest, req: &mut libc::ifreq, what: &str) -> std::io::Result<()> {
+    let request = match request {
+        IfRequest::GetFlags => libc::SIOCGIFFLAGS,
+        IfRequest::SetFlags => libc::SIOCSIFFLAGS,
+        IfRequest::SetAddress => libc::SIOCSIFADDR,
+        IfRequest::SetNetmask => libc::SIOCSIFNETMASK,
+    };
+    // SAFETY: each of these requests reads or writes one ifreq, and `req` is one we
+    // borrow mutably for the call; the socket is open.
+    checked(unsafe { libc::ioctl(sock.as_raw_fd(), request as _, req as *mut libc::ifreq) }, what)
+}
+
+fn add_route(sock: &std::net::UdpSocket, route: &mut libc::rtentry, what: &str) -> std::io::Result<()> {
+    // SAFETY: SIOCADDRT reads one rtentry, borrowed for the call; the socket is open.
+    checked(unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCADDRT as _, route as *mut libc::rtentry) }, what)
+}
+
 fn set_up(sock: &std::net::UdpSocket, name: &str) -> std::io::Result<()> {
     let mut req = ifreq(name);
-    ioctl(sock, libc::SIOCGIFFLAGS, (&mut req as *mut libc::ifreq).cast(), "reading the flags")?;
+    if_ioctl(sock, IfRequest::GetFlags, &mut req, "reading the flags")?;
     // SAFETY: SIOCGIFFLAGS filled the flags member of the union.
     unsafe { req.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short };
-    ioctl(sock, libc::SIOCSIFFLAGS, (&mut req as *mut libc::ifreq).cast(), "setting it up")
+    if_ioctl(sock, IfRequest::SetFlags, &mut req, "setting it up")
 }
 
 pub fn loopback_up() -> std::io::Result<()> {
@@ -63,10 +87,10 @@ pub fn configure_nic() -> std::io::Result<()> {
     let sock = control_socket()?;
     let mut req = ifreq(GUEST_IFACE);
     req.ifr_ifru.ifru_addr = sockaddr(GUEST_IP);
-    ioctl(&sock, libc::SIOCSIFADDR, (&mut req as *mut libc::ifreq).cast(), "setting the address")?;
+    if_ioctl(&sock, IfRequest::SetAddress, &mut req, "setting the address")?;
     let mut req = ifreq(GUEST_IFACE);
     req.ifr_ifru.ifru_netmask = sockaddr(NETMASK);
-    ioctl(&sock, libc::SIOCSIFNETMASK, (&mut req as *mut libc::ifreq).cast(), "setting the netmask")?;
+    if_ioctl(&sock, IfRequest::SetNetmask, &mut req, "setting the netmask")?;
     set_up(&sock, GUEST_IFACE)?;
     // SAFETY: rtentry is plain old data; zeroed is a valid value.
     let mut route: libc::rtentry = unsafe { std::mem::zeroed() };
@@ -74,7 +98,7 @@ pub fn configure_nic() -> std::io::Result<()> {
     route.rt_genmask = sockaddr(Ipv4Addr::UNSPECIFIED);
     route.rt_gateway = sockaddr(GATEWAY_IP);
     route.rt_flags = (libc::RTF_UP | libc::RTF_GATEWAY) as libc::c_ushort;
-    match ioctl(&sock, libc::SIOCADDRT, (&mut route as *mut libc::rtentry).cast(), "adding the default route") {
+    match add_route(&sock, &mut route, "adding the default route") {
         Err(e) if e.raw_os_error() != Some(libc::EEXIST) && e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }

@@ -74,6 +74,16 @@ fn main() {
     }
     let cli = Cli::parse();
     init_logging(cli.verbose);
+    // The server's key leaves the environment before any thread or child exists: every
+    // process hutch starts (QEMU, image tools, the reaper) would inherit it otherwise.
+    let serve_key = match &cli.command {
+        Command::Serve(_) => {
+            let key = std::env::var("HUTCH_API_KEY").ok().filter(|k| !k.is_empty());
+            std::env::remove_var("HUTCH_API_KEY");
+            key
+        }
+        _ => None,
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -87,7 +97,7 @@ fn main() {
             Command::Setup(args) => commands::setup::run(args).await,
             Command::Doctor(args) => commands::doctor::run(args).await,
             Command::Bench(args) => commands::bench::run(args).await,
-            Command::Serve(args) => commands::serve::run(args).await,
+            Command::Serve(args) => commands::serve::run(args, serve_key).await,
             Command::Keys(cmd) => commands::keys::run(cmd).await,
             Command::Template(cmd) => commands::template::run(cmd).await,
             Command::Remote(cmd) => commands::remote::run(cli.server, cmd).await,

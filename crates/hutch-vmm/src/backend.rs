@@ -112,14 +112,20 @@ impl VmSpec {
     }
 }
 
+/// A backend's own reason, kept whole so callers can still look for its type in the
+/// error's chain (`qemu::jail::JailError::tampered_disk_in`); boxed so this trait's
+/// file names no backend.
+pub type BackendCause = Box<dyn std::error::Error + Send + Sync>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// The VMM itself cannot run here (QEMU missing or too old).
     #[error(transparent)]
-    Qemu(crate::qemu::QemuVersionError),
+    Unavailable(BackendCause),
     #[error("starting QEMU")]
     Spawn(#[source] std::io::Error),
     #[error("confining QEMU")]
-    Jail(#[source] crate::qemu::jail::JailError),
+    Jail(#[source] BackendCause),
     #[error("QEMU could not enter its confinement (mount namespace, cgroup, uid): {0}; set HUTCH_JAIL=off to run it unconfined")]
     Confine(std::io::Error),
     #[error("QEMU exited while starting ({status}): {stderr}")]

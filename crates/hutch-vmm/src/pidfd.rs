@@ -1,10 +1,11 @@
-//! A process hutch did not start: a QEMU left running by an earlier `hutch serve`,
-//! which this one adopts. Its parent is gone, so it cannot be waited for; a pidfd
-//! names that one process for as long as the fd is open (a recycled pid never
-//! matches it), becomes readable when the process exits, and can signal it.
+//! A QEMU process, named by a pidfd: one hutch spawned (`qemu/spawn.rs`), or one an
+//! earlier `hutch serve` left running, which this one adopts. A pidfd names that one
+//! process for as long as the fd is open (a recycled pid never matches it), becomes
+//! readable when the process exits, and can signal it; for hutch's own child it also
+//! collects the exit status (an adopted one's goes to whoever is its parent now).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::time::Duration;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 
 #[derive(Debug)]
@@ -25,10 +26,28 @@ impl PidFd {
         }
         // SAFETY: the syscall returned a fresh fd that nothing else owns.
         let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        PidFd::of(pid, owned)
+    }
+
+    /// The process of pidfd `fd`, whose pid is `pid`.
+    pub fn of(pid: u32, fd: OwnedFd) -> std::io::Result<PidFd> {
         // SAFETY: the AsyncFd takes ownership of the fd, so it stays open for as long
         // as it is registered and is closed only after deregistering.
-        let fd = unsafe { AsyncFd::register_with_interest(owned, tokio::io::Interest::READABLE)? };
+        let fd = unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)? };
         Ok(PidFd { pid, fd })
+    }
+
+    /// The pidfd, for a waiter off the runtime (see `wait_within`).
+    pub fn try_clone_fd(&self) -> std::io::Result<OwnedFd> {
+        self.fd.get_ref().try_clone()
+    }
+
+    /// The exit status of the process, once it has exited; reaps hutch's own child.
+    pub fn exit_status(&self) -> Option<String> {
+        match self.has_exited() {
+            true => reap(self.fd.get_ref().as_fd()).or_else(|| Some("exited".into())),
+            false => None,
+        }
     }
 
     pub fn pid(&self) -> u32 {
@@ -66,16 +85,73 @@ impl PidFd {
 
     /// Sends SIGKILL to this process (never to another that took its pid).
     pub fn kill(&self) -> std::io::Result<()> {
-        // SAFETY: pidfd_send_signal on our own fd with no siginfo (null) and no flags;
-        // it reads no memory of ours.
-        let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.fd.get_ref().as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
-        match r {
-            0 => Ok(()),
-            _ => match std::io::Error::last_os_error() {
-                // It has exited already.
-                e if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
-                e => Err(e),
-            },
+        kill(self.fd.get_ref().as_fd())
+    }
+}
+
+/// Sends SIGKILL to the process of pidfd `fd` (never to another that took its pid).
+pub fn kill(fd: BorrowedFd) -> std::io::Result<()> {
+    // SAFETY: pidfd_send_signal on a pidfd we hold, no siginfo, no flags.
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, fd.as_raw_fd(), libc::SIGKILL, std::ptr::null::<libc::siginfo_t>(), 0) };
+    match r {
+        0 => Ok(()),
+        _ => match std::io::Error::last_os_error() {
+            // It has exited already.
+            e if e.raw_os_error() == Some(libc::ESRCH) => Ok(()),
+            e => Err(e),
+        },
+    }
+}
+
+/// Reaps the exited child of pidfd `fd`: its exit status, None while it runs. A
+/// process that is not hutch's child (adopted) cannot be reaped or waited for: ask
+/// only once the pidfd is readable, and its status is "exited".
+pub fn reap(fd: BorrowedFd) -> Option<String> {
+    // SAFETY: siginfo_t is plain data; zeroed means "nothing reported".
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: waitid on a pidfd we hold, writing into our own siginfo_t.
+        let r = unsafe { libc::waitid(libc::P_PIDFD, fd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG) };
+        if r == 0 {
+            break;
+        }
+        match std::io::Error::last_os_error().raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::ECHILD) => return Some("exited".into()),
+            _ => return None,
+        }
+    }
+    // SAFETY: waitid filled the child fields (si_pid 0: it has not exited yet).
+    let (pid, status) = unsafe { (info.si_pid(), info.si_status()) };
+    if pid == 0 {
+        return None;
+    }
+    Some(match info.si_code {
+        libc::CLD_EXITED => format!("exit status: {status}"),
+        _ => match nix::sys::signal::Signal::try_from(status) {
+            Ok(signal) => format!("signal: {status} ({signal})"),
+            Err(_) => format!("signal: {status}"),
+        },
+    })
+}
+
+/// Blocks until the process of pidfd `fd` exits (at most `limit`; `Duration::MAX`
+/// waits for good, for a process already sent SIGKILL), then reaps it.
+pub fn wait_within(fd: BorrowedFd, limit: Duration) -> Option<String> {
+    let deadline = Instant::now().checked_add(limit);
+    loop {
+        let timeout = match deadline {
+            Some(d) => d.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32,
+            None => -1,
+        };
+        let mut poll = libc::pollfd { fd: fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one pollfd on our stack, valid for the call.
+        let ready = unsafe { libc::poll(&mut poll, 1, timeout) };
+        if ready > 0 {
+            return reap(fd);
+        }
+        if ready == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            return None;
         }
     }
 }

@@ -10,6 +10,14 @@ use std::time::{Duration, Instant};
 /// the long ones.
 const POLL: Duration = Duration::from_millis(5);
 
+/// The program `binary` names, as exec would find it: a bare name is looked up in PATH.
+pub fn find_program(binary: &str) -> Option<std::path::PathBuf> {
+    if binary.contains('/') {
+        return Some(std::path::PathBuf::from(binary));
+    }
+    std::env::var_os("PATH").and_then(|path| std::env::split_paths(&path).map(|d| d.join(binary)).find(|p| p.is_file()))
+}
+
 /// Runs `cmd` (stdin null, output captured) and waits at most `limit` for it.
 pub fn output_within(cmd: &mut Command, limit: Duration) -> std::io::Result<Output> {
     let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn()?;

@@ -1,12 +1,13 @@
-//! The jail every QEMU enters, checked with a shell in QEMU's place: the same
-//! namespaces, mounts, ids and cgroups, observed from inside and from the host. Needs
-//! root, as confinement itself does (the test suite runs as root).
-#![allow(unsafe_code)] // pre_exec, as QEMU's own start uses it; the block has a SAFETY note.
+//! The jail every QEMU enters, checked with a shell in QEMU's place, spawned as QEMU
+//! is: the same namespaces, mounts, ids and cgroups, observed from inside and from the
+//! host. Needs root, as confinement itself does (the test suite runs as root).
 
 use hutch_vmm::qemu::jail::{ChildSide, Identity, JailConfig, Prepared};
+use hutch_vmm::qemu::spawn::Launch;
 use hutch_vmm::{Accel, Memory, VmSpec};
-use std::os::unix::process::CommandExt;
+use std::os::fd::AsFd;
 use std::path::Path;
+use std::time::Duration;
 
 fn spec(home: &Path) -> VmSpec {
     VmSpec {
@@ -48,29 +49,40 @@ fn a_confined_process_sees_only_its_own_files_as_its_own_uid_in_its_own_cgroup()
         std::fs::write(&p, body).expect("jail test step");
     }
     let spec = spec(&home);
-    let prepared = Prepared::new(&spec, &JailConfig { hide: home.clone(), identity: Identity::Root }, "/bin/sh").expect("jail test step");
+    let mut prepared = Prepared::new(&spec, &JailConfig { hide: home.clone(), identity: Identity::Root }, "/bin/sh").expect("jail test step");
     let groups = prepared.group.as_ref().expect("as root every VM gets a cgroup").dirs().to_vec();
     assert!(!groups.is_empty());
-    let mut child_side = prepared.child.clone();
     let h = home.display();
+    let me = std::process::id();
     let script = format!(
         "id -u; id -G; grep NoNewPrivs /proc/self/status; cat /proc/self/cgroup; \
          stat -c '%u %a' /dev/kvm; find {h} | sort; cat {h}/sandboxes/a/disk.qcow2; echo; \
          echo more >> {h}/sandboxes/a/disk.qcow2 && echo disk-writable; \
          echo x >> {h}/snapshots/t/memory 2>/dev/null || echo memory-read-only; \
          echo x >> {h}/kernel/vmlinuz 2>/dev/null || echo kernel-read-only; \
-         ls -A /tmp /run | tr '\\n' ' '; echo; touch /tmp/probe-$$ && echo tmp-writable; \
-         readlink /proc/self/ns/net"
+         ls -A /tmp /run | tr '\\n' ' '; echo; touch /tmp/probe-{me} && echo tmp-writable; \
+         readlink /proc/self/ns/net; readlink /proc/self/ns/pid; echo pid $$; \
+         echo processes: $(ls /proc | grep -E '^[0-9]+$' | sort -n); \
+         test -e /proc/{me} && echo sees-the-test; echo done"
     );
-    let mut cmd = std::process::Command::new("/bin/sh");
-    cmd.args(["-c", &script]);
-    // SAFETY: enter() makes only async-signal-safe syscalls on prepared values.
-    unsafe { cmd.pre_exec(move || child_side.enter()) };
-    let child = cmd.stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("jail test step");
-    let pid = child.id();
-    let out = child.wait_with_output().expect("jail test step");
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let out_file = tempfile::tempfile().expect("jail test step");
+    let err_file = tempfile::tempfile().expect("jail test step");
+    let child = Launch::new(Path::new("/bin/sh"), ["-c", &script])
+        .stdout(out_file.as_fd())
+        .stderr(err_file.as_fd())
+        .die_with_parent(true)
+        .spawn(Some(&mut prepared))
+        .expect("jail test step");
+    let pid = child.pid;
+    let status = child.wait_within(Duration::from_secs(60));
+    let read = |mut f: &std::fs::File| {
+        std::io::Seek::rewind(&mut f).expect("jail test step");
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut f, &mut text).expect("jail test step");
+        text
+    };
+    let stdout = read(&out_file);
+    assert_eq!(status.as_deref(), Some("exit status: 0"), "{stdout}\n{}", read(&err_file));
     let uid = ChildSide::uid_of(pid);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines[0], uid.to_string(), "{stdout}");
@@ -93,10 +105,20 @@ fn a_confined_process_sees_only_its_own_files_as_its_own_uid_in_its_own_cgroup()
     assert!(stdout.contains("tmp-writable"), "{stdout}");
     let host_net = std::fs::read_link("/proc/self/ns/net").expect("jail test step");
     assert!(!stdout.contains(&*host_net.to_string_lossy()), "the jail shares the host's network namespace: {stdout}");
+    // Its own PID namespace, where it is pid 1 and sees only itself and its children
+    // (the shell's commands), nothing of the host's processes: not this test.
+    let host_pid_ns = std::fs::read_link("/proc/self/ns/pid").expect("jail test step");
+    assert!(!stdout.contains(&*host_pid_ns.to_string_lossy()), "the jail shares the host's PID namespace: {stdout}");
+    assert!(stdout.contains("\npid 1\n"), "{stdout}");
+    let seen = stdout.lines().find_map(|l| l.strip_prefix("processes:")).expect("jail test step");
+    let seen: Vec<u32> = seen.split_whitespace().map(|p| p.parse().expect("jail test step")).collect();
+    // 1 and the command substitution's pipeline: a subshell, ls, grep and sort.
+    assert!(seen.first() == Some(&1) && seen.len() <= 5, "the jail sees other processes: {seen:?}");
+    assert!(!stdout.contains("sees-the-test"), "{stdout}");
     // Nothing reached the host: its files are as they were, its /dev/kvm still root's.
     assert_eq!(std::fs::read_to_string(home.join("snapshots/t/memory")).expect("jail test step"), "memory");
     assert_eq!(std::fs::read_to_string(home.join("sandboxes/a/disk.qcow2")).expect("jail test step"), "diskmore\n");
-    assert!(!Path::new(&format!("/tmp/probe-{pid}")).exists(), "the jail's /tmp is the host's");
+    assert!(!Path::new(&format!("/tmp/probe-{me}")).exists(), "the jail's /tmp is the host's");
     assert_eq!(std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/dev/kvm").expect("jail test step")), 0);
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("jail test step");
     assert!(!mountinfo.contains(&*h.to_string()), "the jail's mounts leaked to the host");

@@ -106,9 +106,13 @@ pub fn spawn(req: SpawnRequest, reaper: &Reaper) -> Result<Spawned, SpawnError> 
         }
     }
 
-    let (uid, gid, groups, with_tty) = (req.user.uid, req.user.gid, req.user.groups.clone(), pty.is_some());
+    let (uid, gid, with_tty) = (req.user.uid, req.user.gid, pty.is_some());
+    // Collected here: the child must not allocate (another thread may hold the
+    // allocator's lock at the fork, and the child would wait for it forever).
+    let gids: Vec<libc::gid_t> = req.user.groups.iter().map(|g| *g as libc::gid_t).collect();
     // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
-    // syscalls (setsid, ioctl, setgroups, setgid, setuid) on data prepared before the fork.
+    // syscalls (setsid, ioctl, setgroups, setgid, setuid) on data prepared before the
+    // fork; it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
             if libc::setsid() < 0 {
@@ -117,7 +121,6 @@ pub fn spawn(req: SpawnRequest, reaper: &Reaper) -> Result<Spawned, SpawnError> 
             if with_tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(io::Error::last_os_error());
             }
-            let gids: Vec<libc::gid_t> = groups.iter().map(|g| *g as libc::gid_t).collect();
             if libc::setgroups(gids.len(), gids.as_ptr()) < 0
                 || libc::setgid(gid) < 0
                 || libc::setuid(uid) < 0

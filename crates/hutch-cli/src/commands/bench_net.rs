@@ -78,7 +78,7 @@ pub async fn run(local: &Local, rounds: usize) -> anyhow::Result<()> {
         "the network benchmark needs HUTCH_JAIL=off: QEMU's user-mode network reaches the host's loopback only from the host's network namespace, and all three stacks run unconfined so they compare alike (scripts/bench-net.sh sets it)"
     );
     for tool in ["iperf3", "passt"] {
-        anyhow::ensure!(hutch_vmm::qemu::version::resolve(tool).is_some_and(|p| p.is_file()), "{tool} is not installed; run scripts/bench-net.sh, which installs iperf3 and passt from Debian");
+        anyhow::ensure!(hutch_vmm::process::find_program(tool).is_some_and(|p| p.is_file()), "{tool} is not installed; run scripts/bench-net.sh, which installs iperf3 and passt from Debian");
     }
     let servers = start_servers()?;
     let backend = local.backend();

@@ -109,7 +109,8 @@ fn raise_open_file_limit() {
     }
 }
 
-pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
+/// `key`: `HUTCH_API_KEY`, taken out of the environment by `main` before any thread.
+pub async fn run(args: ServeArgs, key: Option<String>) -> anyhow::Result<i32> {
     raise_open_file_limit();
     let local = Local::prepare("base", args.accel).await?;
     if local.accel.accel == hutch_vmm::Accel::Tcg {
@@ -117,7 +118,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<i32> {
     }
     let db = local.home.root().join("hutch.db");
     let store = Store::open_file(&db).await.with_context(|| format!("opening {}", db.display()))?;
-    if let Some(key) = std::env::var("HUTCH_API_KEY").ok().filter(|k| !k.is_empty()) {
+    if let Some(key) = key {
         store.ensure_key("HUTCH_API_KEY", &key).await?;
     }
     if store.list_keys().await?.iter().all(|k| k.revoked) {

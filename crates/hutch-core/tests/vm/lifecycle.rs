@@ -60,6 +60,8 @@ async fn destroy_leaves_nothing(env: Arc<Env>) -> anyhow::Result<()> {
     let field = |name: &str| status.lines().find(|l| l.starts_with(name)).map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>()).unwrap_or_default();
     check!(field("Uid:") == [uid.as_str(); 4], "QEMU {pid} does not run as its own uid {uid}:\n{status}");
     check!(field("CapEff:") == ["0000000000000000"] && field("NoNewPrivs:") == ["1"], "QEMU {pid} kept privileges:\n{status}");
+    // Pid 1 of a PID namespace of its own: its /proc lists no other process.
+    check!(field("NSpid:") == [pid.to_string().as_str(), "1"], "QEMU {pid} shares a PID namespace:\n{status}");
     let groups = crate::support::cgroups_of(pid)?;
     check!(groups.len() >= 3 || groups.iter().any(|g| g.join("memory.max").exists()), "QEMU {pid} is not in hutch's cgroups: {groups:?}");
     sb.destroy().await?;

@@ -11,12 +11,14 @@
 //!   the database and tokens;
 //! - with a private `/dev/kvm` node owned by that uid, the host's staying root's;
 //! - in network and IPC namespaces of its own (no interfaces, no abstract sockets);
+//! - as the only process (pid 1) of a PID namespace of its own, with a `/proc` of that
+//!   namespace: it sees no other process, nor any command line but its own;
 //! - in a cgroup of its own (`cgroup.rs`).
 //!
 //! QEMU needs no write access to a directory: its QMP and agent sockets are listening
 //! sockets hutch binds and hands it as fds, like its console and migration streams.
-//! Everything is computed here in the parent; between fork and exec the child only
-//! makes syscalls on the values prepared (`Prepared::enter`).
+//! Everything is computed here in the parent; between clone and exec the child only
+//! makes syscalls on the values prepared (`ChildSide::enter`, called by `spawn.rs`).
 
 use crate::accel::Accel;
 use crate::backend::{Memory, VmSpec};
@@ -31,8 +33,9 @@ use std::path::{Path, PathBuf};
 pub const UID_BASE: u32 = 1_500_000_000;
 
 /// Directories hidden from every QEMU besides `$HUTCH_HOME`: where users, services and
-/// other programs keep what a VM has no business reading.
-const MASKED: [&str; 6] = ["/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run"];
+/// other programs keep what a VM has no business reading, and the cgroup tree, whose
+/// names are other VMs' sandbox ids.
+const MASKED: [&str; 7] = ["/root", "/home", "/tmp", "/var/tmp", "/dev/shm", "/run", "/sys/fs/cgroup"];
 
 /// Fds the child uses sit at or above this, clear of the ones QEMU is handed (3-5).
 pub const FIRST_PRIVATE_FD: RawFd = 10;
@@ -197,10 +200,9 @@ pub struct ChildSide {
     ops: Vec<Op>,
     cgroup_procs: Vec<RawFd>,
     chown: Vec<RawFd>,
-    parent: libc::pid_t,
-    die_with_parent: bool,
-    /// Set when hutch is not root: the user namespace to make first (`userns.rs`).
-    userns: Option<super::userns::ChildPipes>,
+    /// Set when hutch is not root: the child was cloned into a user namespace of its
+    /// own, which hutch mapped before it went on (`userns.rs`).
+    pub(crate) in_userns: bool,
     /// Keeps hutch's supplementary groups: in a user namespace, the `kvm` group is
     /// what lets the VM open the host's /dev/kvm.
     keep_groups: bool,
@@ -214,7 +216,7 @@ pub struct Prepared {
     pub group: Option<super::cgroup::Group>,
     /// The id slot the VM holds (not root), and the mapping still to be made for it.
     pub lease: Option<super::userns::Lease>,
-    pub mapping: Option<super::userns::Mapping>,
+    pub(crate) mapping: Option<super::userns::Mapping>,
 }
 
 const HIDDEN: libc::c_ulong = libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC;
@@ -233,21 +235,13 @@ fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> JailError + '_ {
     move |source| JailError::File { path: path.to_path_buf(), source }
 }
 
-/// Resolves `binary` the way exec will (PATH for a bare name).
-pub(crate) fn resolve(binary: &str) -> Option<PathBuf> {
-    if binary.contains('/') {
-        return Some(PathBuf::from(binary));
-    }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(binary)).find(|p| p.is_file())
-}
-
 impl Prepared {
     pub fn new(spec: &VmSpec, config: &JailConfig, binary: &str) -> Result<Prepared, JailError> {
         let roots = super::backing::Roots::of_home(&config.hide, &spec.dir);
         let backing = super::backing::chain(&spec.disk, &roots)?;
         confined_chain(spec, &roots, &backing)?;
         let steps = plan(spec, config, &backing, |p| p.is_dir());
-        if let Some(binary) = resolve(binary) {
+        if let Some(binary) = crate::process::find_program(binary) {
             if let Some(mask) = under_mask(&steps, &binary) {
                 return Err(JailError::HiddenBinary { binary, mask });
             }
@@ -322,16 +316,16 @@ impl Prepared {
             cgroup_procs.push(fd.as_raw_fd());
             fds.push(fd);
         }
-        let (mut lease, mut mapping, mut userns) = (None, None, None);
+        let (mut lease, mut mapping) = (None, None);
         if let Identity::Subordinate(ids) = &config.identity {
             let held = ids.lease().map_err(JailError::Lease)?;
-            let (map, pipes) = super::userns::Mapping::new(ids, &held).map_err(|e| JailError::Map(e.into()))?;
-            (lease, mapping, userns) = (Some(held), Some(map), Some(pipes));
+            mapping = Some(super::userns::Mapping::new(ids, &held));
+            lease = Some(held);
         }
         let trees = vec![-1; clones.len()];
-        let keep_groups = userns.is_some() && spec.accel == Accel::Kvm;
-        let parent = std::process::id() as libc::pid_t;
-        let child = ChildSide { clones, trees, ops, cgroup_procs, chown, parent, die_with_parent: spec.die_with_parent, userns, keep_groups };
+        let in_userns = mapping.is_some();
+        let keep_groups = in_userns && spec.accel == Accel::Kvm;
+        let child = ChildSide { clones, trees, ops, cgroup_procs, chown, in_userns, keep_groups };
         Ok(Prepared { child, _fds: fds, group, lease, mapping })
     }
 }
@@ -415,16 +409,18 @@ fn check(ret: libc::c_int) -> std::io::Result<()> {
 }
 
 impl ChildSide {
-    /// The uid a child with pid `pid` runs as.
+    /// The uid a confined child whose host pid is `pid` runs as when hutch is root.
     pub fn uid_of(pid: u32) -> u32 {
         UID_BASE + pid
     }
 
-    /// Enters the jail. Called between fork and exec.
+    /// Enters the jail, in the child `spawn.rs` cloned into a PID namespace of its own
+    /// (and, when hutch is not root, into a user namespace hutch has mapped), between
+    /// clone and exec. `host_pid` is the child's pid as the host sees it: inside it is 1.
     ///
     /// # Safety
-    /// Only in a freshly forked child: it changes the process's mounts and ids.
-    pub unsafe fn enter(&mut self) -> std::io::Result<()> {
+    /// Only in a freshly cloned child: it changes the process's mounts and ids.
+    pub(crate) unsafe fn enter(&mut self, host_pid: u32) -> std::io::Result<()> {
         // SAFETY: only async-signal-safe syscalls on C strings and fds prepared by the
         // parent and kept alive by `self`; nothing is allocated.
         unsafe {
@@ -434,17 +430,13 @@ impl ChildSide {
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            // Not root: first a user namespace, in which hutch's user is root (and may
-            // make the namespaces and mounts below) and the VM's leased id is 1.
-            if let Some(userns) = &self.userns {
-                userns.enter()?;
-            }
             // Its own network namespace too: nothing but a downed loopback, so an escaped
             // QEMU has no network and no abstract unix sockets to reach.
             check(libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWNET | libc::CLONE_NEWIPC))?;
             // Nothing done below may reach the host's mount table.
             check(libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()))?;
-            let uid = if self.userns.is_some() { 1 } else { Self::uid_of(libc::getpid() as u32) };
+            // Not root: in its user namespace hutch's user is root and the VM's leased id is 1.
+            let uid = if self.in_userns { 1 } else { Self::uid_of(host_pid) };
             for (path, slot) in self.clones.iter().zip(self.trees.iter_mut()) {
                 let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint;
                 let fd = libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), flags);
@@ -481,8 +473,13 @@ impl ChildSide {
                     }
                 }
             }
+            // The host's /proc lists every process and its command line. This one is
+            // of the VM's own PID namespace, where QEMU is the only process (pid 1);
+            // hidepid keeps it so should anything else ever run there as another id.
+            // (hidepid=2 is "invisible" from Linux 5.8 on, and older kernels know it.)
+            check(libc::mount(c"proc".as_ptr(), c"/proc".as_ptr(), c"proc".as_ptr(), HIDDEN, c"hidepid=2".as_ptr().cast()))?;
             for &fd in &self.chown {
-                if self.userns.is_some() {
+                if self.in_userns {
                     // hutch stays the owner (it reads and copies the disk once the VM
                     // is gone, which it could not do as another user's 0600 file); the
                     // VM writes through the group that only it has.
@@ -492,23 +489,19 @@ impl ChildSide {
                     check(libc::fchown(fd, uid, uid))?;
                 }
             }
+            // The raw syscalls, not glibc's wrappers: those first signal every other
+            // thread of the process (POSIX wants ids per process) and wait for them, and
+            // this child, cloned rather than forked, still believes in hutch's threads:
+            // it would wait forever. It has one thread, whose ids are the process's.
             if !self.keep_groups {
-                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) as libc::c_int)?;
             }
-            check(libc::setresgid(uid, uid, uid))?;
-            check(libc::setresuid(uid, uid, uid))?;
+            check(libc::syscall(libc::SYS_setresgid, uid, uid, uid) as libc::c_int)?;
+            check(libc::syscall(libc::SYS_setresuid, uid, uid, uid) as libc::c_int)?;
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
             // hutch's working directory may be under a mask: it stays reachable to a
             // process already in it, so leave it.
             check(libc::chdir(c"/".as_ptr()))?;
-            // The id change cleared any parent-death signal: set it again now, then catch
-            // a parent that died before it was set.
-            if self.die_with_parent {
-                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
-            }
-            if libc::getppid() != self.parent {
-                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-            }
         }
         Ok(())
     }
@@ -541,7 +534,7 @@ mod tests {
     fn hides_home_and_binds_back_only_the_vms_files() {
         let config = JailConfig { hide: "/h".into(), identity: Identity::Root };
         let backing = vec![PathBuf::from("/h/templates/base/rootfs.img")];
-        let steps = plan(&spec(Memory::PrivateFile("/h/snapshots/t/memory".into())), &config, &backing, |p| p != Path::new("/run"));
+        let steps = plan(&spec(Memory::PrivateFile("/h/snapshots/t/memory".into())), &config, &backing, |p| p != Path::new("/run") && p != Path::new("/sys/fs/cgroup"));
         let bind = |p: &str, writable| Step::Bind { path: p.into(), writable };
         assert_eq!(
             steps,

@@ -4,6 +4,7 @@ mod args;
 pub mod backing;
 pub mod cgroup;
 pub mod jail;
+pub mod spawn;
 pub mod userns;
 pub mod version;
 mod vm;
@@ -76,7 +77,7 @@ impl VmBackend for QemuBackend {
     }
 
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError> {
-        self.version().map_err(StartError::Qemu)?;
+        self.version().map_err(|e| StartError::Unavailable(e.into()))?;
         Ok(Box::new(QemuVm::start(&self.binary, spec, self.jail.as_ref()).await?))
     }
 

@@ -6,16 +6,15 @@
 //! holds no capability outside its namespace.
 //!
 //! Only setuid `newuidmap`/`newgidmap` (package `uidmap`) may map ids other than the
-//! user's own, and they act on a running process: the child makes its namespace, tells
-//! hutch its pid over a pipe and waits; a thread of hutch's maps it and says go.
+//! user's own, and they act on a running process: the child is cloned into its
+//! namespace (with a PID namespace it owns, `spawn.rs`) and waits; hutch maps it by
+//! its host pid and then says go.
 //!
 //! Each VM leases one id (a slot of the range) for its life with an flock on a file in
 //! the user's `~/.cache/hutch/id-slots`, so every hutch process of that user, whatever
 //! its `$HUTCH_HOME`, sees the same leases, and a dead hutch's leases end with it.
 
 use std::fs::File;
-use std::io::Read;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -75,7 +74,7 @@ impl SubIds {
             range_in(&text, &name, uid.as_raw()).ok_or_else(|| Unavailable::NoRange { table, user: name.clone() })
         };
         let (uids, gids) = (lookup("/etc/subuid")?, lookup("/etc/subgid")?);
-        let tool = |tool: &'static str| super::jail::resolve(tool).filter(|p| p.is_file()).ok_or(Unavailable::NoTool { tool });
+        let tool = |tool: &'static str| crate::process::find_program(tool).filter(|p| p.is_file()).ok_or(Unavailable::NoTool { tool });
         let home = user.map(|u| u.dir).unwrap_or_else(std::env::temp_dir);
         Ok(SubIds {
             uid: uid.as_raw(),
@@ -138,76 +137,32 @@ pub struct Lease {
     pub slot: u32,
 }
 
-/// The child's ends of the two pipes: it reports its pid on one and waits on the other.
-#[derive(Debug, Clone, Copy)]
-pub struct ChildPipes {
-    tell: RawFd,
-    wait: RawFd,
-}
-
-/// hutch's side of one child's mapping, until the child has been mapped.
+/// Maps one child's user namespace: hutch's user is root in it, the leased id is 1.
 pub struct Mapping {
     ids: SubIds,
     slot: u32,
-    told: File,
-    go: File,
-    /// The child's ends: closed here once the child has them (after the fork).
-    child_ends: Option<(OwnedFd, OwnedFd)>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum MapError {
     #[error("mapping the VM's ids with {tool}: {detail}")]
     Tool { tool: String, detail: String },
-    #[error("setting up the VM's user namespace: {0}")]
-    Io(#[from] std::io::Error),
-}
-
-fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
-    let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
-    Ok((super::jail::lift(read)?, super::jail::lift(write)?))
 }
 
 impl Mapping {
-    pub fn new(ids: &SubIds, lease: &Lease) -> std::io::Result<(Mapping, ChildPipes)> {
-        let (told, tell) = pipe()?;
-        let (wait, go) = pipe()?;
-        let pipes = ChildPipes { tell: tell.as_raw_fd(), wait: wait.as_raw_fd() };
-        let mapping = Mapping { ids: ids.clone(), slot: lease.slot, told: told.into(), go: go.into(), child_ends: Some((tell, wait)) };
-        Ok((mapping, pipes))
+    pub fn new(ids: &SubIds, lease: &Lease) -> Mapping {
+        Mapping { ids: ids.clone(), slot: lease.slot }
     }
 
-    /// Maps the child once it asks, on a thread of its own: the fork that makes the
-    /// child returns only after the child has exec'd, which it does only once mapped.
-    /// Drop the `ChildEnds` once the fork has returned.
-    pub fn serve(mut self) -> (ChildEnds, std::thread::JoinHandle<Result<(), MapError>>) {
-        let ends = ChildEnds { _ends: self.child_ends.take() };
-        (ends, std::thread::spawn(move || self.map_child()))
-    }
-
-    fn map_child(mut self) -> Result<(), MapError> {
-        let mut pid = [0u8; 4];
-        if self.told.read_exact(&mut pid).is_err() {
-            // The child failed before it asked: its own error says why.
-            return Ok(());
-        }
-        let pid = i32::from_ne_bytes(pid).to_string();
+    /// Maps the namespace of the child `pid` (its host pid), which was cloned into it
+    /// and waits for hutch's word before it does anything that needs ids.
+    pub fn map(&self, pid: u32) -> Result<(), MapError> {
+        let pid = pid.to_string();
         let (uid, gid) = (self.ids.uid.to_string(), self.ids.gid.to_string());
         let (sub_uid, sub_gid) = ((self.ids.uids.start + self.slot).to_string(), (self.ids.gids.start + self.slot).to_string());
-        // hutch's user is root in the namespace, the leased id is 1.
         run(&self.ids.newuidmap, &[&pid, "0", &uid, "1", "1", &sub_uid, "1"])?;
-        run(&self.ids.newgidmap, &[&pid, "0", &gid, "1", "1", &sub_gid, "1"])?;
-        use std::io::Write;
-        // A child that died meanwhile makes this EPIPE; its exit says the rest.
-        let _ = self.go.write_all(b"g");
-        Ok(())
+        run(&self.ids.newgidmap, &[&pid, "0", &gid, "1", "1", &sub_gid, "1"])
     }
-}
-
-/// The child's pipe ends in hutch, to drop right after the fork so that a child that
-/// dies leaves the mapping thread an end of file, not a wait.
-pub struct ChildEnds {
-    _ends: Option<(OwnedFd, OwnedFd)>,
 }
 
 fn run(tool: &Path, args: &[&str]) -> Result<(), MapError> {
@@ -217,32 +172,6 @@ fn run(tool: &Path, args: &[&str]) -> Result<(), MapError> {
         return Ok(());
     }
     Err(fail(format!("{}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim())))
-}
-
-impl ChildPipes {
-    /// Makes the user namespace and waits until hutch has mapped it.
-    ///
-    /// # Safety
-    /// Only in a freshly forked child, as `jail::ChildSide::enter`.
-    pub unsafe fn enter(&self) -> std::io::Result<()> {
-        // SAFETY: unshare, getpid, write and read on the fds prepared by the parent;
-        // nothing is allocated.
-        unsafe {
-            if libc::unshare(libc::CLONE_NEWUSER) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            let pid = libc::getpid().to_ne_bytes();
-            if libc::write(self.tell, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
-                return Err(std::io::Error::last_os_error());
-            }
-            let mut go = 0u8;
-            if libc::read(self.wait, (&mut go as *mut u8).cast(), 1) != 1 || go != b'g' {
-                // hutch could not map the namespace; the mapping thread says why.
-                return Err(std::io::Error::from_raw_os_error(libc::EPERM));
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! (docs/ARCHITECTURE.md, "QEMU baseline"). Asking QEMU costs ~35 ms per process, so the
 //! answer is cached in a file keyed by the binary's path, size and mtime.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The oldest QEMU hutch runs on; `scripts/lib.sh` checks the same (`QEMU_MIN`).
 pub const MIN_VERSION: (u32, u32) = (8, 2);
@@ -63,14 +63,6 @@ pub fn install_hint() -> String {
     }
 }
 
-/// The binary as the OS would run it: a bare name is looked up in PATH.
-pub fn resolve(binary: &str) -> Option<PathBuf> {
-    if binary.contains('/') {
-        return Some(PathBuf::from(binary));
-    }
-    std::env::var_os("PATH").and_then(|path| std::env::split_paths(&path).map(|d| d.join(binary)).find(|p| p.is_file()))
-}
-
 /// What identifies one build of the binary: a reinstall changes its size or mtime.
 fn cache_key(path: &Path) -> Option<String> {
     use std::os::unix::fs::MetadataExt;
@@ -81,7 +73,7 @@ fn cache_key(path: &Path) -> Option<String> {
 /// The version of `binary`, from `cache_dir/qemu-version` when it describes this very
 /// file, else by running `binary --version` (and caching the answer there).
 pub fn probe(binary: &str, cache_dir: Option<&Path>) -> Result<QemuVersion, QemuVersionError> {
-    let path = resolve(binary).ok_or_else(|| QemuVersionError::Missing { binary: binary.into() })?;
+    let path = crate::process::find_program(binary).ok_or_else(|| QemuVersionError::Missing { binary: binary.into() })?;
     let key = cache_key(&path).ok_or_else(|| QemuVersionError::Missing { binary: binary.into() })?;
     let cache = cache_dir.map(|d| d.join("qemu-version"));
     let cached = cache.as_ref().and_then(|f| std::fs::read_to_string(f).ok()).and_then(|text| {
@@ -117,6 +109,7 @@ pub fn probe(binary: &str, cache_dir: Option<&Path>) -> Result<QemuVersion, Qemu
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
     use super::*;
 
     #[test]

@@ -9,9 +9,7 @@ use crate::pidfd::PidFd;
 use crate::qmp::Qmp;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
-use tokio::process::{Child, Command};
 
 /// QEMU greets on QMP within a second when the host is well; a host tearing down big
 /// address spaces (seen: 10 s stalls as five ASan fuzzers exited) needs longer.
@@ -34,48 +32,6 @@ fn listen_at(path: &Path) -> std::io::Result<std::os::fd::OwnedFd> {
 /// QEMU's names for the migration fds hutch hands it.
 const MIGRATION_OUT: &str = "migout";
 const MIGRATION_IN: &str = "migin";
-
-/// How hutch knows its QEMU: as its child, or (adopted) by a pidfd.
-enum Process {
-    Child(Child),
-    Adopted(PidFd),
-}
-
-impl Process {
-    fn id(&self) -> Option<u32> {
-        match self {
-            Process::Child(c) => c.id(),
-            Process::Adopted(p) => Some(p.pid()),
-        }
-    }
-
-    fn try_exited(&mut self) -> Option<String> {
-        match self {
-            Process::Child(c) => c.try_wait().ok().flatten().map(|s| s.to_string()),
-            // Its exit status went to whoever reaps it now (init).
-            Process::Adopted(p) => p.has_exited().then(|| "exited".to_string()),
-        }
-    }
-
-    /// Waits up to `limit`; the exit status if it ended.
-    async fn wait(&mut self, limit: Duration) -> Option<String> {
-        match self {
-            Process::Child(c) => match tokio::time::timeout(limit, c.wait()).await {
-                Ok(Ok(status)) => Some(status.to_string()),
-                Ok(Err(e)) => Some(format!("unknown ({e})")),
-                Err(_) => None,
-            },
-            Process::Adopted(p) => p.wait(limit).await.then(|| "exited".to_string()),
-        }
-    }
-
-    fn start_kill(&mut self) -> std::io::Result<()> {
-        match self {
-            Process::Child(c) => c.start_kill(),
-            Process::Adopted(p) => p.kill(),
-        }
-    }
-}
 
 /// Connects to a socket QEMU listens on, retrying until `limit`: an adopted QEMU
 /// takes a new client once it has seen the last one (the dead hutch's) go.
@@ -100,7 +56,8 @@ const CONSOLE_DRAIN: Duration = Duration::from_secs(1);
 
 pub struct QemuVm {
     spec: VmSpec,
-    process: Process,
+    /// hutch's own child (it reaps it) or, adopted from an earlier hutch, init's.
+    process: PidFd,
     /// Released for a later hutch: dropping it leaves QEMU running.
     released: bool,
     qmp: Option<Qmp>,
@@ -120,7 +77,7 @@ fn stderr_of(spec: &VmSpec) -> String {
 impl QemuVm {
     pub async fn start(binary: &str, spec: &VmSpec, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, StartError> {
         use super::args::{AGENT_FD, CONSOLE_FD, NET_FD, QMP_FD};
-        use std::os::fd::AsRawFd;
+        use std::os::fd::AsFd;
         for sock in [spec.agent_socket(), spec.qmp_socket(), spec.console_socket(), spec.net_socket()] {
             if sock.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(StartError::PathTooLong(sock.display().to_string()));
@@ -137,74 +94,46 @@ impl QemuVm {
             Some(nic) if nic.listens() => Some(listen_at(&spec.net_socket()).map_err(StartError::Spawn)?),
             _ => None,
         };
-        // Every source sits at 10 or above, so no dup2 below overwrites another's source.
-        let mut handed = vec![(console_qemu.as_raw_fd(), CONSOLE_FD), (qmp_listener.as_raw_fd(), QMP_FD), (agent_listener.as_raw_fd(), AGENT_FD)];
+        let mut handed = vec![(console_qemu.as_fd(), CONSOLE_FD), (qmp_listener.as_fd(), QMP_FD), (agent_listener.as_fd(), AGENT_FD)];
         if let Some(net) = &net_listener {
-            handed.push((net.as_raw_fd(), NET_FD));
+            handed.push((net.as_fd(), NET_FD));
         }
         let mut prepared = match jail {
-            Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(StartError::Jail)?),
+            Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(|e| StartError::Jail(e.into()))?),
             None => None,
         };
-        let mut jail_child = prepared.as_ref().map(|p| p.child.clone());
-        // Not root: a thread maps the child's user namespace while the fork waits.
-        let mapper = prepared.as_mut().and_then(|p| p.mapping.take()).map(|m| m.serve());
-        let die_with_parent = spec.die_with_parent;
-        let mut cmd = Command::new(binary);
-        cmd.args(super::command_line(spec))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().map_err(StartError::Spawn)?)
-            .stderr(log)
-            // Drop kills it unless released (see `Drop for QemuVm`).
-            .kill_on_drop(false)
-            // Its own process group: a Ctrl-C at hutch's terminal is hutch's to handle.
-            .process_group(0);
-        // SAFETY: between fork and exec this calls only async-signal-safe functions
-        // (dup2, prctl and the jail's syscalls) on fds and values prepared before the
-        // fork; it touches no other memory of the parent and allocates nothing.
-        unsafe {
-            cmd.pre_exec(move || {
-                for &(from, to) in handed.iter() {
-                    if libc::dup2(from, to) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                if let Some(jail) = &mut jail_child {
-                    // Sets the parent-death signal itself, after its id change.
-                    return jail.enter();
-                }
-                if die_with_parent && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+        let missing = || StartError::Unavailable(crate::qemu::QemuVersionError::Missing { binary: binary.into() }.into());
+        let program = crate::process::find_program(binary).ok_or_else(missing)?;
+        let mut launch = super::spawn::Launch::new(&program, super::command_line(spec)).stdout(log.as_fd()).stderr(log.as_fd()).die_with_parent(spec.die_with_parent);
+        for (fd, to) in handed {
+            launch = launch.hand(fd, to);
         }
-        let spawned = cmd.spawn();
-        if let Some((child_ends, thread)) = mapper {
-            drop(child_ends);
-            let mapped = thread.join().unwrap_or_else(|_| Err(std::io::Error::other("the mapping thread panicked").into()));
-            // Its failure is why the child could not go on: say that, not the EPERM.
-            if let (Err(e), Err(_)) = (mapped, &spawned) {
-                return Err(StartError::Jail(e.into()));
-            }
-        }
-        let child = spawned.map_err(|e| match e.kind() {
-            // The jail's own steps fail with ENOENT too, so ask whether QEMU is there.
-            std::io::ErrorKind::NotFound if jail.is_none() || super::jail::resolve(binary).is_none() => {
-                StartError::Qemu(crate::qemu::QemuVersionError::Missing { binary: binary.into() })
-            }
-            _ if jail.is_some() => StartError::Confine(e),
-            _ => StartError::Spawn(e),
+        let child = launch.spawn(prepared.as_mut()).map_err(|e| match e {
+            super::spawn::SpawnError::NotFound { .. } => missing(),
+            super::spawn::SpawnError::Child(e) if e.kind() == std::io::ErrorKind::NotFound && !program.is_file() => missing(),
+            super::spawn::SpawnError::Map(e) => StartError::Jail(super::jail::JailError::from(e).into()),
+            super::spawn::SpawnError::Child(e) if jail.is_some() => StartError::Confine(e),
+            super::spawn::SpawnError::Child(e) | super::spawn::SpawnError::Prepare(e) | super::spawn::SpawnError::Clone(e) => StartError::Spawn(e),
+            super::spawn::SpawnError::Invalid(why) => StartError::Spawn(std::io::Error::other(why)),
         })?;
+        let process = match child.fd.try_clone().and_then(|fd| PidFd::of(child.pid, fd)) {
+            Ok(process) => process,
+            Err(e) => {
+                let _ = child.kill();
+                let _ = child.wait_within(Duration::from_secs(10));
+                return Err(StartError::Spawn(e));
+            }
+        };
+        drop(child);
         // QEMU holds its own copies; once it exits, nobody listens on its sockets.
         drop((console_qemu, qmp_listener, agent_listener, net_listener));
         let (group, lease) = prepared.map(|p| (p.group, p.lease)).unwrap_or_default();
-        let mut vm = QemuVm { spec: spec.clone(), process: Process::Child(child), released: false, qmp: None, exit: None, group, lease, console: Default::default() };
+        let mut vm = QemuVm { spec: spec.clone(), process, released: false, qmp: None, exit: None, group, lease, console: Default::default() };
         // Queued in the listener's backlog at once, so QEMU takes it as it starts,
         // before the guest writes anything.
         let console = tokio::net::UnixStream::connect(spec.console_socket()).await.map_err(StartError::Spawn)?;
         vm.console = crate::console::spawn_reader(console, spec.console_log());
-        std::fs::write(spec.dir.join("qemu.pid"), vm.process.id().map(|p| p.to_string()).unwrap_or_default())
+        std::fs::write(spec.dir.join("qemu.pid"), vm.process.pid().to_string())
             .map_err(StartError::Spawn)?;
         vm.qmp = Some(vm.connect_qmp(QMP_WAIT).await?);
         if spec.nic.as_ref().is_some_and(crate::backend::Nic::listens) {
@@ -281,7 +210,7 @@ impl QemuVm {
             _ => None,
         };
         let group = super::cgroup::Group::of_process(pid);
-        let mut vm = QemuVm { spec: spec.clone(), process: Process::Adopted(pidfd), released: false, qmp: None, exit: None, group, lease, console: Default::default() };
+        let mut vm = QemuVm { spec: spec.clone(), process: pidfd, released: false, qmp: None, exit: None, group, lease, console: Default::default() };
         if let Some(console) = connect_within(&spec.console_socket(), ADOPT_WAIT).await {
             vm.console = crate::console::spawn_reader(console, spec.console_log());
         }
@@ -421,7 +350,7 @@ impl QemuVm {
     /// Whether QEMU exits within `limit`; once it has, the console copy has written
     /// out what it left in its socket (the guest's last lines).
     async fn wait_exit(&mut self, limit: Duration) -> bool {
-        match self.process.wait(limit).await {
+        match self.process.wait(limit).await.then(|| self.process.exit_status().unwrap_or_else(|| "exited".into())) {
             Some(status) => {
                 self.ended(status);
                 self.console.finish(CONSOLE_DRAIN).await;
@@ -460,8 +389,10 @@ fn proc_uid(pid: u32) -> Option<u32> {
 }
 
 impl Drop for QemuVm {
-    /// Sends SIGKILL without waiting; the cgroup can only be removed once the process
-    /// is gone, so a short-lived thread waits for that (10 s at most).
+    /// Sends SIGKILL without waiting; a short-lived thread waits for the process to go
+    /// (however long a loaded host takes to tear it down), reaps it when it is hutch's
+    /// child, and only then removes its cgroup and frees its id, which a live process
+    /// still holds.
     fn drop(&mut self) {
         if self.released {
             if let Some(group) = self.group.take() {
@@ -472,13 +403,17 @@ impl Drop for QemuVm {
         if self.exit_status().is_some() {
             return;
         }
-        let _ = self.process.start_kill();
-        let Some(group) = self.group.take() else { return };
+        let _ = self.process.kill();
+        let (group, lease) = (self.group.take(), self.lease.take());
+        let Ok(fd) = self.process.try_clone_fd() else { return };
         std::thread::spawn(move || {
+            use std::os::fd::AsFd;
+            crate::pidfd::wait_within(fd.as_fd(), Duration::MAX);
             let deadline = Instant::now() + Duration::from_secs(10);
-            while !group.try_remove() && Instant::now() < deadline {
+            while group.as_ref().is_some_and(|g| !g.try_remove()) && Instant::now() < deadline {
                 std::thread::sleep(Duration::from_millis(20));
             }
+            drop(lease);
         });
     }
 }
@@ -486,7 +421,7 @@ impl Drop for QemuVm {
 #[async_trait::async_trait]
 impl VmHandle for QemuVm {
     fn pid(&self) -> Option<u32> {
-        self.process.id()
+        Some(self.process.pid())
     }
 
     fn agent_socket(&self) -> PathBuf {
@@ -500,7 +435,7 @@ impl VmHandle for QemuVm {
 
     fn exit_status(&mut self) -> Option<String> {
         if self.exit.is_none() {
-            if let Some(status) = self.process.try_exited() {
+            if let Some(status) = self.process.exit_status() {
                 self.ended(status);
             }
         }
@@ -524,8 +459,8 @@ impl VmHandle for QemuVm {
         if self.exit_status().is_some() {
             return Ok(());
         }
-        let pid = self.process.id().unwrap_or(0);
-        if let Err(source) = self.process.start_kill() {
+        let pid = self.process.pid();
+        if let Err(source) = self.process.kill() {
             if self.exit_status().is_some() {
                 return Ok(());
             }
