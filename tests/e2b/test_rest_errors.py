@@ -2,7 +2,7 @@
 
 import httpx
 
-from conftest import wait_until
+from conftest import API_KEY, wait_until
 
 
 def error(resp: httpx.Response, status: int) -> str:
@@ -31,6 +31,34 @@ def test_bad_bodies(server):
     assert too_large.headers.get("connection") == "close", too_large.headers
     error(api.get("/v2/sandboxes?limit=0"), 400)
     error(api.get("/v2/sandboxes?state=sleeping"), 400)
+
+
+def test_a_late_body_the_server_does_not_need_leaves_the_connection_usable(server):
+    """A 404 comes before the body is read; the body's packet comes after the head's (as
+    on a loaded host). The server must then either keep the connection usable or say
+    `Connection: close`, never close one it promised to keep (the client's next request
+    on it would find it gone)."""
+    import socket
+    port = int(server.url.rsplit(":", 1)[1])
+    for method in ("GET", "POST", "DELETE"):
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+            s.sendall((f"{method} /sandboxes/inothere/pause HTTP/1.1\r\nHost: x\r\nX-API-Key: {API_KEY}\r\n"
+                       "Content-Type: application/json\r\nContent-Length: 2\r\n\r\n").encode())
+            # An answer may come before the body: the old server gave one at once.
+            s.settimeout(0.5)
+            try:
+                early = s.recv(65536)
+            except socket.timeout:
+                early = b""
+            s.settimeout(60)
+            s.sendall(b"{}")
+            first = early or s.recv(65536)
+            assert first.startswith(b"HTTP/1.1 4"), first
+            if b"connection: close" in first.lower():
+                continue
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            second = s.recv(65536)
+            assert second.startswith(b"HTTP/1.1 200"), (method, first, second)
 
 
 def test_unknown_sandbox(server):

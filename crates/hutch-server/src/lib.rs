@@ -11,6 +11,7 @@ mod per_key;
 mod proxy;
 mod query;
 mod routes;
+mod unread_body;
 
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
@@ -40,6 +41,7 @@ pub fn router(state: AppState) -> Router {
     routes::rest()
         .layer(middleware::from_fn(move |req, next| per_key::limit(in_flight.clone(), req, next)))
         .layer(middleware::from_fn_with_state(state.clone(), data_plane_first))
+        .layer(middleware::from_fn(unread_body::read_small_bodies))
         .with_state(state)
 }
 
