@@ -16,7 +16,9 @@ pub enum BudgetError {
     Write { limit: u64 },
     #[error("the build's COPY files come to more than {} MiB, the most one template build may write; copy fewer or smaller files", .limit >> 20)]
     Build { limit: u64 },
-    #[error("the server is short of disk ({} MiB free, {} MiB of it kept in reserve), too little for the COPY's files; try again later", .free >> 20, .reserve >> 20)]
+    /// The numbers are the operator's: the tenant who reads the build log is told only
+    /// that the server is short.
+    #[error("the server is short of disk, too little for the COPY's files; try again later")]
     NoSpace { free: u64, reserve: u64 },
 }
 

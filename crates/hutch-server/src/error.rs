@@ -84,8 +84,13 @@ impl From<ManagerError> for ApiError {
             let message = "the sandbox's disk was changed from inside its VM (its image header names a file hutch did not make it on), so hutch will not start it again; kill it";
             return ApiError::new(StatusCode::CONFLICT, message);
         }
-        // A full disk is the client's to hear about: the message names no path.
-        if !status.is_server_error() || matches!(e, ManagerError::NoSpace(_)) {
+        // A full disk is the client's to hear about, but not how full the host's disk
+        // is: the numbers go to the server's log.
+        if let ManagerError::NoSpace(detail) = &e {
+            tracing::warn!("refused for want of disk: {detail}");
+            return ApiError::new(status, "the server is short of disk space for this; try again later, or ask its operator to free space");
+        }
+        if !status.is_server_error() {
             return ApiError::new(status, hutch_proto::error_chain(&e));
         }
         // The causes of a server-side failure name host paths and carry QEMU's stderr:
@@ -111,7 +116,8 @@ mod tests {
         assert_eq!((e.status, e.message.as_str()), (StatusCode::BAD_REQUEST, "templateID 'x' is not allowed"));
         let e = ApiError::from(ManagerError::NoSpace("the server's disk has 3 MiB free".into()));
         assert_eq!(e.status, StatusCode::INSUFFICIENT_STORAGE);
-        assert!(e.message.contains("3 MiB free"));
+        // The tenant hears the disk is short, not how full the host's disk is.
+        assert!(e.message.contains("short of disk") && !e.message.contains("3 MiB"), "{}", e.message);
     }
 
     #[test]

@@ -65,7 +65,10 @@ impl BuildVm {
         let copied = tokio::task::spawn_blocking(move || {
             // The build log is the caller's to read: no host paths in it.
             std::fs::copy(&from, &dest).map_err(|e| format!("copying the builder's disk into the build cache: {e}"))?;
-            hutch_vmm::disk::reset_backing(&dest, &base).map_err(|e| e.to_string())
+            hutch_vmm::disk::reset_backing(&dest, &base).map_err(|e| {
+                tracing::warn!("re-basing the builder's disk copy: {}", hutch_proto::error_chain(&e));
+                "re-basing the builder's disk copy in the build cache failed (the server's log says why)".to_string()
+            })
         })
         .await
         .map_err(|e| e.to_string())
