@@ -94,6 +94,16 @@ impl<'a> Launch<'a> {
         self
     }
 
+    /// The child's `argv[0]`, as `std::process::Command` gives the name it was asked
+    /// to run (`qemu-system-x86_64`), not the path it was found at.
+    pub fn arg0(mut self, name: &str) -> Self {
+        match CString::new(name) {
+            Ok(name) => self.argv[0] = name,
+            Err(_) => self.invalid = Some(format!("the program name {name:?} holds a NUL byte")),
+        }
+        self
+    }
+
     /// The kernel kills the child when hutch dies (PR_SET_PDEATHSIG).
     pub fn die_with_parent(mut self, on: bool) -> Self {
         self.die_with_parent = on;
