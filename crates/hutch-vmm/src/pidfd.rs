@@ -17,16 +17,7 @@ pub struct PidFd {
 impl PidFd {
     /// Opens the process `pid`, which must run now.
     pub fn open(pid: u32) -> std::io::Result<PidFd> {
-        let raw_pid = libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
-        // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; it reads
-        // and writes no memory of ours.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw_pid, libc::PIDFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: the syscall returned a fresh fd that nothing else owns.
-        let owned = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-        PidFd::of(pid, owned)
+        PidFd::of(pid, open_fd(pid, libc::PIDFD_NONBLOCK)?)
     }
 
     /// The process of pidfd `fd`, whose pid is `pid`.
@@ -87,6 +78,19 @@ impl PidFd {
     pub fn kill(&self) -> std::io::Result<()> {
         kill(self.fd.get_ref().as_fd())
     }
+}
+
+/// A pidfd for the running process `pid`, opened with `flags`.
+pub fn open_fd(pid: u32, flags: libc::c_uint) -> std::io::Result<OwnedFd> {
+    let raw_pid = libc::pid_t::try_from(pid).map_err(|_| std::io::Error::from_raw_os_error(libc::ESRCH))?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1; it reads
+    // and writes no memory of ours.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, raw_pid, flags) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the syscall returned a fresh fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// Sends SIGKILL to the process of pidfd `fd` (never to another that took its pid).

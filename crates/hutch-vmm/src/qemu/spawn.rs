@@ -142,7 +142,7 @@ impl<'a> Launch<'a> {
         // The child polls this after its id change (which clears the parent-death
         // signal it then sets again) to catch a parent that died before that.
         let parent = match self.die_with_parent {
-            true => Some(lift(pidfd_open(std::process::id())?).map_err(prepare)?),
+            true => Some(lift(crate::pidfd::open_fd(std::process::id(), 0).map_err(prepare)?).map_err(prepare)?),
             false => None,
         };
         let (in_userns, confined) = match &jail {
@@ -234,16 +234,6 @@ impl<'a> Launch<'a> {
 fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
     let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     Ok((lift(read)?, lift(write)?))
-}
-
-fn pidfd_open(pid: u32) -> Result<OwnedFd, SpawnError> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
-    if fd < 0 {
-        return Err(SpawnError::Prepare(std::io::Error::last_os_error()));
-    }
-    // SAFETY: a fresh fd nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
 /// From linux/close_range.h.
