@@ -1,6 +1,6 @@
 //! Agent-wide state shared by every request.
 
-use crate::fs::watch::Watchers;
+use crate::fs::watchers::Watchers;
 use crate::http::connect::ConnectError;
 use crate::process::reaper::Reaper;
 use crate::process::user::GuestUser;

@@ -2,7 +2,7 @@
 
 use hutch_image::initramfs::InitramfsError;
 use hutch_image::kernel::{Kernel, KernelError};
-use hutch_image::rootfs::{Template, TemplateError};
+use hutch_image::template::{Template, TemplateError};
 use hutch_image::{HutchHome, Progress};
 use std::path::{Path, PathBuf};
 

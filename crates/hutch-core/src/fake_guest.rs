@@ -199,7 +199,7 @@ async fn answer(req: http::Request<hyper::body::Incoming>, shared: &Shared) -> h
 /// overlays are real qcow2 files on a raw image.
 pub fn artifacts(root: &std::path::Path) -> crate::Artifacts {
     use hutch_image::kernel::Kernel;
-    use hutch_image::rootfs::Template;
+    use hutch_image::template::Template;
     let artifacts = crate::Artifacts {
         kernel: Kernel { version: "6.1-test".into(), package: "p".into(), package_version: "1".into(), dir: root.join("k") },
         initramfs: root.join("initrd"),

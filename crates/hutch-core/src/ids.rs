@@ -56,7 +56,7 @@ impl MemMib {
     /// What a sandbox of `template` gets when no size is asked for: the template's
     /// own (E2B's model), else `DEFAULT`.
     pub fn of_template(template: &str) -> MemMib {
-        hutch_image::rootfs::memory_mib(hutch_image::tags::split(template).0).and_then(|m| MemMib::new(m).ok()).unwrap_or(Self::DEFAULT)
+        hutch_image::recipes::memory_mib(hutch_image::tags::split(template).0).and_then(|m| MemMib::new(m).ok()).unwrap_or(Self::DEFAULT)
     }
 }
 

@@ -6,7 +6,7 @@
 //! lives, the owner decides (it may extend, pause or kill), and the reaper does
 //! nothing but look at the owner's pid every few seconds.
 
-use crate::sandbox::SERVER_OWNED;
+use crate::sandbox::layout::SERVER_OWNED;
 use crate::store::{Store, StoreError};
 use crate::sweep::{alive, read_pid, running_qemu};
 use hutch_image::HutchHome;

@@ -5,7 +5,7 @@
 //! followed down their whole backing chain, as QEMU opens them.
 
 use hutch_image::HutchHome;
-use hutch_vmm::qemu::backing::BackingError;
+use hutch_vmm::disk::backing::BackingError;
 use hutch_vmm::Memory;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -28,7 +28,7 @@ fn entries(dir: &Path) -> impl Iterator<Item = PathBuf> {
 /// for it: one tenant's rewritten header does not stop every pruner of the home.
 fn chains(home: &HutchHome, disks: Vec<PathBuf>, into: &mut HashSet<PathBuf>) -> Result<(), BackingError> {
     for disk in disks.into_iter().filter(|d| d.is_file()) {
-        match hutch_vmm::qemu::backing::chain_in(home.root(), &disk) {
+        match hutch_vmm::disk::backing::chain_in(home.root(), &disk) {
             Ok(chain) => into.extend(chain),
             Err(e) if e.is_tampered() => tracing::warn!("{e}"),
             Err(e) => return Err(e),
@@ -45,14 +45,14 @@ pub fn of_sandboxes_and_snapshots(home: &HutchHome) -> Result<InUse, BackingErro
     for dir in entries(&home.sandboxes()) {
         // A sandbox still starting has its overlay before its record.
         disks.push(dir.join("disk.qcow2"));
-        let Ok(record) = crate::record::read::<crate::sandbox::VmRecord>(&dir.join(crate::sandbox::VM_RECORD), crate::record::Kind::Vm) else { continue };
+        let Ok(record) = crate::record::read::<crate::sandbox::layout::VmRecord>(&dir.join(crate::sandbox::layout::VM_RECORD), crate::record::Kind::Vm) else { continue };
         used.snapshot_dirs.extend(record.base_snapshot.clone());
         disks.push(record.spec.disk.clone());
         if let Memory::SharedFile(f) | Memory::PrivateFile(f) = &record.spec.memory {
             used.files.insert(f.clone());
         }
     }
-    disks.extend(entries(&home.root().join("snapshots").join("sandboxes")).map(|d| d.join("disk.qcow2")));
+    disks.extend(entries(&home.sandbox_snapshots()).map(|d| d.join("disk.qcow2")));
     chains(home, disks, &mut used.files)?;
     Ok(used)
 }
@@ -61,38 +61,17 @@ pub fn of_sandboxes_and_snapshots(home: &HutchHome) -> Result<InUse, BackingErro
 /// may not lose.
 pub fn of_everything(home: &HutchHome) -> Result<HashSet<PathBuf>, BackingError> {
     let mut files = of_sandboxes_and_snapshots(home)?.files;
-    let templates = crate::template_snapshot::root(home);
+    let templates = home.template_snapshots();
     chains(home, entries(&templates).map(|d| d.join("disk.qcow2")).collect(), &mut files)?;
     // The build cache's layers stack on template builds (a build `FROM` a template).
     chains(home, crate::build::cache::BuildCache::new(home).layer_files(), &mut files)?;
     Ok(files)
 }
 
-/// Removes the template builds nothing stacks on any more (a rebuild's predecessors).
-pub fn prune_template_builds(home: &HutchHome) {
-    match of_everything(home) {
-        Ok(files) => {
-            for image in hutch_image::rootfs::prune_builds(home, &files) {
-                tracing::info!(image = %image.display(), "removed a template build that was replaced and that nothing stacks on");
-            }
-        }
-        Err(e) => tracing::warn!("keeping every template build: {e}"),
-    }
-}
-
-/// After `tags` of template `name` were removed or moved: what only they kept goes,
-/// their memory snapshots and then the builds nothing names or uses. (The `default`
-/// tag's snapshot is replaced when the current build is next used.)
-pub fn release_tags(home: &HutchHome, name: &str, tags: &[String]) {
-    for tag in tags.iter().filter(|t| *t != hutch_image::tags::DEFAULT) {
-        crate::template_snapshot::remove_tag_snapshots(home, name, tag);
-    }
-    prune_template_builds(home);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pruning::prune_template_builds;
     use std::os::unix::fs::OpenOptionsExt;
 
     fn qcow2_on(base: &Path, overlay: &Path) {
@@ -170,7 +149,7 @@ mod tests {
         qcow2_on(&by_sandbox, &home.sandboxes().join("sb1").join("disk.qcow2"));
         // A template snapshot that a sandbox's disk stacks on.
         let by_template_snapshot = build(&home, "template-snapshot");
-        let snap_disk = crate::template_snapshot::root(&home).join("t-1cpu").join("disk.qcow2");
+        let snap_disk = home.template_snapshots().join("t-1cpu").join("disk.qcow2");
         qcow2_on(&by_template_snapshot, &snap_disk);
         qcow2_on(&snap_disk, &home.sandboxes().join("sb2").join("disk.qcow2"));
         // A stored snapshot, and a fork of it stored in turn.
@@ -180,7 +159,7 @@ mod tests {
         qcow2_on(&stored, &home.root().join("snapshots/sandboxes/snap_b/disk.qcow2"));
         // A template snapshot nothing else uses still needs its build.
         let by_idle_template_snapshot = build(&home, "idle-template-snapshot");
-        qcow2_on(&by_idle_template_snapshot, &crate::template_snapshot::root(&home).join("t-2cpu").join("disk.qcow2"));
+        qcow2_on(&by_idle_template_snapshot, &home.template_snapshots().join("t-2cpu").join("disk.qcow2"));
         let unreferenced = build(&home, "replaced");
 
         prune_template_builds(&home);

@@ -158,7 +158,7 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
         incoming: Some(Incoming { state: dir.join("state"), ignore_shared: false }),
         die_with_parent: true,
         agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
-        nic: snapshot.manifest.nic.then(crate::sandbox::guest_nic),
+        nic: snapshot.manifest.nic.then(crate::sandbox::layout::guest_nic),
     };
     let result = async {
         let mut vm = backend.start(&spec).await.map_err(|e| SaveError::Vm(SnapshotError::Migration { what: "load", detail: e.to_string() }))?;
@@ -211,3 +211,12 @@ pub async fn save_vm(vm: &mut dyn VmHandle, overlay: &Path, base: Option<&Path>,
     }
     Ok(())
 }
+
+/// The built-in template the sandbox in `dir` descends from, as the snapshot its disk
+/// stacks on records it: what it boots with, even after the user's snapshot it was
+/// started from (its row's template) was deleted.
+pub fn descends_from(dir: &Path) -> Option<String> {
+    let (record, _) = crate::sandbox::layout::read_record(dir).ok()?;
+    MemorySnapshot::open(&record.base_snapshot?).map(|s| s.manifest.template)
+}
+

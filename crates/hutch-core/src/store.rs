@@ -61,7 +61,7 @@ pub struct SandboxRow {
     /// The timeout's auto-pause keeps memory too (E2B's `autoPauseMemory`).
     pub auto_pause_memory: bool,
     /// What its pause kept, while it is paused: its files' word, never stored.
-    pub pause_mode: Option<crate::sandbox::PauseMode>,
+    pub pause_mode: Option<crate::sandbox::layout::PauseMode>,
     /// Why the sandbox failed, if it has: its owner's word, never stored (a failed
     /// sandbox does not outlive the server).
     pub failure: Option<String>,

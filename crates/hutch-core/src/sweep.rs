@@ -30,7 +30,7 @@ fn recently_made(dir: &Path) -> bool {
 /// line, so a recycled pid is not taken for it).
 pub(crate) fn running_qemu(dir: &Path) -> Option<i32> {
     let pid = read_pid(&dir.join("qemu.pid")).filter(|p| alive(*p))?;
-    hutch_vmm::qemu::is_vm_of(pid as u32, dir).then_some(pid)
+    hutch_vmm::process::names_dir(pid as u32, dir).then_some(pid)
 }
 
 /// Kills the sandbox's QEMU if it is still running.
@@ -57,8 +57,8 @@ pub fn sweep_orphans(home: &HutchHome, by: Sweeper) -> usize {
         let dir = entry.path();
         let owner = read_pid(&dir.join("owner.pid"));
         // A paused sandbox has no process; the server's store owns it.
-        let paused = crate::sandbox::paused_mode(&dir).is_some();
-        let adoptable = by == Sweeper::Local && dir.join(crate::sandbox::SERVER_OWNED).is_file() && running_qemu(&dir).is_some();
+        let paused = crate::sandbox::layout::paused_mode(&dir).is_some();
+        let adoptable = by == Sweeper::Local && dir.join(crate::sandbox::layout::SERVER_OWNED).is_file() && running_qemu(&dir).is_some();
         if paused || adoptable || owner.is_some_and(alive) || (owner.is_none() && recently_made(&dir)) {
             continue;
         }

@@ -10,8 +10,10 @@
 
 use crate::agent::AgentClient;
 use crate::artifacts::Artifacts;
-use crate::sandbox::{console_tail, wait_for_agent, wait_for_port, CreateError, SandboxOptions};
-use crate::snapshot::{Manifest, MemorySnapshot, SaveError};
+use crate::sandbox::boot::{wait_for_agent, wait_for_port, SandboxOptions};
+use crate::sandbox::errors::{CreateError, TemplateSnapshotError};
+use crate::sandbox::layout::console_tail;
+use crate::snapshot::{Manifest, MemorySnapshot};
 use hutch_image::HutchHome;
 use hutch_vmm::{Memory, VmBackend, VmSpec};
 use sha2::{Digest, Sha256};
@@ -28,24 +30,6 @@ const FORMAT: &str = "hutch-snapshot-3";
 /// What the snapshot's guest ran before it was saved: a change means a new snapshot.
 fn warm_up_id(artifacts: &Artifacts, memory_mib: u32) -> String {
     artifacts.template.warm_up(memory_mib).map(|w| format!("{} {}", w.path, w.body)).collect::<Vec<_>>().join("\n")
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum TemplateSnapshotError {
-    #[error("creating {0}")]
-    Dir(PathBuf, #[source] std::io::Error),
-    #[error("booting the template VM")]
-    Boot(#[source] CreateError),
-    #[error("warming up the template's service on port {port}: {detail}")]
-    WarmUp { port: u16, detail: String },
-    #[error("the template's start command: {0}")]
-    StartCmd(String),
-    #[error(transparent)]
-    Save(#[from] SaveError),
-    #[error("stopping the template VM")]
-    Stop(#[source] hutch_vmm::StopError),
-    #[error("another hutch has been making this template snapshot for {mins} min (it holds {}); wait for it or end it", lock.display())]
-    LockTimeout { lock: PathBuf, mins: u64 },
 }
 
 /// How long a hutch waits for another one making the same template snapshot (a boot
@@ -77,11 +61,6 @@ async fn lock_within(path: &Path, limit: Duration) -> Result<nix::fcntl::Flock<s
     }
 }
 
-pub fn root(home: &HutchHome) -> PathBuf {
-    home.root().join("snapshots").join("templates")
-}
-
-
 /// The host's TSC rate in MHz: the snapshot's kernel was told the rate in kHz when it
 /// booted, and keeps its clock by it. MHz, so that a re-measurement after a reboot
 /// (a few ppm off) keeps the snapshot while a different host makes a new one.
@@ -105,88 +84,24 @@ pub fn dir_for(home: &HutchHome, artifacts: &Artifacts, opts: &SandboxOptions, b
         &opts.cpus.to_string(),
         &opts.memory.get().to_string(),
         opts.accel.as_str(),
-        // The VMM that saves and restores it (QEMU's version line).
+        // The VMM that saves and restores it, the flags the snapshot's kernel booted
+        // with and the devices the saved VM has (a state loads only into the same set).
         &backend.snapshot_key(),
         &tsc_mhz(home),
-        // The flags the snapshot's kernel booted with (the rate aside, hashed above).
-        &hutch_vmm::qemu::kernel_cmdline(hutch_vmm::clock::FALLBACK_TSC_KHZ),
         &warm_up_id(artifacts, opts.memory.get()),
-        // The devices the saved VM has (a state loads only into the same set).
-        &format!("nic:virtio-net-device,{}", hutch_vmm::qemu::NIC_QUIRKS),
     ] {
         h.update(part.as_bytes());
         h.update([0]);
     }
-    root(home).join(format!("{}-{}", shape_prefix(t, opts), hex::encode(&h.finalize()[..8])))
+    home.template_snapshots().join(format!("{}-{}", shape_prefix(t, opts), hex::encode(&h.finalize()[..8])))
 }
 
 /// The part of a snapshot's directory name that says which template (and tag: a
 /// tagged build's snapshot does not replace the current build's) and VM shape it is
 /// for: snapshots with the same prefix replace each other. Names have no '@'.
-fn shape_prefix(template: &hutch_image::rootfs::Template, opts: &SandboxOptions) -> String {
+fn shape_prefix(template: &hutch_image::template::Template, opts: &SandboxOptions) -> String {
     let tagged = template.tag.as_ref().map(|t| format!("{}@{t}", template.name));
     format!("{}-{}cpu-{}mib-{}", tagged.as_deref().unwrap_or(&template.name), opts.cpus, opts.memory.get(), opts.accel.as_str())
-}
-
-/// The template snapshots something in this home still uses (`references.rs`): one
-/// whose file is under a sandbox's or stored snapshot's disk, is the memory a sandbox
-/// maps, or is a sandbox's base. An unreadable chain counts as using them all.
-fn in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
-    let templates = root(home);
-    match crate::references::of_sandboxes_and_snapshots(home) {
-        Ok(used) => {
-            let under = used.files.iter().filter_map(|f| f.strip_prefix(&templates).ok()?.components().next()).map(|c| templates.join(c));
-            let mut dirs: std::collections::HashSet<PathBuf> = under.collect();
-            dirs.extend(used.snapshot_dirs);
-            dirs
-        }
-        Err(e) => {
-            tracing::warn!("keeping every template snapshot: {e}");
-            std::fs::read_dir(&templates).into_iter().flatten().flatten().map(|e| e.path()).collect()
-        }
-    }
-}
-
-/// Removes the memory snapshots of template `name`'s tag `tag` (the tag was removed or
-/// now names another build) that nothing uses. Only that tag's: the rest of the name
-/// must be the shape and hash (`-1cpu-512mib-kvm-<16 hex>`), so tag `v1` leaves
-/// `v1-rc`'s alone.
-pub(crate) fn remove_tag_snapshots(home: &HutchHome, name: &str, tag: &str) {
-    let prefix = format!("{name}@{tag}-");
-    let is_shape_and_hash = |rest: &str| {
-        let parts: Vec<&str> = rest.split('-').collect();
-        let number_then = |p: &str, unit: &str| p.strip_suffix(unit).is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
-        parts.len() == 4
-            && number_then(parts[0], "cpu")
-            && number_then(parts[1], "mib")
-            && !parts[2].is_empty()
-            && parts[2].bytes().all(|b| b.is_ascii_alphanumeric())
-            && parts[3].len() == 16
-            && parts[3].bytes().all(|b| b.is_ascii_hexdigit())
-    };
-    remove_unused(home, "the memory snapshot of a tag that was removed or moved", |dir_name| dir_name.strip_prefix(&prefix).is_some_and(is_shape_and_hash));
-}
-
-/// Removes each template snapshot whose directory name `matches`, unless something
-/// still uses it (`in_use`); `what` says why, in the log.
-fn remove_unused(home: &HutchHome, what: &str, matches: impl Fn(&str) -> bool) {
-    let in_use = in_use(home);
-    for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
-        let dir = entry.path();
-        if matches(&entry.file_name().to_string_lossy()) && !in_use.contains(&dir) && dir.join(crate::snapshot::MANIFEST).is_file() {
-            tracing::info!(dir = %dir.display(), "removing {what}");
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-    }
-}
-
-/// Removes the snapshots `current` replaced (same template and shape, older build of
-/// something), unless something still uses one (`in_use`).
-fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
-    let current = current.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    remove_unused(home, "a template snapshot its replacement made stale", |dir_name| {
-        dir_name != current && dir_name.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('-') && !rest.contains('.'))
-    });
 }
 
 /// Where a template VM runs while its snapshot is made: `.t{pid}-{n}` under the
@@ -200,7 +115,7 @@ impl Scratch {
     fn new(home: &HutchHome) -> Result<Scratch, TemplateSnapshotError> {
         static MADE: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let dir = root(home).join(format!(".t{}-{n}", std::process::id()));
+        let dir = home.template_snapshots().join(format!(".t{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).map_err(|e| TemplateSnapshotError::Dir(dir.clone(), e))?;
         Ok(Scratch(dir))
@@ -221,7 +136,7 @@ impl Drop for Scratch {
 /// Removes the scratch directories of hutch processes that died making a snapshot
 /// (`kill -9`, power loss): nothing else would, and each holds a guest's RAM.
 fn sweep_scratch(home: &HutchHome) {
-    for entry in std::fs::read_dir(root(home)).into_iter().flatten().flatten() {
+    for entry in std::fs::read_dir(home.template_snapshots()).into_iter().flatten().flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         if Scratch::maker(&name).is_some_and(|pid| !crate::sweep::alive(pid)) {
             tracing::info!(dir = %entry.path().display(), "removing a template snapshot a dead hutch left half-made");
@@ -237,7 +152,7 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     if let Some(s) = MemorySnapshot::open(&dir) {
         return Ok(s);
     }
-    std::fs::create_dir_all(root(home)).map_err(|e| TemplateSnapshotError::Dir(root(home), e))?;
+    std::fs::create_dir_all(home.template_snapshots()).map_err(|e| TemplateSnapshotError::Dir(home.template_snapshots(), e))?;
     let lock_path = dir.with_extension("lock");
     let lock = lock_within(&lock_path, LOCK_WAIT).await?;
     if let Some(s) = MemorySnapshot::open(&dir) {
@@ -258,8 +173,8 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     drop(lock);
     if result.is_ok() {
         tracing::info!(template = %artifacts.template.name, "saved the template's memory snapshot in {}", dir.display());
-        prune_replaced(home, &dir, &shape_prefix(&artifacts.template, opts));
-        crate::references::prune_template_builds(home);
+        crate::pruning::prune_replaced(home, &dir, &shape_prefix(&artifacts.template, opts));
+        crate::pruning::prune_template_builds(home);
     }
     result
 }
@@ -288,7 +203,7 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
         incoming: None,
         die_with_parent: true,
         agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
-        nic: Some(crate::sandbox::guest_nic()),
+        nic: Some(crate::sandbox::layout::guest_nic()),
     };
     let mut vm = backend.start(&spec).await.map_err(|e| TemplateSnapshotError::Boot(CreateError::Start(e)))?;
     let agent = wait_for_agent(vm.as_mut(), opts.boot_timeout, started).await.map_err(TemplateSnapshotError::Boot)?;
@@ -408,13 +323,14 @@ async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pruning::{prune_replaced, remove_tag_snapshots};
 
     #[test]
     fn removing_a_tags_snapshots_leaves_a_longer_tags_alone() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let home = HutchHome::at(tmp.path());
         let make = |name: &str| {
-            let dir = root(&home).join(name);
+            let dir = home.template_snapshots().join(name);
             std::fs::create_dir_all(&dir).expect("dir");
             std::fs::write(dir.join(crate::snapshot::MANIFEST), b"{}").expect("manifest");
             dir
@@ -445,7 +361,7 @@ mod tests {
 
     /// The scratch directories under the template snapshots' root.
     fn scratch_dirs(home: &HutchHome) -> Vec<String> {
-        let names = std::fs::read_dir(root(home)).into_iter().flatten().flatten();
+        let names = std::fs::read_dir(home.template_snapshots()).into_iter().flatten().flatten();
         names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| Scratch::maker(n).is_some()).collect()
     }
 
@@ -516,8 +432,8 @@ mod tests {
         let (_tmp, home, artifacts, backend) = fake();
         let mut child = std::process::Command::new("true").spawn().expect("spawn true");
         child.wait().expect("wait");
-        let dead = root(&home).join(format!(".t{}-7", child.id()));
-        let live = root(&home).join(format!(".t{}-99", std::process::id()));
+        let dead = home.template_snapshots().join(format!(".t{}-7", child.id()));
+        let live = home.template_snapshots().join(format!(".t{}-99", std::process::id()));
         for dir in [&dead, &live] {
             std::fs::create_dir_all(dir).expect("dir");
             std::fs::write(dir.join("memory"), b"ram").expect("memory");
@@ -538,7 +454,7 @@ mod tests {
     }
 
     fn template_snapshot(home: &HutchHome, name: &str) -> PathBuf {
-        let dir = root(home).join(name);
+        let dir = home.template_snapshots().join(name);
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join(crate::snapshot::MANIFEST), "{}").expect("manifest");
         qcow2(&dir.join("disk.qcow2"), None);

@@ -59,6 +59,14 @@ impl HutchHome {
     pub fn sandboxes(&self) -> PathBuf {
         self.root.join("sandboxes")
     }
+    /// Template memory snapshots (`snapshots/templates`).
+    pub fn template_snapshots(&self) -> PathBuf {
+        self.root.join("snapshots").join("templates")
+    }
+    /// Snapshots of sandboxes: forks and E2B snapshots (`snapshots/sandboxes`).
+    pub fn sandbox_snapshots(&self) -> PathBuf {
+        self.root.join("snapshots").join("sandboxes")
+    }
     pub fn tmp(&self) -> PathBuf {
         self.root.join("tmp")
     }

@@ -10,13 +10,18 @@ pub mod file_error;
 pub mod flock;
 pub mod from_image;
 pub mod home;
+mod image_tree;
 pub mod initramfs;
 pub mod kernel;
 pub mod progress;
+pub mod prune;
+pub mod recipes;
 pub mod record;
 pub mod rootfs;
 mod run;
 pub mod tags;
+pub mod template;
+pub mod template_store;
 pub mod unprivileged;
 
 pub use home::HutchHome;

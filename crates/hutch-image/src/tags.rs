@@ -9,37 +9,21 @@
 //! the same moment do not lose each other's tags.
 
 use crate::record::{self, Kind};
-use crate::rootfs::{Template, TemplateError};
+use crate::template::{Template, TemplateError};
+use crate::template_store::{lock, MANIFEST};
 use crate::HutchHome;
+
+pub use crate::template::TagError;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The tag a name without one means.
 pub const DEFAULT: &str = "default";
 const TAGS: &str = "tags.json";
 const HISTORY: &str = "tag-history.json";
-const LOCK: &str = ".tags.lock";
 /// Assignments kept per template; older ones are forgotten.
 const HISTORY_KEPT: usize = 1000;
-
-#[derive(Debug, thiserror::Error)]
-pub enum TagError {
-    #[error("tag '{0}' is not allowed: use 1-64 lowercase letters, digits, '.', '-' or '_' (and not a UUID)")]
-    BadTag(String),
-    #[error("template '{name}' has no tag '{tag}'; its tags: {known}")]
-    UnknownTag { name: String, tag: String, known: String },
-    #[error("there is no template '{0}' here")]
-    UnknownTemplate(String),
-    #[error("the '{DEFAULT}' tag names the template's current build and cannot be removed; assign it to another build instead")]
-    DefaultKept,
-    #[error("build {build} of template '{name}' is gone (only builds something tags or uses are kept)")]
-    BuildGone { name: String, build: String },
-    #[error(transparent)]
-    Template(#[from] TemplateError),
-    #[error("{what} {}: {source}", path.display())]
-    Io { what: &'static str, path: PathBuf, source: std::io::Error },
-}
 
 /// One tag of a template: the build it names and when it was given.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,33 +89,10 @@ fn read_tags(dir: &Path) -> Result<BTreeMap<String, TagEntry>, TagError> {
     }
 }
 
-/// Holds the template's tag lock while alive: builds being stored, tags changing and
-/// prunes of the template's builds happen one at a time.
-pub struct Locked(#[allow(dead_code)] std::fs::File);
-
-fn lock_file(dir: &Path) -> Result<std::fs::File, TagError> {
-    let path = dir.join(LOCK);
-    std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io("opening", &path))
-}
-
-pub fn lock(dir: &Path) -> Result<Locked, TagError> {
-    let file = lock_file(dir)?;
-    file.lock().map_err(io("locking", &dir.join(LOCK)))?;
-    Ok(Locked(file))
-}
-
-/// The lock if it comes free within `patience` (None: someone still holds it; see
-/// [`crate::flock`] for why a moment's wait).
-pub(crate) fn try_lock_within(dir: &Path, patience: std::time::Duration) -> Result<Option<Locked>, TagError> {
-    let file = lock_file(dir)?;
-    let locked = crate::flock::lock_within(&file, patience).map_err(io("locking", &dir.join(LOCK)))?;
-    Ok(locked.then_some(Locked(file)))
-}
-
 /// The manifest of build `build` of template `name`.
 pub fn build_manifest(home: &HutchHome, name: &str, build: &str) -> Result<Template, TagError> {
     let dir = home.template(name);
-    let path = crate::rootfs::build_manifest_path(&dir, build);
+    let path = crate::template_store::build_manifest_path(&dir, build);
     let mut t: Template = match record::read(&path, Kind::Template) {
         Ok(t) => t,
         Err(e) if e.is_missing() => return Err(TagError::BuildGone { name: name.into(), build: build.into() }),
@@ -157,7 +118,7 @@ pub fn resolve(home: &HutchHome, name: &str, tag: &str) -> Result<Template, TagE
 
 /// Every tag of template `name`, `default` first.
 pub fn list(home: &HutchHome, name: &str) -> Result<Vec<(String, TagEntry)>, TagError> {
-    let current = crate::rootfs::cached(home, name)?.ok_or_else(|| TagError::UnknownTemplate(name.into()))?;
+    let current = crate::template_store::current(home, name)?.ok_or_else(|| TagError::UnknownTemplate(name.into()))?;
     list_of(&current)
 }
 
@@ -174,7 +135,7 @@ pub fn list_of(current: &Template) -> Result<Vec<(String, TagEntry)>, TagError> 
 /// alone starts something).
 pub fn for_new_build(home: &HutchHome, name: &str, tags: &[String]) -> Vec<String> {
     let mut out = tags.to_vec();
-    let first = !home.template(name).join(crate::rootfs::MANIFEST).is_file();
+    let first = !home.template(name).join(MANIFEST).is_file();
     if (out.is_empty() || first) && !out.iter().any(|t| t == DEFAULT) {
         out.insert(0, DEFAULT.to_string());
     }
@@ -187,7 +148,7 @@ pub fn install_tagged(home: &HutchHome, built: &Path, template: Template, build_
     let dir = home.template(&template.name);
     std::fs::create_dir_all(&dir).map_err(io("creating", &dir))?;
     let _held = lock(&dir)?;
-    let stored = crate::rootfs::store_build(home, built, template, build_id)?;
+    let stored = crate::template_store::store_build(home, built, template, build_id)?;
     assign_locked(home, &stored.name, build_id, tags)?;
     Ok(stored)
 }
@@ -200,11 +161,11 @@ pub fn assign(home: &HutchHome, name: &str, target: Option<&str>, tags: &[String
     let _held = lock(&dir)?;
     let build = match target {
         Some(tag) => resolve(home, name, tag)?,
-        None => crate::rootfs::cached(home, name)?.ok_or_else(|| TagError::UnknownTemplate(name.into()))?,
+        None => crate::template_store::current(home, name)?.ok_or_else(|| TagError::UnknownTemplate(name.into()))?,
     };
     // A build from before builds kept their own manifests gets one now.
     if build_manifest(home, name, &build.build_id).is_err() {
-        crate::rootfs::keep_manifest(&build)?;
+        crate::template_store::keep_manifest(&build)?;
     }
     assign_locked(home, name, &build.build_id, tags)?;
     Ok(build)
@@ -219,7 +180,7 @@ fn assign_locked(home: &HutchHome, name: &str, build: &str, tags: &[String]) -> 
     for tag in tags {
         if tag == DEFAULT {
             manifest.tagged_at = Some(now.clone());
-            crate::rootfs::make_current(&dir, &manifest)?;
+            crate::template_store::make_current(&dir, &manifest)?;
         } else {
             map.insert(tag.clone(), TagEntry { build: build.to_string(), created_at: now.clone() });
         }
@@ -272,7 +233,7 @@ pub fn remove(home: &HutchHome, name: &str, tags: &[String]) -> Result<(), TagEr
         return Err(TagError::DefaultKept);
     }
     let dir = home.template(name);
-    if !dir.join(crate::rootfs::MANIFEST).is_file() {
+    if !dir.join(MANIFEST).is_file() {
         return Err(TagError::UnknownTemplate(name.into()));
     }
     let _held = lock(&dir)?;
@@ -309,7 +270,7 @@ mod tests {
         std::fs::create_dir_all(home.tmp()).expect("tmp");
         let path = home.tmp().join("rootfs.ext4");
         std::fs::write(&path, bytes).expect("image");
-        let mut t = crate::from_image::image_template("app", crate::rootfs::ImageSource { reference: format!("r/{id}"), manifest_digest: String::new(), defaults: Default::default() });
+        let mut t = crate::from_image::image_template("app", crate::template::ImageSource { reference: format!("r/{id}"), manifest_digest: String::new(), defaults: Default::default() });
         t.api_build = Some(format!("uuid-{id}"));
         let tags: Vec<String> = tags.iter().map(|t| t.to_string()).collect();
         install_tagged(home, &path, t, id, &tags).expect("store")
@@ -334,7 +295,7 @@ mod tests {
         let unknown = crate::rootfs::cached(&home, "app:v3").expect_err("no v3").to_string();
         assert!(unknown.contains("has no tag 'v3'") && unknown.contains("default, v1, v2"), "{unknown}");
         // A build only a tag names is not pruned; untagged, it is.
-        assert!(crate::rootfs::prune_builds(&home, &Default::default()).is_empty());
+        assert!(crate::prune::prune_builds(&home, &Default::default()).is_empty());
         // `default` moves: the template's current build is now b2.
         assert_eq!(assign(&home, "app", Some("v2"), &[DEFAULT.into()]).expect("assign default").build_id, "b2");
         assert_eq!(crate::rootfs::cached(&home, "app").expect("cached").expect("built").build_id, "b2");
@@ -342,7 +303,7 @@ mod tests {
         assert!(matches!(remove(&home, "app", &["v1".into(), "nope".into()]), Err(TagError::UnknownTag { .. })));
         assert_eq!(tags_of(&home).len(), 3, "a failed removal removes nothing");
         remove(&home, "app", &["v1".into()]).expect("remove v1");
-        assert_eq!(crate::rootfs::prune_builds(&home, &Default::default()), vec![one.image()]);
+        assert_eq!(crate::prune::prune_builds(&home, &Default::default()), vec![one.image()]);
         assert!(two.image().is_file());
         assert_eq!(tags_of(&home), [("default".into(), "b2".into()), ("v2".into(), "b2".into())]);
     }
@@ -378,13 +339,13 @@ mod tests {
         let dir = home.template("app");
         std::fs::create_dir_all(&dir).expect("dir");
         std::fs::write(dir.join("rootfs.ext4"), b"legacy").expect("image");
-        let mut legacy = crate::from_image::image_template("app", crate::rootfs::ImageSource { reference: "r/old".into(), manifest_digest: String::new(), defaults: Default::default() });
+        let mut legacy = crate::from_image::image_template("app", crate::template::ImageSource { reference: "r/old".into(), manifest_digest: String::new(), defaults: Default::default() });
         legacy.build_id = "old1".into();
         record::write(&dir.join("template.json"), Kind::Template, &legacy).expect("manifest");
 
         assert_eq!(assign(&home, "app", None, &["old".into()]).expect("tag").build_id, "old1");
         store(&home, b"new", "b2", &[DEFAULT]);
-        assert_eq!(crate::rootfs::prune_builds(&home, &Default::default()), vec![dir.join("rootfs.ext4")]);
+        assert_eq!(crate::prune::prune_builds(&home, &Default::default()), vec![dir.join("rootfs.ext4")]);
         let old = crate::rootfs::cached(&home, "app:old").expect("cached").expect("built");
         assert_eq!(std::fs::read(old.image()).expect("the tagged build's bytes"), b"legacy");
     }

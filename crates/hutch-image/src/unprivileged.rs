@@ -15,7 +15,7 @@
 //! belongs to subordinate ids, which `remove_tree` removes through the namespace.
 
 use crate::file_error::at;
-use crate::from_image::{make_image_here, FromImageError, ImageJob};
+use crate::image_tree::{make_image_here, FromImageError, ImageJob};
 use crate::rootfs::BuildMode;
 use crate::run::run;
 use crate::Progress;
@@ -65,7 +65,7 @@ pub(crate) fn make_image(mode: &BuildMode, job: &ImageJob, progress: &dyn Progre
     if std::fs::symlink_metadata(&tree).is_ok() {
         mode.remove(&tree);
     }
-    ran.map_err(crate::rootfs::TemplateError::from)?;
+    ran.map_err(crate::template::TemplateError::from)?;
     let text = match std::fs::read(&outcome_file) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {

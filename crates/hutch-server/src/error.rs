@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use hutch_core::manager::ManagerError;
-use hutch_core::sandbox::PauseError;
+use hutch_core::sandbox::errors::PauseError;
 use hutch_core::snapshot::SaveError;
 use serde_json::json;
 

@@ -112,9 +112,8 @@ impl VmSpec {
     }
 }
 
-/// A backend's own reason, kept whole so callers can still look for its type in the
-/// error's chain (`qemu::jail::JailError::tampered_disk_in`); boxed so this trait's
-/// file names no backend.
+/// A backend's own reason, kept whole for the error's chain and its sentence; boxed so
+/// this trait's file names no backend.
 pub type BackendCause = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Debug, thiserror::Error)]
@@ -126,6 +125,10 @@ pub enum StartError {
     Spawn(#[source] std::io::Error),
     #[error("confining QEMU")]
     Jail(#[source] BackendCause),
+    /// The sandbox's disk header no longer names what hutch made it on: its VM rewrote
+    /// it, so it must never start again.
+    #[error("confining QEMU")]
+    TamperedDisk(#[source] BackendCause),
     #[error("QEMU could not enter its confinement (mount namespace, cgroup, uid): {0}; set HUTCH_JAIL=off to run it unconfined")]
     Confine(std::io::Error),
     #[error("QEMU exited while starting ({status}): {stderr}")]
@@ -184,6 +187,20 @@ pub enum AdoptError {
 
 /// A running VM. Dropping it kills the VM (a panic must not leak QEMU), unless it was
 /// `release`d for another hutch to adopt.
+impl StartError {
+    /// Whether `e`, or an error under it, is a start refused for a tampered disk.
+    pub fn tampered_disk_in(e: &(dyn std::error::Error + 'static)) -> bool {
+        let mut current = Some(e);
+        while let Some(err) = current {
+            if let Some(StartError::TamperedDisk(_)) = err.downcast_ref::<StartError>() {
+                return true;
+            }
+            current = err.source();
+        }
+        false
+    }
+}
+
 #[async_trait::async_trait]
 pub trait VmHandle: Send + Sync {
     fn pid(&self) -> Option<u32>;
@@ -214,7 +231,8 @@ pub trait VmBackend: Send + Sync {
     fn name(&self) -> &'static str;
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError>;
     /// What a state this backend saves depends on besides the guest (for QEMU, its
-    /// version): part of every memory snapshot's key, so another VMM gets a new one.
+    /// version, the guest kernel's flags and the NIC's device options): part of every
+    /// memory snapshot's key, so another VMM or device set gets a new one.
     fn snapshot_key(&self) -> String;
     /// Takes over the VM of `spec` that an earlier hutch started and left running as
     /// process `pid`: the VM keeps running, and the handle drives it from now on.

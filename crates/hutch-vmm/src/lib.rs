@@ -11,6 +11,7 @@ pub mod disk;
 pub mod pidfd;
 pub mod process;
 pub mod space;
+#[cfg(any(test, feature = "fake"))]
 pub mod fake;
 pub mod qemu;
 pub mod qmp;

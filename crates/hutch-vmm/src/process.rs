@@ -3,6 +3,7 @@
 //! instead of holding a request, a sandbox's owner or a build forever.
 
 use std::io::Read;
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,14 @@ pub fn wait_within(child: &mut Child, limit: Duration) -> std::io::Result<std::p
     }
 }
 
+/// Whether process `pid`'s command line names `dir`: a VM process hutch started names
+/// its sandbox directory (its sockets and disk live there), so a recycled pid is never
+/// taken for that VM.
+pub fn names_dir(pid: u32, dir: &Path) -> bool {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    String::from_utf8_lossy(&cmdline).contains(&dir.display().to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,3 +78,4 @@ mod tests {
         assert!(e.to_string().contains("killed"), "{e}");
     }
 }
+

@@ -2,6 +2,7 @@
 
 use super::creds::as_user;
 use super::entry::entry_info;
+use super::io_error::io_error;
 use super::path::{create_parents, resolve};
 use crate::http::connect::{parse, ConnectError, UnaryResult};
 use crate::process::user::GuestUser;
@@ -15,22 +16,6 @@ use hutch_proto::filesystem::*;
 use serde_json::{json, Value};
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-
-pub fn io_error(path: &Path, e: std::io::Error) -> ConnectError {
-    let p = path.display();
-    match e.kind() {
-        ErrorKind::NotFound => ConnectError::new(Code::NotFound, format!("path '{p}' does not exist")),
-        ErrorKind::PermissionDenied => ConnectError::new(Code::PermissionDenied, format!("permission denied: '{p}'")),
-        ErrorKind::AlreadyExists => ConnectError::new(Code::AlreadyExists, format!("path '{p}' already exists")),
-        _ if e.raw_os_error() == Some(libc::ENOTDIR) => {
-            ConnectError::new(Code::InvalidArgument, format!("a component of '{p}' is not a directory"))
-        }
-        _ if e.raw_os_error() == Some(libc::ENOSPC) => {
-            ConnectError::new(Code::ResourceExhausted, format!("not enough disk space for '{p}'"))
-        }
-        _ => ConnectError::new(Code::Internal, format!("'{p}': {e}")),
-    }
-}
 
 fn entry(path: &Path) -> Result<EntryInfo, ConnectError> {
     entry_info(path).map_err(|e| io_error(path, e))

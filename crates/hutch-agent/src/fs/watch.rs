@@ -3,8 +3,9 @@
 
 use super::creds::as_user;
 use super::entry::entry_info;
+use super::io_error::io_error;
 use super::path::resolve;
-use super::rpc::io_error;
+use super::watchers::Polled;
 use crate::http::connect::{self, parse, ConnectError, UnaryResult};
 use crate::state::AgentState;
 use axum::body::{Body, Bytes};
@@ -21,20 +22,9 @@ use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 
 /// Events a polled watcher keeps until the next GetWatcherEvents.
 const MAX_BUFFERED: usize = 10_000;
-
-struct Polled {
-    events: Arc<Mutex<Vec<FilesystemEvent>>>,
-    task: JoinHandle<()>,
-}
-
-#[derive(Default, Clone)]
-pub struct Watchers {
-    polled: Arc<Mutex<HashMap<String, Polled>>>,
-}
 
 fn mask() -> WatchMask {
     WatchMask::CREATE
@@ -203,7 +193,7 @@ pub async fn create_watcher(State(st): State<AgentState>, headers: HeaderMap, bo
         }
     });
     let id = format!("w-{:016x}", rand::random::<u64>());
-    st.watchers.polled.lock().unwrap_or_else(|e| e.into_inner()).insert(id.clone(), Polled { events, task });
+    st.watchers.add(id.clone(), Polled { events, task });
     Ok(Json(WatcherId { watcher_id: id }))
 }
 
@@ -213,16 +203,14 @@ fn unknown(id: &str) -> ConnectError {
 
 pub async fn get_watcher_events(State(st): State<AgentState>, body: Bytes) -> UnaryResult<WatcherEvents> {
     let req: WatcherId = parse(&body)?;
-    let polled = st.watchers.polled.lock().unwrap_or_else(|e| e.into_inner());
-    let w = polled.get(&req.watcher_id).ok_or_else(|| unknown(&req.watcher_id))?;
-    let events = std::mem::take(&mut *w.events.lock().unwrap_or_else(|e| e.into_inner()));
+    let events = st.watchers.take_events(&req.watcher_id).ok_or_else(|| unknown(&req.watcher_id))?;
     Ok(Json(WatcherEvents { events }))
 }
 
 pub async fn remove_watcher(State(st): State<AgentState>, body: Bytes) -> UnaryResult<Value> {
     let req: WatcherId = parse(&body)?;
-    let w = st.watchers.polled.lock().unwrap_or_else(|e| e.into_inner()).remove(&req.watcher_id);
-    let w = w.ok_or_else(|| unknown(&req.watcher_id))?;
-    w.task.abort();
+    if !st.watchers.remove(&req.watcher_id) {
+        return Err(unknown(&req.watcher_id));
+    }
     Ok(Json(json!({})))
 }

@@ -1,11 +1,12 @@
 //! `hutch bench`: boot and exec latency, next to a bare QEMU boot of the same kernel and
 //! initramfs measured in the same run (method in docs/BENCHMARKS.md).
 
+use super::bench_measure::{exec_once, ms, true_request, Series};
 use crate::local::Local;
 use anyhow::Context;
 use clap::Args;
 use hutch_core::{Sandbox, SandboxOptions};
-use hutch_proto::process::{ProcessConfig, ProcessEvent, StartRequest};
+use hutch_proto::process::{ProcessConfig, StartRequest};
 use hutch_vmm::qemu::QemuBackend;
 use hutch_vmm::{AccelChoice, VmSpec};
 use std::time::{Duration, Instant};
@@ -24,24 +25,6 @@ pub struct BenchArgs {
     /// passt and QEMU's user-mode network; needs HUTCH_JAIL=off, iperf3 and passt).
     #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots", "start", "net"])]
     pub suite: String,
-}
-
-pub struct Series {
-    pub name: &'static str,
-    pub samples: Vec<Duration>,
-}
-
-impl Series {
-    pub fn pct(&self, p: f64) -> Duration {
-        let mut s = self.samples.clone();
-        s.sort();
-        let idx = ((s.len() as f64 - 1.0) * p).round() as usize;
-        s.get(idx).copied().unwrap_or_default()
-    }
-}
-
-pub fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1000.0)
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
@@ -107,26 +90,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-/// `true`, run directly (no shell).
-pub fn true_request() -> StartRequest {
-    StartRequest { process: ProcessConfig { cmd: "true".into(), ..Default::default() }, stdin: Some(false), ..Default::default() }
-}
-
-/// Runs `req` in the sandbox to its end; fails unless it exits 0.
-pub async fn exec_once(sb: &Sandbox, req: &StartRequest) -> anyhow::Result<Duration> {
-    let started = Instant::now();
-    let mut stream = sb.agent().start(req).await?;
-    while let Some(ev) = stream.next().await {
-        if let ProcessEvent::End(end) = ev? {
-            anyhow::ensure!(end.exit_code == 0, "{} failed: {end:?}", req.process.cmd);
-            return Ok(started.elapsed());
-        }
-    }
-    anyhow::bail!("no end event")
-}
-
-/// QEMU with hutch's command line for `spec`, started directly (no QMP session, no
-/// sandbox); killed when dropped.
 /// QEMU started by hutch's VM layer alone (its command line, jail and QMP): from spawn
 /// to the agent's first answer on its channel (an idle probe). No sandbox directory,
 /// overlay creation, session or init call.

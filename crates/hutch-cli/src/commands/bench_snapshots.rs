@@ -2,7 +2,7 @@
 //! pool) next to a bare QEMU restore of the same snapshot, pause/resume by guest size,
 //! memory per idle sandbox, and create throughput (method in docs/BENCHMARKS.md).
 
-use super::bench::{exec_once, ms, true_request, Series};
+use super::bench_measure::{exec_once, ms, true_request, Series};
 use crate::local::Local;
 use hutch_core::snapshot::MemorySnapshot;
 use hutch_core::{MemMib, Sandbox, SandboxOptions};
@@ -169,9 +169,9 @@ async fn pause_resume(local: &Local, backend: &QemuBackend, opts: &SandboxOption
         eprint!("\rpause/resume {mib} MiB: run {}/{runs}", i + 1);
         let dir = sb.dir().to_path_buf();
         let started = Instant::now();
-        sb.pause(hutch_core::sandbox::PauseMode::Full).await?;
+        sb.pause(hutch_core::sandbox::layout::PauseMode::Full).await?;
         pause.samples.push(started.elapsed());
-        state_bytes = std::fs::metadata(dir.join(hutch_core::sandbox::PAUSED_STATE))?.len();
+        state_bytes = std::fs::metadata(dir.join(hutch_core::sandbox::layout::PAUSED_STATE))?.len();
         drop(sb);
         let started = Instant::now();
         sb = Sandbox::resume(&dir, backend, &opts).await?;

@@ -97,7 +97,7 @@ pub async fn run(_args: DoctorArgs) -> anyhow::Result<i32> {
             line(false, "agent", e);
         }
     }
-    let templates = hutch_image::rootfs::list(&home);
+    let templates = hutch_image::template_store::list(&home);
     line(true, "templates", if templates.is_empty() { "none built yet (base is built on first use)".to_string() } else { templates.join(", ") });
     let sandboxes = std::fs::read_dir(home.sandboxes()).map(|d| d.count()).unwrap_or(0);
     line(true, "sandboxes", format!("{sandboxes} on disk"));

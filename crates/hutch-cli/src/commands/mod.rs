@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_measure;
 pub mod bench_net;
 pub mod bench_snapshots;
 pub mod doctor;

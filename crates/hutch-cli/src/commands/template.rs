@@ -83,7 +83,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
     let home = HutchHome::from_env();
     match cmd {
         TemplateCommand::Ls => {
-            for name in hutch_image::rootfs::list(&home) {
+            for name in hutch_image::template_store::list(&home) {
                 // The template (its `default` build), then each other tag as NAME:TAG.
                 let tags = hutch_image::tags::list(&home, &name).map(|t| t.into_iter().map(|(tag, _)| tag).collect()).unwrap_or_else(|_| vec![hutch_image::tags::DEFAULT.to_string()]);
                 for tag in tags {
@@ -100,7 +100,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
         TemplateCommand::Rm { name } => {
             if let (template, Some(tag)) = name_and_tag(&name)? {
                 hutch_image::tags::remove(&home, &template, std::slice::from_ref(&tag))?;
-                hutch_core::references::release_tags(&home, &template, std::slice::from_ref(&tag));
+                hutch_core::pruning::release_tags(&home, &template, std::slice::from_ref(&tag));
                 crate::outln!("removed tag {tag} of template {template}");
                 return Ok(0);
             }
@@ -202,7 +202,7 @@ async fn run_build(home: &HutchHome, args: &BuildArgs, (name, tag): (String, Opt
         name,
         tags: tag.into_iter().collect(),
         api_build: None,
-        shape: hutch_image::rootfs::Shape { cpus: args.cpus, memory_mib: args.memory.map(|m| m.get()), min_free_disk_mib: args.min_free_disk.filter(|&mib| mib > 0) },
+        shape: hutch_image::template::Shape { cpus: args.cpus, memory_mib: args.memory.map(|m| m.get()), min_free_disk_mib: args.min_free_disk.filter(|&mib| mib > 0) },
         base,
         steps,
         start_cmd: None,

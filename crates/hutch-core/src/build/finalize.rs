@@ -1,10 +1,10 @@
 //! The last phase: the top layer's chain (the defaults already written into it by the
 //! builder VM) flattened into one raw ext4 image and installed as the template's new
-//! build. Nothing here reads the guest's filesystem: `qemu-img` copies clusters.
+//! build. Nothing here reads the guest's filesystem: the disk layer (`hutch_vmm::disk`) copies clusters.
 
 use super::cache::Key;
 use super::{BuildError, BuildLog, BuildSpec, FailedAt, Level};
-use hutch_image::rootfs::{ImageSource, Template};
+use hutch_image::template::{ImageSource, Template};
 use hutch_image::HutchHome;
 use std::path::Path;
 use std::process::Command;
@@ -65,9 +65,7 @@ fn tool(cmd: &mut Command, what: &str) -> Result<Vec<u8>, String> {
 
 /// The chain under `layer` as one sparse raw image.
 fn flatten(layer: &Path, raw: &Path) -> Result<(), String> {
-    let format = if layer.extension().is_some_and(|e| e == "qcow2") { "qcow2" } else { "raw" };
-    tool(Command::new("qemu-img").args(["convert", "-f", format, "-O", "raw"]).arg(layer).arg(raw), "flattening the build's layers")?;
-    Ok(())
+    hutch_vmm::disk::flatten_to_raw(layer, raw, TOOL_DEADLINE).map_err(|e| format!("flattening the build's layers: {}", hutch_proto::error_chain(&e)))
 }
 
 /// An e2fsprogs tool: from /usr/sbin, which a user's PATH on Debian lacks.

@@ -3,7 +3,8 @@
 //! becomes each step's layer.
 
 use super::{absolute, BuildLog, BuildSpec, Context, Level, Step, StepKind};
-use crate::sandbox::{Sandbox, SandboxOptions};
+use crate::sandbox::Sandbox;
+use crate::sandbox::boot::SandboxOptions;
 use crate::{Artifacts, MemMib};
 use hutch_image::HutchHome;
 use hutch_proto::process::{DataEvent, ProcessConfig, ProcessEvent, StartRequest};
@@ -28,7 +29,7 @@ pub struct BuildVm {
 
 impl BuildVm {
     pub async fn boot(home: &HutchHome, backend: &dyn VmBackend, spec: &BuildSpec, layer: &Path) -> Result<BuildVm, String> {
-        let placeholder = hutch_image::from_image::image_template(&spec.name, hutch_image::rootfs::ImageSource {
+        let placeholder = hutch_image::from_image::image_template(&spec.name, hutch_image::template::ImageSource {
             reference: String::new(),
             manifest_digest: String::new(),
             defaults: Default::default(),

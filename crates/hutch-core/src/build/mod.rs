@@ -17,7 +17,7 @@ mod guest;
 pub use hutch_formats::{context, dockerfile, shell_join, Step, StepKind};
 
 use cache::{BuildCache, Key};
-use hutch_image::rootfs::{ImageSource, Template};
+use hutch_image::template::{ImageSource, Template};
 use hutch_image::HutchHome;
 use hutch_oci::pull::{PullProgress, Puller, RegistryOptions};
 use hutch_oci::{BlobStore, ImageDefaults};
@@ -43,7 +43,7 @@ pub struct BuildSpec {
     /// The id the template API gave this build (a UUID), kept in its manifest.
     pub api_build: Option<String>,
     /// The vCPUs and memory its sandboxes get (checked by the caller).
-    pub shape: hutch_image::rootfs::Shape,
+    pub shape: hutch_image::template::Shape,
     pub base: Base,
     pub steps: Vec<Step>,
     /// Started when a sandbox of the template starts (before its memory snapshot).
@@ -197,7 +197,7 @@ async fn base_layer(home: &HutchHome, spec: &BuildSpec, cache: &BuildCache, scra
                 ),
             );
             let digest = image.manifest_digest.to_string();
-            let key = Key::of(None, &["image", &digest, &hutch_image::rootfs::DISK_SIZE.to_string()]);
+            let key = Key::of(None, &["image", &digest, &hutch_image::template::DISK_SIZE.to_string()]);
             let source = ImageSource { reference: image.reference.clone(), manifest_digest: digest.clone(), defaults: image.defaults.clone() };
             if let Some(layer) = cache.lookup(&key).filter(|_| !spec.force) {
                 log.log(Level::Info, Some("base"), &format!("CACHED [base] FROM {reference} [{}]", key.short()));
@@ -232,7 +232,7 @@ async fn base_layer(home: &HutchHome, spec: &BuildSpec, cache: &BuildCache, scra
                 .await
                 .map_err(|e| fail(false)(e.to_string()))?
                 .map_err(|e| {
-                    let caller = matches!(e, hutch_image::rootfs::TemplateError::Unknown { .. });
+                    let caller = matches!(e, hutch_image::template::TemplateError::Unknown { .. });
                     fail(caller)(hutch_proto::error_chain(&e))
                 })?;
             let key = Key::of(None, &["template", &template.name, &template.build_id]);
@@ -539,7 +539,7 @@ pub fn remove_template(home: &HutchHome, name: &str) -> Result<(), RemoveError> 
     let used = crate::references::of_sandboxes_and_snapshots(home).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
     let canonical = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
     let dir = canonical(&dir);
-    let snapshots: Vec<PathBuf> = std::fs::read_dir(crate::template_snapshot::root(home))
+    let snapshots: Vec<PathBuf> = std::fs::read_dir(home.template_snapshots())
         .into_iter()
         .flatten()
         .flatten()
@@ -568,9 +568,9 @@ pub fn remove_template(home: &HutchHome, name: &str) -> Result<(), RemoveError> 
     let Some(cache_held) = cache.exclusive(CACHE_PATIENCE).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))? else {
         return Err(RemoveError::InUse { name: name.into(), what: "a template build is running now and may stack on it; try again when it ends".into() });
     };
-    let stacked: Vec<PathBuf> = cache.layer_files().into_iter().filter(|l| hutch_vmm::qemu::backing::chain_in(home.root(), l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)).collect();
+    let stacked: Vec<PathBuf> = cache.layer_files().into_iter().filter(|l| hutch_vmm::disk::backing::chain_in(home.root(), l).map(|c| c.iter().any(|f| canonical(f).starts_with(&dir))).unwrap_or(true)).collect();
     // Not while a build of it is being stored or its tags change.
-    let _template_held = hutch_image::tags::lock(&dir).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
+    let _template_held = hutch_image::template_store::lock(&dir).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
     cache.remove_layers(&cache_held, &stacked).map_err(|e| RemoveError::Unsure(name.into(), e.to_string()))?;
     for path in snapshots.iter().chain(std::iter::once(&dir)) {
         std::fs::remove_dir_all(path).map_err(|source| RemoveError::Io { path: path.clone(), source })?;

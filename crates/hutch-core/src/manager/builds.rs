@@ -3,12 +3,13 @@
 //! key owns which template name. Builds run one at a time (they boot a VM each) as
 //! tasks of the manager, and their records live until the server stops.
 
+use super::build_ids::{build_uuid, new_build_uuid, BuildInfo};
 use super::{ManagerError, SandboxManager};
 use crate::build::{context, Base, BuildLog, BuildSpec, Level, Step, StepKind};
 use hutch_formats::budget::{Budget, BudgetError};
 use hutch_formats::upload::{self, UnpackError};
 use hutch_oci::pull::RegistryOptions;
-pub use hutch_image::rootfs::Shape;
+pub use hutch_image::template::Shape;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -97,45 +98,6 @@ pub struct TemplateInfo {
     pub memory_mib: u32,
     /// Its builds a tag names, the current one first.
     pub builds: Vec<BuildInfo>,
-}
-
-/// One build of a template, as the API shows it.
-#[derive(Debug, Clone)]
-pub struct BuildInfo {
-    /// A UUID (`build_uuid`).
-    pub id: String,
-    /// RFC 3339.
-    pub built_at: String,
-    pub disk_size: u64,
-}
-
-/// A template build's id as E2B shows it, a UUID (the SDK parses it as one): the one
-/// the API gave the build that made it, else (a CLI or recipe build) UUIDv8 of the
-/// build's own id, a content hash, so the same build keeps its UUID.
-pub(crate) fn build_uuid(template: &hutch_image::rootfs::Template) -> String {
-    if let Some(id) = &template.api_build {
-        return id.clone();
-    }
-    name_uuid(&format!("hutch-template-build:{}", template.build_id))
-}
-
-/// A UUID (version 8) that `seed` always gives: for things hutch names by content.
-pub(crate) fn name_uuid(seed: &str) -> String {
-    use sha2::Digest;
-    let b: [u8; 16] = sha2::Sha256::digest(seed)[..16].try_into().unwrap_or_default();
-    uuid_text(b, 8)
-}
-
-/// A new API build's id: a random UUIDv4.
-fn new_build_uuid() -> String {
-    uuid_text(rand::random(), 4)
-}
-
-fn uuid_text(mut b: [u8; 16], version: u8) -> String {
-    b[6] = (b[6] & 0x0f) | (version << 4);
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h = hex::encode(b);
-    format!("{}-{}-{}-{}-{}", &h[..8], &h[8..12], &h[12..16], &h[16..20], &h[20..])
 }
 
 /// The steps of a build as the API received them (E2B's `TemplateBuildStartV2`).
@@ -263,7 +225,7 @@ pub fn is_files_hash(hash: &str) -> bool {
 /// Template names the API builds into: hutch's own recipes stay hutch's.
 fn check_buildable(name: &str) -> Result<(), ManagerError> {
     hutch_image::from_image::check_name(name).map_err(|e| ManagerError::InvalidArgument(e.to_string()))?;
-    if hutch_image::rootfs::builtin_names().contains(&name) {
+    if hutch_image::recipes::builtin_names().contains(&name) {
         return Err(ManagerError::Conflict(format!("'{name}' is a built-in template; build under another name")));
     }
     // `/templates/tags` is the tags endpoint, so no template can be reached by that name.
@@ -320,7 +282,7 @@ impl SandboxManager {
         if hutch_image::from_image::check_name(alias).is_err() {
             return Err(ManagerError::Missing(format!("there is no template '{}'", alias.escape_default())));
         }
-        if hutch_image::rootfs::builtin_names().contains(&alias) {
+        if hutch_image::recipes::builtin_names().contains(&alias) {
             return Ok(true);
         }
         match self.template_owner(alias) {
@@ -335,7 +297,7 @@ impl SandboxManager {
     /// The templates `key_id` may start sandboxes of (`GET /templates`): the built-in
     /// ones built on this machine, and the ones this key built.
     pub fn templates(&self, key_id: &str) -> Vec<TemplateInfo> {
-        hutch_image::rootfs::list(&self.home).into_iter().filter_map(|name| self.template_info(key_id, &name).ok()).collect()
+        hutch_image::template_store::list(&self.home).into_iter().filter_map(|name| self.template_info(key_id, &name).ok()).collect()
     }
 
     /// One template `key_id` may use (`GET /templates/{id}`).
@@ -676,7 +638,7 @@ fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path, limits: CopyLimits
 
 #[cfg(test)]
 mod tests {
-    use super::{api_steps, build_uuid, check_steps, new_build_uuid, ApiStep, CopyLimits, RegistryAuth, MAX_COPY_STEPS};
+    use super::{api_steps, check_steps, ApiStep, CopyLimits, RegistryAuth, MAX_COPY_STEPS};
     use crate::build::StepKind;
     use std::path::Path;
 
@@ -781,26 +743,5 @@ mod tests {
             let e = auth(json).expect_err("refused").to_string();
             assert!(e.contains(says), "{e}");
         }
-    }
-
-    fn uuid_of(build_id: &str) -> String {
-        let mut t = crate::fake_guest::artifacts(std::path::Path::new("/nonexistent")).template;
-        t.build_id = build_id.into();
-        build_uuid(&t)
-    }
-
-    #[test]
-    fn a_build_shows_as_the_same_uuid_every_time() {
-        let id = uuid_of("4ca41cc4113a2bd3");
-        assert_eq!(id, uuid_of("4ca41cc4113a2bd3"));
-        assert_ne!(id, uuid_of("4ca41cc4113a2bd4"));
-        let fresh = new_build_uuid();
-        assert_eq!((&fresh[14..15], fresh.len()), ("4", 36), "version 4: {fresh}");
-        assert_ne!(fresh, new_build_uuid());
-        let groups: Vec<usize> = id.split('-').map(str::len).collect();
-        assert_eq!(groups, [8, 4, 4, 4, 12], "{id}");
-        assert!(id.chars().all(|c| c == '-' || c.is_ascii_hexdigit()), "{id}");
-        assert_eq!(&id[14..15], "8", "version 8: {id}");
-        assert!("89ab".contains(&id[19..20]), "RFC 4122 variant: {id}");
     }
 }

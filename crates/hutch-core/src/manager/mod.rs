@@ -2,6 +2,7 @@
 //! API keys, persisted in the store, with lifetimes enforced by a reaper task. Handlers
 //! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
 
+pub mod build_ids;
 pub mod builds;
 mod owner;
 mod pause;
@@ -20,8 +21,10 @@ use crate::agent::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
 pub use quota::KeyQuota;
-pub use crate::sandbox::PauseMode;
-use crate::sandbox::{CreateError, PauseError, Sandbox, SandboxOptions};
+pub use crate::sandbox::layout::PauseMode;
+use crate::sandbox::errors::{CreateError, PauseError};
+use crate::sandbox::Sandbox;
+use crate::sandbox::boot::SandboxOptions;
 use crate::store::{rfc3339, SandboxRow, Store, StoreError};
 use hutch_image::HutchHome;
 use hutch_proto::agent::Metrics;
@@ -149,7 +152,7 @@ pub enum ManagerError {
 impl ManagerError {
     /// A sandbox whose disk header was rewritten from inside its VM: it stays down.
     pub fn is_tampered_disk(&self) -> bool {
-        hutch_vmm::qemu::jail::JailError::tampered_disk_in(self)
+        hutch_vmm::StartError::tampered_disk_in(self)
     }
 }
 
@@ -196,7 +199,7 @@ impl Live {
         let mut row = lock(&self.row).clone();
         row.state = self.owner.state().api_name().to_string();
         row.failure = self.owner.failure();
-        row.pause_mode = if self.owner.state() == state::SandboxState::Paused { crate::sandbox::paused_mode(Path::new(&row.dir)) } else { None };
+        row.pause_mode = if self.owner.state() == state::SandboxState::Paused { crate::sandbox::layout::paused_mode(Path::new(&row.dir)) } else { None };
         row
     }
 }
@@ -244,7 +247,7 @@ pub struct SandboxManager {
 pub(crate) fn unknown_template(name: &str) -> ManagerError {
     ManagerError::InvalidArgument(format!(
         "unknown template '{name}': it is neither a built-in template ({}), one this API key built, nor a snapshot of yours",
-        hutch_image::rootfs::builtin_names().join(", ")
+        hutch_image::recipes::builtin_names().join(", ")
     ))
 }
 
@@ -421,8 +424,8 @@ impl SandboxManager {
             .map_err(|e| ManagerError::Internal(e.to_string()))?
             .map_err(|e| match e {
                 // Only the built-in names: templates other keys built are not this caller's business.
-                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Unknown { name, .. }) => unknown_template(&name),
-                ArtifactsError::Template(hutch_image::rootfs::TemplateError::Tag(e)) => tags::manager_error(*e),
+                ArtifactsError::Template(hutch_image::template::TemplateError::Unknown { name, .. }) => unknown_template(&name),
+                ArtifactsError::Template(hutch_image::template::TemplateError::Tag(e)) => tags::manager_error(*e),
                 other => ManagerError::Template(other),
             })
     }
@@ -691,7 +694,7 @@ impl SandboxManager {
             Box::pin(async move {
                 match o.sandbox.as_mut() {
                     Some(sandbox) => sandbox.set_network(settings),
-                    None => crate::sandbox::record_network(Path::new(&dir), settings),
+                    None => crate::sandbox::layout::record_network(Path::new(&dir), settings).map_err(CreateError::Record),
                 }
                 .map_err(|e| ManagerError::Internal(format!("keeping the network settings: {}", hutch_proto::error_chain(&e))))
             })
@@ -704,7 +707,7 @@ impl SandboxManager {
     pub fn network(&self, key_id: &str, id: &str) -> Result<hutch_net::Settings, ManagerError> {
         let live = self.find(key_id, id)?;
         let dir = lock(&live.row).dir.clone();
-        crate::sandbox::recorded_network(Path::new(&dir)).map_err(|e| ManagerError::Internal(format!("reading the network settings: {}", hutch_proto::error_chain(&e))))
+        crate::sandbox::layout::recorded_network(Path::new(&dir)).map_err(|e| ManagerError::Internal(format!("reading the network settings: {}", hutch_proto::error_chain(&e))))
     }
 
     /// What the sandbox's stack refused, and its counters (None while paused).
@@ -746,7 +749,7 @@ impl SandboxManager {
     /// `maskRequestHost`), read from its record; None keeps the client's.
     pub fn request_host(&self, id: &str, port: u16) -> Option<String> {
         let dir = lock(&self.live).get(id).map(|l| lock(&l.row).dir.clone())?;
-        let settings = crate::sandbox::recorded_network(Path::new(&dir)).ok()?;
+        let settings = crate::sandbox::layout::recorded_network(Path::new(&dir)).ok()?;
         settings.e2b?.network?.request_host(port)
     }
 
@@ -784,7 +787,7 @@ impl SandboxManager {
         // Without memory it boots rather than resumes: the request that woke it would
         // meet a guest that forgot everything (E2B resumes those only by an explicit
         // connect).
-        let disk_only = crate::sandbox::paused_mode(Path::new(&lock(&live.row).dir)) == Some(PauseMode::Filesystem);
+        let disk_only = crate::sandbox::layout::paused_mode(Path::new(&lock(&live.row).dir)) == Some(PauseMode::Filesystem);
         if !auto || disk_only {
             return Err(ManagerError::Paused(id.to_string()));
         }
@@ -939,7 +942,7 @@ impl SandboxManager {
 
 /// A template's own name for one of its aliases (`code-interpreter-v1`).
 fn canonical(template: &str) -> String {
-    hutch_image::rootfs::recipe(template).map_or(template, |r| r.name).to_string()
+    hutch_image::recipes::recipe(template).map_or(template, |r| r.name).to_string()
 }
 
 /// One operation counted in `in_flight` while this lives.

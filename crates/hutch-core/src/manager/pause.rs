@@ -6,7 +6,8 @@
 use super::owner::Owned;
 use super::state::SandboxState;
 use super::{lock, parse_time, Live, ManagerError, SandboxManager};
-use crate::sandbox::{paused_mode, PauseMode, Sandbox};
+use crate::sandbox::layout::{paused_mode, PauseMode};
+use crate::sandbox::Sandbox;
 use crate::store::{rfc3339, SandboxRow};
 use std::path::Path;
 use std::sync::Arc;
@@ -197,7 +198,7 @@ impl SandboxManager {
         // Prepared before the state moves: a template that cannot be had leaves it paused.
         let artifacts = match boot {
             true => {
-                let template = match crate::sandbox::descends_from(dir) {
+                let template = match crate::snapshot::descends_from(dir) {
                     Some(template) => template,
                     None => self.base_template(&row.key_id, &row.template).await?,
                 };
@@ -212,7 +213,7 @@ impl SandboxManager {
         };
         let sandbox = match resumed {
             Ok(sandbox) => sandbox,
-            Err(e @ crate::sandbox::CreateError::RanThenFailed(_)) => {
+            Err(e @ crate::sandbox::errors::CreateError::RanThenFailed(_)) => {
                 tracing::warn!(sandbox = %id, "{}", hutch_proto::error_chain(&e));
                 o.fail("its guest stopped answering right after it was resumed, so its saved state no longer matches its disk and it cannot be resumed again".into())?;
                 // Seen, and killable, for a while: a paused sandbox's end is often past,

@@ -5,7 +5,8 @@
 
 use super::{lock, SandboxManager, SlotGuard};
 use crate::artifacts::Artifacts;
-use crate::sandbox::{Sandbox, SandboxOptions};
+use crate::sandbox::Sandbox;
+use crate::sandbox::boot::SandboxOptions;
 use hutch_image::tags;
 
 /// A sandbox waiting in a pool, with the build it runs.

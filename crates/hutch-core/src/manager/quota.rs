@@ -5,7 +5,7 @@
 
 use super::{lock, ManagerError, SandboxManager};
 use crate::ids::MemMib;
-use hutch_image::rootfs::Shape;
+use hutch_image::template::Shape;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyQuota {

@@ -8,7 +8,9 @@ use super::state::SandboxState;
 use super::{hex_token, lock, CreateSpec, Live, ManagerError, SandboxManager};
 use crate::archive::{self, ArchiveError, ArchiveManifest};
 use crate::artifacts::Artifacts;
-use crate::sandbox::{Sandbox, SandboxOptions, VmRecord, PAUSED_STATE, VM_RECORD};
+use crate::sandbox::Sandbox;
+use crate::sandbox::boot::SandboxOptions;
+use crate::sandbox::layout::{VmRecord, PAUSED_STATE, VM_RECORD};
 use crate::snapshot::{Manifest, MemorySnapshot};
 use crate::store::{now_rfc3339, SandboxRow, SnapshotRow};
 use std::collections::HashSet;
@@ -70,7 +72,7 @@ impl SandboxManager {
     /// own snapshots and forks boot with the snapshot's template: recorded as the
     /// snapshot's id, they would name a template nobody can prepare.
     pub(super) async fn base_template(&self, key_id: &str, template: &str) -> Result<String, ManagerError> {
-        if hutch_image::rootfs::recipe(template).is_some() {
+        if hutch_image::recipes::recipe(template).is_some() {
             return Ok(template.to_string());
         }
         Ok(match self.store.snapshot(key_id, template).await? {
@@ -312,7 +314,7 @@ impl SandboxManager {
         let token = source.envd_token.as_ref().map(|_| hex_token());
         let mut opts = self.options(&source.template, &source.env_vars, &source.metadata, token.clone());
         // A fork may reach what its parent may.
-        let network = crate::sandbox::recorded_network(std::path::Path::new(&source.dir)).map_err(ManagerError::Create)?;
+        let network = crate::sandbox::layout::recorded_network(std::path::Path::new(&source.dir)).map_err(|e| ManagerError::Create(e.into()))?;
         opts.network = network.clone();
         let sandbox = Sandbox::from_snapshot(&self.home, artifacts, self.backend.as_ref(), snap, &opts).await.map_err(ManagerError::Create)?;
         let spec = CreateSpec {
@@ -323,7 +325,7 @@ impl SandboxManager {
             secure: token.is_some(),
             auto_pause: source.auto_pause,
             auto_resume: source.auto_resume,
-            auto_pause_mode: if source.auto_pause_memory { crate::sandbox::PauseMode::Full } else { crate::sandbox::PauseMode::Filesystem },
+            auto_pause_mode: if source.auto_pause_memory { crate::sandbox::layout::PauseMode::Full } else { crate::sandbox::layout::PauseMode::Filesystem },
             cold: false,
             private_ports: source.traffic_token.is_some(),
             network: Some(network),
@@ -338,7 +340,7 @@ impl SandboxManager {
         let Ok(stored) = self.store.snapshot_dirs().await else { return };
         let mut keep: HashSet<PathBuf> = stored.into_iter().map(PathBuf::from).collect();
         keep.extend(lock(&self.pinned).iter().cloned());
-        keep.extend(crate::sandbox::base_snapshots_in_use(&self.home));
+        keep.extend(crate::sandbox::layout::base_snapshots_in_use(&self.home));
         // Snapshots stack on snapshots (a fork of a fork): keep every base of a kept one.
         let mut frontier: Vec<PathBuf> = keep.iter().cloned().collect();
         while let Some(dir) = frontier.pop() {
@@ -355,7 +357,7 @@ impl SandboxManager {
                 let _ = std::fs::remove_dir_all(&dir);
             }
         }
-        crate::references::prune_template_builds(&self.home);
+        crate::pruning::prune_template_builds(&self.home);
     }
 }
 

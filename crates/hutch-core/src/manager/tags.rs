@@ -3,9 +3,9 @@
 //! themselves are hutch-image's (`tags.rs`); this checks who may change them and keeps
 //! the manager's prepared artifacts in step with them.
 
-use super::builds::{build_uuid, name_uuid, BuildInfo};
+use super::build_ids::{build_uuid, name_uuid, BuildInfo};
 use super::{lock, ManagerError, SandboxManager};
-use hutch_image::rootfs::Template;
+use hutch_image::template::Template;
 use hutch_image::tags::{self, TagError};
 
 /// One tag as the API shows it.
@@ -54,7 +54,7 @@ pub(crate) fn manager_error(e: TagError) -> ManagerError {
     match e {
         TagError::BadTag(_) | TagError::DefaultKept => ManagerError::InvalidArgument(e.to_string()),
         TagError::UnknownTag { .. } | TagError::UnknownTemplate(_) | TagError::BuildGone { .. } => ManagerError::Missing(e.to_string()),
-        TagError::Template(hutch_image::rootfs::TemplateError::Tag(inner)) => manager_error(*inner),
+        TagError::Template(hutch_image::template::TemplateError::Tag(inner)) => manager_error(*inner),
         TagError::Template(_) | TagError::Io { .. } => ManagerError::Internal(hutch_proto::error_chain(&e)),
     }
 }
@@ -149,7 +149,7 @@ impl SandboxManager {
     fn tags_changed(&self, name: &str, changed: &[String]) {
         self.forget_artifacts(name);
         let (home, name, changed) = (self.home.clone(), name.to_string(), changed.to_vec());
-        tokio::task::spawn_blocking(move || crate::references::release_tags(&home, &name, &changed));
+        tokio::task::spawn_blocking(move || crate::pruning::release_tags(&home, &name, &changed));
     }
 
     /// The builds of `current`'s template that a tag names, `current` first.

@@ -72,11 +72,11 @@ async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
         check!(Instant::now() < deadline, "the background python did not write /tmp/x (and the sleeper start) within 30 s: {state:?}");
     };
     let qemu = sb.pid().unwrap_or(0);
-    sb.pause(hutch_core::sandbox::PauseMode::Full).await?;
+    sb.pause(hutch_core::sandbox::layout::PauseMode::Full).await?;
     check!(sb.pid().is_none(), "the VM still runs after pause");
     let id = sb.id().to_string();
     drop(sb);
-    check!(dir.join(hutch_core::sandbox::PAUSED_STATE).is_file(), "no saved state in {dir:?}");
+    check!(dir.join(hutch_core::sandbox::layout::PAUSED_STATE).is_file(), "no saved state in {dir:?}");
     check!(!std::path::Path::new(&format!("/proc/{qemu}")).exists(), "QEMU {qemu} outlived the pause");
     // Time passing while paused is the behaviour under test (the clock must catch up).
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -87,7 +87,7 @@ async fn pause_resume(env: Arc<Env>) -> anyhow::Result<()> {
     let file = run(sb.agent(), "cat /home/user/file").await?.stdout_str();
     check!(file == "kept\n", "file after resume: {file:?}");
     crate::clock::check_skew(sb.agent(), "after a resume (it slept 1.5 s paused)").await?;
-    check!(!dir.join(hutch_core::sandbox::PAUSED_STATE).exists(), "the saved state outlived the resume");
+    check!(!dir.join(hutch_core::sandbox::layout::PAUSED_STATE).exists(), "the saved state outlived the resume");
     sb.destroy().await?;
     check!(!dir.exists(), "{dir:?} left behind");
     Ok(())

@@ -21,7 +21,7 @@
 //! makes syscalls on the values prepared (`ChildSide::enter`, called by `spawn.rs`).
 
 use crate::accel::Accel;
-use crate::backend::{Memory, VmSpec};
+use crate::backend::{Memory, StartError, VmSpec};
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -85,7 +85,7 @@ impl JailConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum JailError {
     #[error(transparent)]
-    Backing(#[from] super::backing::BackingError),
+    Backing(#[from] crate::disk::backing::BackingError),
     #[error(transparent)]
     Cgroup(#[from] super::cgroup::CgroupError),
     #[error("preparing {} for the VM: {source}", path.display())]
@@ -103,19 +103,24 @@ pub enum JailError {
 }
 
 impl JailError {
-    /// Whether `e` (or an error under it) is a disk whose header no longer names what
-    /// hutch made it on: the VM's doing, so it must not start again.
-    pub fn tampered_disk_in(e: &(dyn std::error::Error + 'static)) -> bool {
-        let mut current = Some(e);
-        while let Some(err) = current {
-            match err.downcast_ref::<JailError>() {
-                Some(JailError::ForeignBacking { .. } | JailError::ChangedBacking { .. }) => return true,
-                Some(JailError::Backing(b)) if b.is_tampered() => return true,
-                _ => {}
-            }
-            current = err.source();
+    /// Whether this is a disk whose header no longer names what hutch made it on: the
+    /// VM's doing, so the sandbox must not start again.
+    fn is_tampered_disk(&self) -> bool {
+        match self {
+            JailError::ForeignBacking { .. } | JailError::ChangedBacking { .. } => true,
+            JailError::Backing(b) => b.is_tampered(),
+            _ => false,
         }
-        false
+    }
+
+    /// As a start fails: a tampered disk says so in its own variant, which callers look
+    /// for without knowing this backend (`StartError::tampered_disk_in`).
+    pub(crate) fn into_start_error(self) -> StartError {
+        if self.is_tampered_disk() {
+            StartError::TamperedDisk(self.into())
+        } else {
+            StartError::Jail(self.into())
+        }
     }
 }
 
@@ -237,8 +242,8 @@ fn file_err(path: &Path) -> impl FnOnce(std::io::Error) -> JailError + '_ {
 
 impl Prepared {
     pub fn new(spec: &VmSpec, config: &JailConfig, binary: &str) -> Result<Prepared, JailError> {
-        let roots = super::backing::Roots::of_home(&config.hide, &spec.dir);
-        let backing = super::backing::chain(&spec.disk, &roots)?;
+        let roots = crate::disk::backing::Roots::of_home(&config.hide, &spec.dir);
+        let backing = crate::disk::backing::chain(&spec.disk, &roots)?;
         confined_chain(spec, &roots, &backing)?;
         let steps = plan(spec, config, &backing, |p| p.is_dir());
         if let Some(binary) = crate::process::find_program(binary) {
@@ -336,7 +341,7 @@ impl Prepared {
 /// VM's own directory, are bound into a jail: resolved through symlinks, so a name
 /// cannot point elsewhere. (`backing::chain` checked each before opening it; this
 /// holds for any list of names.)
-fn confined_chain(spec: &VmSpec, roots: &super::backing::Roots, backing: &[PathBuf]) -> Result<(), JailError> {
+fn confined_chain(spec: &VmSpec, roots: &crate::disk::backing::Roots, backing: &[PathBuf]) -> Result<(), JailError> {
     for image in backing {
         let real = std::fs::canonicalize(image).map_err(file_err(image))?;
         if !roots.holds(&real) {
@@ -581,7 +586,7 @@ mod tests {
         let mut s = spec(Memory::Anonymous);
         s.dir = home.join("sandboxes/sb1");
         s.disk = s.dir.join("disk.qcow2");
-        let roots = super::super::backing::Roots::of_home(&home, &s.dir);
+        let roots = crate::disk::backing::Roots::of_home(&home, &s.dir);
         assert!(confined_chain(&s, &roots, std::slice::from_ref(&inside)).is_ok());
         assert!(matches!(confined_chain(&s, &roots, &[inside.clone(), outside]), Err(JailError::ForeignBacking { .. })));
         assert!(matches!(confined_chain(&s, &roots, &[link]), Err(JailError::ForeignBacking { .. })));
@@ -593,11 +598,12 @@ mod tests {
         assert!(confined_chain(&s, &roots, std::slice::from_ref(&inside)).is_ok());
         let changed = confined_chain(&s, &roots, std::slice::from_ref(&theirs)).expect_err("plan");
         assert!(matches!(changed, JailError::ChangedBacking { .. }));
-        assert!(JailError::tampered_disk_in(&changed));
+        let tampered = |e: JailError| StartError::tampered_disk_in(&e.into_start_error());
+        assert!(tampered(changed));
         // A name `backing::chain` refused before opening it keeps the sandbox down too.
-        let refused = super::super::backing::BackingError::Outside { image: s.disk.clone(), name: "/dev/watchdog".into() };
-        assert!(JailError::tampered_disk_in(&JailError::Backing(refused)));
-        let unreadable = super::super::backing::BackingError::Io(s.disk.clone(), std::io::ErrorKind::NotFound.into());
-        assert!(!JailError::tampered_disk_in(&JailError::Backing(unreadable)));
+        let refused = crate::disk::backing::BackingError::Outside { image: s.disk.clone(), name: "/dev/watchdog".into() };
+        assert!(tampered(JailError::Backing(refused)));
+        let unreadable = crate::disk::backing::BackingError::Io(s.disk.clone(), std::io::ErrorKind::NotFound.into());
+        assert!(!tampered(JailError::Backing(unreadable)));
     }
 }

@@ -1,7 +1,6 @@
 //! The QEMU `microvm` backend: one QEMU process per VM, driven over QMP.
 
 mod args;
-pub mod backing;
 pub mod cgroup;
 pub mod jail;
 pub mod spawn;
@@ -18,13 +17,6 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 pub const DEFAULT_BINARY: &str = "qemu-system-x86_64";
-
-/// Whether process `pid` is the QEMU of the VM whose files are in `dir` (its command
-/// line names them), so a recycled pid is never taken for it.
-pub fn is_vm_of(pid: u32, dir: &std::path::Path) -> bool {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    String::from_utf8_lossy(&cmdline).contains(&dir.display().to_string())
-}
 
 #[derive(Debug, Clone)]
 pub struct QemuBackend {
@@ -82,7 +74,11 @@ impl VmBackend for QemuBackend {
     }
 
     fn snapshot_key(&self) -> String {
-        self.version().map(|v| v.line).unwrap_or_default()
+        // QEMU's version line; the flags the guest kernel boots with (the TSC rate
+        // aside: the caller keys on the host's); the NIC a saved VM has.
+        let version = self.version().map(|v| v.line).unwrap_or_default();
+        let cmdline = kernel_cmdline(crate::clock::FALLBACK_TSC_KHZ);
+        format!("{version}\0{cmdline}\0nic:virtio-net-device,{NIC_QUIRKS}")
     }
 
     async fn adopt(&self, spec: &VmSpec, pid: u32) -> Result<Box<dyn VmHandle>, crate::backend::AdoptError> {

@@ -99,7 +99,7 @@ impl QemuVm {
             handed.push((net.as_fd(), NET_FD));
         }
         let mut prepared = match jail {
-            Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(|e| StartError::Jail(e.into()))?),
+            Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(super::jail::JailError::into_start_error)?),
             None => None,
         };
         let missing = || StartError::Unavailable(crate::qemu::QemuVersionError::Missing { binary: binary.into() }.into());
@@ -194,7 +194,7 @@ impl QemuVm {
     /// QMP and console sockets. The guest runs on throughout.
     pub async fn adopt(spec: &VmSpec, pid: u32, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, AdoptError> {
         let pidfd = PidFd::open(pid).map_err(|_| AdoptError::Gone { pid })?;
-        let ours = super::is_vm_of(pid, &spec.dir);
+        let ours = crate::process::names_dir(pid, &spec.dir);
         // Read before asking whether it still runs: then the command line was its own.
         if pidfd.has_exited() {
             return Err(AdoptError::Gone { pid });

@@ -50,7 +50,7 @@ async fn template_tags_are_the_building_keys_alone() {
         std::fs::create_dir_all(home.tmp()).expect("tmp");
         let raw = home.tmp().join("raw.ext4");
         std::fs::write(&raw, bytes).expect("image");
-        let source = hutch_image::rootfs::ImageSource { reference: "r".into(), manifest_digest: String::new(), defaults: Default::default() };
+        let source = hutch_image::template::ImageSource { reference: "r".into(), manifest_digest: String::new(), defaults: Default::default() };
         hutch_image::tags::install_tagged(&home, &raw, hutch_image::from_image::image_template("app", source), id, &[tag.into()]).expect("store");
     }
     std::fs::write(home.template("app").join("owner"), &a).expect("owner");
@@ -65,7 +65,7 @@ async fn template_tags_are_the_building_keys_alone() {
     let (build, assigned) = m.assign_template_tags(&a, "app:v2", &[" Prod ".into(), "prod".into()]).expect("assign");
     assert_eq!(assigned, ["prod"]);
     let b2 = hutch_image::tags::build_manifest(&home, "app", "b2").expect("b2");
-    assert_eq!(build, crate::manager::builds::build_uuid(&b2));
+    assert_eq!(build, crate::manager::build_ids::build_uuid(&b2));
     assert_eq!(tags(&a).expect("tags"), ["default", "prod", "v2"]);
 
     for bad in [m.assign_template_tags(&a, "app", &["not ok".into()]), m.assign_template_tags(&a, "app", &[])] {

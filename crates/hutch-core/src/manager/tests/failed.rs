@@ -68,12 +68,12 @@ async fn a_resumed_guest_that_ran_and_then_failed_cannot_fall_back_to_paused() {
     assert!(until(SETTLE, || env.state(&id) == SandboxState::Paused).await, "autoPause did not pause it");
     env.guest.wedge(true);
     let resumed = env.manager.connect(&key, &id, None, OnResume::Restore).await;
-    assert!(matches!(resumed, Err(ManagerError::Resume(crate::sandbox::CreateError::RanThenFailed(_)))), "{resumed:?}");
+    assert!(matches!(resumed, Err(ManagerError::Resume(crate::sandbox::errors::CreateError::RanThenFailed(_)))), "{resumed:?}");
     env.guest.wedge(false);
     // Its saved state is gone: loading it again over the disk the guest changed since
     // would corrupt the filesystem.
     let dir = PathBuf::from(env.manager.get(&key, &id).expect("row").dir);
-    assert!(!dir.join(crate::sandbox::PAUSED_STATE).exists());
+    assert!(!dir.join(crate::sandbox::layout::PAUSED_STATE).exists());
     // The reaper leaves it for the user to see (its end was moved on), not gone at once.
     env.manager.kill_expired().await;
     assert_eq!(env.state(&id), SandboxState::Failed);

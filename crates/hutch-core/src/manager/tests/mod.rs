@@ -137,9 +137,9 @@ impl Env {
             }
             assert_eq!(lock(&live.agent).is_some(), state == SandboxState::Running, "{id}: a data-plane agent only while running");
             let dir = Path::new(&row.dir);
-            assert_eq!(crate::sandbox::paused_mode(dir).is_some(), state == SandboxState::Paused, "{id}: saved state only while paused");
+            assert_eq!(crate::sandbox::layout::paused_mode(dir).is_some(), state == SandboxState::Paused, "{id}: saved state only while paused");
             assert_eq!(row.pause_mode.is_some(), state == SandboxState::Paused, "{id}: a pause mode exactly while paused");
-            assert!(!(dir.join(crate::sandbox::PAUSED_STATE).exists() && dir.join(crate::sandbox::PAUSED_DISK).exists()), "{id}: paused two ways");
+            assert!(!(dir.join(crate::sandbox::layout::PAUSED_STATE).exists() && dir.join(crate::sandbox::layout::PAUSED_DISK).exists()), "{id}: paused two ways");
             running += usize::from(state == SandboxState::Running);
             failed += usize::from(state == SandboxState::Failed);
         }
@@ -156,7 +156,7 @@ impl Env {
         self.manager.prune_snapshot_files().await;
         let kept: std::collections::HashSet<PathBuf> = self.manager.store.snapshot_dirs().await.expect("dirs").into_iter().map(PathBuf::from).collect();
         for dir in self.snapshot_dirs() {
-            let based: bool = crate::sandbox::base_snapshots_in_use(&self.manager.home).iter().any(|b| b == &dir)
+            let based: bool = crate::sandbox::layout::base_snapshots_in_use(&self.manager.home).iter().any(|b| b == &dir)
                 || kept.iter().filter_map(|k| crate::snapshot::MemorySnapshot::open(k)?.manifest.base).any(|b| b == dir);
             assert!(kept.contains(&dir) || based, "snapshot files nothing uses: {}", dir.display());
         }

@@ -1,6 +1,8 @@
 //! Per-sandbox disks: a qcow2 overlay over a read-only base (a template's raw image or a
 //! snapshot's frozen qcow2 layer), so creating a sandbox copies nothing.
 
+pub mod backing;
+
 use std::path::Path;
 use std::process::Stdio;
 
@@ -33,7 +35,7 @@ fn format_of(base: &Path) -> &'static str {
 /// image whose data lives in another file is refused: its header names that file too.
 pub fn reset_backing(image: &Path, base: &Path) -> Result<(), DiskError> {
     let changed = |why: String| DiskError::Unsafe { path: image.display().to_string(), why };
-    if crate::qemu::backing::has_external_data(image).map_err(|e| changed(e.to_string()))? {
+    if backing::has_external_data(image).map_err(|e| changed(e.to_string()))? {
         return Err(changed("its header names an external data file, which hutch never makes (the VM changed it)".into()));
     }
     // -u rewrites only the header; the image's own clusters stay as they are.
@@ -43,6 +45,21 @@ pub fn reset_backing(image: &Path, base: &Path) -> Result<(), DiskError> {
         .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DiskError::NoQemuImg } else { DiskError::Io(e) })?;
     if !out.status.success() {
         return Err(changed(String::from_utf8_lossy(&out.stderr).trim().to_string()));
+    }
+    Ok(())
+}
+
+/// The chain under `layer` (qcow2 by its extension, else raw) copied into one sparse
+/// raw image at `raw`: a build's layers become a template's image. Given `limit`, as it
+/// reads and writes the whole disk.
+pub fn flatten_to_raw(layer: &Path, raw: &Path, limit: std::time::Duration) -> Result<(), DiskError> {
+    let format = if layer.extension().is_some_and(|e| e == "qcow2") { "qcow2" } else { "raw" };
+    let mut cmd = std::process::Command::new("qemu-img");
+    cmd.args(["convert", "-f", format, "-O", "raw"]).arg(layer).arg(raw);
+    let out = crate::process::output_within(&mut cmd, limit)
+        .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DiskError::NoQemuImg } else { DiskError::Io(e) })?;
+    if !out.status.success() {
+        return Err(DiskError::Failed { path: raw.display().to_string(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
     }
     Ok(())
 }

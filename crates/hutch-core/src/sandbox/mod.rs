@@ -4,123 +4,23 @@
 //! directory. A `Sandbox` dropped without `destroy` (a panic, an early return) still
 //! kills its VM and removes its directory.
 
-use crate::agent::{self, AgentClient};
+pub mod boot;
+pub mod errors;
+pub mod layout;
+mod start;
+
+use self::boot::{connect_restored, init_guest, init_with_retry, start_net, start_vm, wait_for_port, SandboxOptions};
+use self::errors::{AdoptError, CreateError, PauseError};
+use self::layout::{console_tail, guest_nic, read_record, remove_sandbox_dir, write_record, DirGuard, PauseMode, VmRecord, PAUSED_DISK, PAUSED_STATE, SAVING_STATE, SERVER_OWNED};
+use crate::agent::AgentClient;
 use crate::artifacts::Artifacts;
 use crate::ids::{MemMib, SandboxId};
 use crate::snapshot::{MemorySnapshot, SaveError};
 use hutch_image::HutchHome;
-use hutch_proto::agent::InitRequest;
-use hutch_vmm::{Accel, Incoming, Memory, VmBackend, VmHandle, VmSpec};
-use std::collections::BTreeMap;
+use hutch_vmm::{Incoming, Memory, VmBackend, VmHandle, VmSpec};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-#[derive(Debug, Clone)]
-pub struct SandboxOptions {
-    pub cpus: u32,
-    pub memory: MemMib,
-    pub accel: Accel,
-    /// Environment for every process in the sandbox.
-    pub envs: BTreeMap<String, String>,
-    pub boot_timeout: Duration,
-    /// End the VM if this process dies (local mode: no daemon will adopt it).
-    pub die_with_parent: bool,
-    /// When set, the agent requires it in `X-Access-Token` (E2B's secure sandboxes).
-    pub access_token: Option<String>,
-    /// Handed to the guest (/run/hutch/sandbox.json).
-    pub metadata: BTreeMap<String, String>,
-    /// Boot the kernel instead of restoring the template's memory snapshot.
-    pub cold: bool,
-    /// Where the sandbox may connect (none unless given).
-    pub network: hutch_net::Settings,
-    /// The operator's network settings and the seam every stack reaches the world by.
-    pub net_env: std::sync::Arc<hutch_net::Environment>,
-}
-
-impl Default for SandboxOptions {
-    fn default() -> Self {
-        SandboxOptions {
-            cpus: 1,
-            memory: MemMib::DEFAULT,
-            accel: Accel::Tcg,
-            envs: BTreeMap::new(),
-            boot_timeout: Duration::from_secs(60),
-            die_with_parent: true,
-            access_token: None,
-            metadata: BTreeMap::new(),
-            cold: false,
-            network: hutch_net::Settings::default(),
-            net_env: std::sync::Arc::new(hutch_net::Environment::default()),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum CreateError {
-    #[error("creating the sandbox directory {0}")]
-    Dir(PathBuf, #[source] std::io::Error),
-    #[error("creating the sandbox disk")]
-    Disk(#[source] hutch_vmm::disk::DiskError),
-    #[error("starting the VM")]
-    Start(#[source] hutch_vmm::StartError),
-    #[error("the VM stopped while booting ({status}); last console lines:\n{console}")]
-    VmExited { status: String, console: String },
-    #[error("the sandbox did not become ready within {secs} s; last console lines:\n{console}")]
-    BootTimeout { secs: u64, console: String },
-    #[error("initializing the agent")]
-    Init(#[source] agent::AgentError),
-    #[error("the guest agent did not answer its init within {secs} s")]
-    InitTimeout { secs: u64 },
-    #[error("the template's service did not open port {port} within {secs} s; last console lines:\n{console}")]
-    ServiceTimeout { port: u16, secs: u64, console: String },
-    #[error("restoring the VM from its saved state")]
-    Restore(#[source] hutch_vmm::SnapshotError),
-    #[error("the restored guest's agent did not answer within {secs} s: {last}")]
-    RestoreTimeout { secs: u64, last: String },
-    #[error("making the template's memory snapshot")]
-    TemplateSnapshot(#[source] Box<crate::template_snapshot::TemplateSnapshotError>),
-    #[error("the template's start command failed: {detail}; last console lines:\n{console}")]
-    StartCmd { detail: String, console: String },
-    #[error("the sandbox's record")]
-    Record(#[source] crate::record::RecordError),
-    #[error("connecting the sandbox's network stack to its VM's NIC")]
-    Net(#[source] std::io::Error),
-    /// A resumed guest ran and then failed: its saved state is gone with it.
-    #[error("the resumed guest ran, then failed, so its saved state no longer matches its disk")]
-    RanThenFailed(#[source] Box<CreateError>),
-}
-
-/// Why a sandbox an earlier server left running could not be taken over.
-#[derive(Debug, thiserror::Error)]
-pub enum AdoptError {
-    #[error("its record")]
-    Record(#[source] crate::record::RecordError),
-    #[error("it has no QEMU pid on record")]
-    NoPid,
-    #[error(transparent)]
-    Vm(#[from] hutch_vmm::AdoptError),
-    #[error("asking QEMU for its state")]
-    State(#[source] hutch_vmm::SnapshotError),
-    /// The VM holds a loaded guest that has not run since (a resume cut short): the
-    /// paused sandbox's files are still the truth.
-    #[error("its guest was loaded but never ran ({state})")]
-    NeverRan { state: String },
-    #[error("running its stopped guest again")]
-    Resume(#[source] hutch_vmm::SnapshotError),
-    #[error("its agent")]
-    Agent(#[source] CreateError),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum PauseError {
-    #[error("the sandbox is not running")]
-    NotRunning,
-    #[error(transparent)]
-    Save(#[from] SaveError),
-    /// A filesystem-only pause keeps nothing but the disk: the guest must flush it.
-    #[error("the guest agent did not write its files to disk ({0}), so a pause without memory would lose them; the sandbox runs on")]
-    Sync(String),
-}
 
 /// How a sandbox came to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,101 +34,6 @@ pub enum StartKind {
     /// Taken over, running, from an earlier server.
     Adopted,
 }
-
-/// What a sandbox directory records about its VM (`vm.json`): enough to resume it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct VmRecord {
-    pub spec: VmSpec,
-    /// The snapshot whose disk layer this sandbox's overlay stacks on.
-    pub base_snapshot: Option<PathBuf>,
-    /// Where the sandbox may connect (nowhere in records from before networking).
-    #[serde(default)]
-    pub network: hutch_net::Settings,
-}
-
-/// The network settings in the record of the sandbox in `dir` (paused, or a fork's
-/// parent).
-pub fn recorded_network(dir: &Path) -> Result<hutch_net::Settings, CreateError> {
-    Ok(read_record(dir).map_err(CreateError::Record)?.0.network)
-}
-
-/// Replaces the network settings in the record of the paused sandbox in `dir`: its
-/// stack follows them when it resumes.
-pub fn record_network(dir: &Path, settings: hutch_net::Settings) -> Result<(), CreateError> {
-    let (mut record, _) = read_record(dir).map_err(CreateError::Record)?;
-    record.network = settings;
-    write_record(dir, &record)
-}
-
-/// The NIC of every VM hutch starts now (the stack on its host end: hutch-net).
-pub fn guest_nic() -> hutch_vmm::Nic {
-    hutch_vmm::Nic { mac: hutch_proto::net::GUEST_MAC, mtu: hutch_proto::net::MTU as u32, host_end: hutch_vmm::NicHostEnd::Stream }
-}
-
-pub const VM_RECORD: &str = "vm.json";
-
-/// The snapshot directories the sandboxes of this home stack their disks on.
-pub fn base_snapshots_in_use(home: &HutchHome) -> std::collections::HashSet<PathBuf> {
-    std::fs::read_dir(home.sandboxes())
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| crate::record::read::<VmRecord>(&e.path().join(VM_RECORD), crate::record::Kind::Vm).ok())
-        .filter_map(|r| r.base_snapshot)
-        .collect()
-}
-/// Present while the sandbox is paused: its saved state lives beside it.
-pub const PAUSED_STATE: &str = "memory.state";
-/// Present while the sandbox is paused without its memory (E2B's filesystem-only
-/// pause): its disk is all there is, and it resumes by booting on it.
-pub const PAUSED_DISK: &str = "disk.paused";
-
-/// What a pause keeps (E2B's `memory` flag of a pause; `pauseMode` in its API).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum PauseMode {
-    /// Memory and disk: a resume goes on where the guest was.
-    #[default]
-    Full,
-    /// The disk only: a resume boots the guest on it, without its processes.
-    Filesystem,
-}
-
-impl PauseMode {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PauseMode::Full => "full",
-            PauseMode::Filesystem => "filesystem",
-        }
-    }
-}
-
-/// The built-in template the sandbox in `dir` descends from, as the snapshot its disk
-/// stacks on records it: what it boots with, even after the user's snapshot it was
-/// started from (its row's template) was deleted.
-pub fn descends_from(dir: &Path) -> Option<String> {
-    let (record, _) = read_record(dir).ok()?;
-    MemorySnapshot::open(&record.base_snapshot?).map(|s| s.manifest.template)
-}
-
-/// How the sandbox in `dir` is paused, if it is: what its files say.
-pub fn paused_mode(dir: &Path) -> Option<PauseMode> {
-    if !dir.join(VM_RECORD).is_file() {
-        return None;
-    }
-    if dir.join(PAUSED_STATE).is_file() {
-        Some(PauseMode::Full)
-    } else if dir.join(PAUSED_DISK).is_file() {
-        Some(PauseMode::Filesystem)
-    } else {
-        None
-    }
-}
-/// A pause's save in progress; renamed to `PAUSED_STATE` once complete, so that name
-/// always holds a whole state.
-const SAVING_STATE: &str = "memory.state.partial";
-/// Marks a sandbox a server answers for: its VM outlives that server, for the next
-/// one to adopt, and local commands' orphan sweeps leave it alone.
-pub const SERVER_OWNED: &str = "server.owned";
 
 pub struct Sandbox {
     id: SandboxId,
@@ -244,80 +49,7 @@ pub struct Sandbox {
     keep_dir: bool,
 }
 
-/// Removes a half-made sandbox directory unless disarmed.
-struct DirGuard(Option<PathBuf>);
-
-impl Drop for DirGuard {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.take() {
-            remove_sandbox_dir(&dir);
-        }
-    }
-}
-
-/// Removes a sandbox's directory once its VM is gone, saying so if that fails (the next
-/// sweep removes it then). A second pass takes what was created while the first ran:
-/// a console copy that was mid-write on another thread when its VM's handle dropped
-/// (rotating creates files), or a `qemu-img` killed on a cancel but not yet dead.
-fn remove_sandbox_dir(dir: &Path) {
-    let mut result = std::fs::remove_dir_all(dir);
-    if result.is_err() && dir.exists() {
-        result = std::fs::remove_dir_all(dir);
-    }
-    match result {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => tracing::warn!(dir = %dir.display(), "removing the sandbox directory: {e}"),
-        _ => {}
-    }
-}
-
-/// The last `lines` lines of a console log, for error messages.
-pub fn console_tail(path: &Path, lines: usize) -> String {
-    let text = String::from_utf8_lossy(&hutch_vmm::console::read(path)).into_owned();
-    let all: Vec<&str> = text.lines().collect();
-    let tail = all[all.len().saturating_sub(lines)..].join("\n");
-    if tail.trim().is_empty() {
-        "(the console is empty)".into()
-    } else {
-        tail
-    }
-}
-
 impl Sandbox {
-    /// A new sandbox of the template: restored from the template's memory snapshot
-    /// (made on first use) unless `opts.cold` asks for a boot.
-    pub async fn create(
-        home: &HutchHome,
-        artifacts: &Artifacts,
-        backend: &dyn VmBackend,
-        opts: &SandboxOptions,
-    ) -> Result<Sandbox, CreateError> {
-        if opts.cold {
-            return Self::create_cold(home, artifacts, backend, opts).await;
-        }
-        let snapshot = crate::template_snapshot::ensure(home, artifacts, backend, opts)
-            .await
-            .map_err(|e| CreateError::TemplateSnapshot(Box::new(e)))?;
-        Self::from_snapshot(home, artifacts, backend, &snapshot, opts).await
-    }
-
-    /// A new sandbox that boots the guest kernel.
-    /// The template's start command runs as it does before a memory snapshot is taken:
-    /// started, then its ready command waited for.
-    pub async fn create_cold(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
-        let sandbox = Self::boot_on(home, artifacts, backend, opts, &artifacts.template.image(), None).await?;
-        let Some(defaults) = artifacts.template.source.as_ref().map(|s| &s.defaults) else { return Ok(sandbox) };
-        match crate::template_snapshot::start_command(sandbox.agent(), defaults).await {
-            Ok(()) => Ok(sandbox),
-            Err(detail) => {
-                let console = sandbox.console_tail(20);
-                if let Err(e) = sandbox.destroy().await {
-                    tracing::warn!("stopping a sandbox whose start command failed: {e}");
-                }
-                Err(CreateError::StartCmd { detail, console })
-            }
-        }
-    }
-
     /// A new sandbox that boots the guest kernel on an overlay of `disk` (a template
     /// image, or a filesystem snapshot's disk in `snapshot_dir`).
     pub async fn boot_on(
@@ -480,7 +212,7 @@ impl Sandbox {
             let _ = std::fs::remove_file(dir.join(stale));
         }
         if record.spec.incoming.take().is_some() {
-            write_record(dir, &record).map_err(AdoptError::Agent)?;
+            write_record(dir, &record).map_err(AdoptError::Record)?;
         }
         let agent = agent.with_token(access_token);
         Ok(Sandbox { id, dir: dir.to_path_buf(), vm: Some(vm), agent, boot_time: started.elapsed(), record, net, started: StartKind::Adopted, keep_dir: false })
@@ -813,215 +545,10 @@ struct Launch<'a> {
     kind: StartKind,
 }
 
-/// The sandbox directory's `vm.json`, and the sandbox id it names.
-fn read_record(dir: &Path) -> Result<(VmRecord, SandboxId), crate::record::RecordError> {
-    let path = dir.join(VM_RECORD);
-    let record: VmRecord = crate::record::read(&path, crate::record::Kind::Vm)?;
-    match SandboxId::parse(&record.spec.id) {
-        Some(id) => Ok((record, id)),
-        None => Err(crate::record::RecordError::Corrupt { detail: format!("bad sandbox id '{}'", record.spec.id), path }),
-    }
-}
-
-fn write_record(dir: &Path, record: &VmRecord) -> Result<(), CreateError> {
-    crate::record::write(&dir.join(VM_RECORD), crate::record::Kind::Vm, record).map_err(CreateError::Record)
-}
-
-/// Starts QEMU and gets an agent session: after a boot, or after loading saved state.
-async fn start_vm(
-    backend: &dyn VmBackend,
-    spec: &VmSpec,
-    network: &hutch_net::Settings,
-    opts: &SandboxOptions,
-    started: Instant,
-) -> Result<(Box<dyn VmHandle>, AgentClient, Option<hutch_net::NetHandle>), CreateError> {
-    let limit = opts.boot_timeout;
-    let mut vm = backend.start(spec).await.map_err(CreateError::Start)?;
-    let agent = if spec.incoming.is_some() {
-        vm.load().await.map_err(CreateError::Restore)?;
-        vm.resume().await.map_err(CreateError::Restore)?;
-        connect_restored(vm.as_mut(), limit, started).await?
-    } else {
-        wait_for_agent(vm.as_mut(), limit, started).await?
-    };
-    // Only now: a stack connected while a restored guest loads and takes its first
-    // agent session stalled that session (measured: the first /init timed out after
-    // 10 s in most restores, none once the stack connects after it). The guest's
-    // packets until now are dropped, as on a cable not yet plugged in.
-    let net = start_net(spec, network, &opts.net_env).await?;
-    Ok((vm, agent, net))
-}
-
-/// Starts the sandbox's network stack on its VM's NIC (none without one). QEMU's
-/// netdev listens on a socket hutch bound before starting it, so the connection is
-/// queued at once and QEMU takes it when it is ready (after an adoption: once it has
-/// seen the dead server's connection end).
-async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env: &hutch_net::Environment) -> Result<Option<hutch_net::NetHandle>, CreateError> {
-    if spec.nic.is_none() {
-        return Ok(None);
-    }
-    let link = tokio::net::UnixStream::connect(spec.net_socket()).await.map_err(CreateError::Net)?;
-    Ok(Some(hutch_net::NetHandle::start(link, settings.policy.clone(), env.reach.clone(), env.seam.clone(), env.limits.clone())))
-}
-
-/// Connects to the agent and initializes the guest, retrying on a fresh session when
-/// a session does not answer (a guest starved of CPU can miss a reconnect). `/init` is
-/// idempotent. Before each retry the old session is released: the guest must see the
-/// host leave before a new hello, or the hello would land in the old session.
-/// `held` is the access token the guest's agent holds now (none after a boot), which
-/// it wants on `/init`.
-async fn init_with_retry(
-    vm: &mut dyn VmHandle,
-    mut agent: AgentClient,
-    id: &str,
-    opts: &SandboxOptions,
-    restored: bool,
-    held: Option<&str>,
-) -> Result<AgentClient, CreateError> {
-    let started = Instant::now();
-    let mut attempt = 0;
-    let (mut presented, given) = (held, opts.access_token.as_deref());
-    loop {
-        attempt += 1;
-        match init_guest(&agent.with_token(presented), id, opts).await {
-            Ok(agent) => return Ok(agent),
-            Err(e @ CreateError::InitTimeout { .. }) if restored && attempt < 3 && started.elapsed() < opts.boot_timeout => {
-                tracing::warn!(sandbox = id, "{e}; reconnecting (attempt {attempt})");
-                let _ = crate::snapshot::release_agent(&agent, &vm.agent_socket(), Duration::from_secs(5)).await;
-                agent = connect_restored(vm, opts.boot_timeout, Instant::now()).await?;
-            }
-            // The init that timed out may have landed, and its answer alone been lost:
-            // the guest then holds the token it gave.
-            Err(CreateError::Init(agent::AgentError::Http { status, .. })) if attempt > 1 && status == http::StatusCode::UNAUTHORIZED && presented != given => presented = given,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// Hands the guest its identity, the host's clock and fresh randomness: after a
-/// restore, all three are the snapshot's. `agent` presents the token the guest holds
-/// (its agent refuses an `/init` without it once it has one); the client returned
-/// presents the one `opts` gives it, which the host's own calls from here on (/sync,
-/// /tunnel, /metrics) need.
-async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOptions) -> Result<AgentClient, CreateError> {
-    let entropy: [[u8; 32]; 2] = rand::random();
-    let entropy = entropy.concat();
-    let init = InitRequest {
-        env_vars: opts.envs.clone(),
-        timestamp_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok().map(|d| d.as_nanos()),
-        hostname: Some("hutch".into()),
-        access_token: opts.access_token.clone(),
-        sandbox_id: Some(id.to_string()),
-        metadata: opts.metadata.clone(),
-        entropy: Some(hutch_proto::b64::encode(&entropy)),
-        ..InitRequest::default()
-    };
-    // Bounded: a guest that lost the session must not hang the create.
-    match tokio::time::timeout(INIT_WAIT, agent.post_json("/init", &init)).await {
-        Ok(r) => r.map_err(CreateError::Init)?,
-        Err(_) => return Err(CreateError::InitTimeout { secs: INIT_WAIT.as_secs() }),
-    }
-    let agent = agent.with_token(opts.access_token.as_deref());
-    // The time /init set is late by that first request's delay; fix it off the create's path.
-    crate::clock_sync::spawn_correct(&agent);
-    Ok(agent)
-}
-
-const INIT_WAIT: Duration = Duration::from_secs(10);
-
-/// Connects to a restored guest's agent: it is already serving (it was when saved), so
-/// there is no console line to wait for; the first hello may race the guest's wake-up.
-/// The echoed hello proves the agent serves; the `/init` that follows is the first
-/// request (no separate health check: every round trip is slow in a fresh TCG).
-async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
-    let socket = vm.agent_socket();
-    let mut last = String::from("no attempt");
-    while started.elapsed() < limit {
-        if let Some(status) = vm.exit_status() {
-            return Err(CreateError::VmExited { status, console: console_tail(&vm.console_log(), 30) });
-        }
-        match tokio::time::timeout(Duration::from_secs(5), agent::connect(&socket)).await {
-            Ok(Ok(client)) => return Ok(client),
-            Ok(Err(e)) => last = e.to_string(),
-            Err(_) => last = "no answer within 5 s".into(),
-        }
-        // Long enough for the guest to see this host leave before the next hello.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    Err(CreateError::RestoreTimeout { secs: limit.as_secs(), last })
-}
-
-pub use hutch_proto::agent::READY_LINE;
-
-/// Waits for the booting guest's agent. An idle probe over the channel says when the
-/// agent serves it, so the host then connects once and waits: reconnecting while the
-/// guest is mid-session (slow under TCG) would hand the new hello to the old session.
-pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
-    let console = vm.console_log();
-    let exited = |vm: &mut dyn VmHandle| vm.exit_status().map(|status| CreateError::VmExited { status, console: console_tail(&console, 30) });
-    let timed_out = || CreateError::BootTimeout { secs: limit.as_secs(), console: console_tail(&console, 30) };
-    let socket = vm.agent_socket();
-    let probe = agent::wait_idle(&socket);
-    tokio::pin!(probe);
-    loop {
-        if let Some(e) = exited(vm) {
-            return Err(e);
-        }
-        let left = limit.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            return Err(timed_out());
-        }
-        // The bound is for noticing an exit or the deadline while the guest boots.
-        match tokio::time::timeout(left.min(Duration::from_millis(100)), &mut probe).await {
-            Ok(Ok(())) => break,
-            // QEMU closed the socket: it is ending; the next turn reports how.
-            Ok(Err(e)) => {
-                tracing::debug!("idle probe: {e}");
-                probe.set(agent::wait_idle(&socket));
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(_) => {}
-        }
-    }
-    let socket = vm.agent_socket();
-    loop {
-        let left = limit.saturating_sub(started.elapsed());
-        if left.is_zero() {
-            return Err(timed_out());
-        }
-        let attempt = async {
-            let client = agent::connect(&socket).await.map_err(|e| e.to_string())?;
-            client.health().await.map_err(|e| e.to_string())?;
-            Ok::<_, String>(client)
-        };
-        match tokio::time::timeout(left.min(Duration::from_secs(10)), attempt).await {
-            Ok(Ok(client)) => return Ok(client),
-            Ok(Err(e)) => tracing::debug!("agent not ready: {e}"),
-            Err(_) => tracing::debug!("agent did not answer in time; reconnecting"),
-        }
-        if let Some(e) = exited(vm) {
-            return Err(e);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits until the template's service accepts connections on `port` in the guest.
-pub(crate) async fn wait_for_port(agent: &AgentClient, port: u16, limit: Duration, started: Instant, dir: &Path) -> Result<(), CreateError> {
-    loop {
-        if agent.tunnel(port).await.is_ok() {
-            return Ok(());
-        }
-        if started.elapsed() >= limit {
-            return Err(CreateError::ServiceTimeout { port, secs: limit.as_secs(), console: console_tail(&dir.join("console.log"), 30) });
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use super::errors::CreateError;
     use hutch_vmm::fake::FakeBackend;
 
     fn setup() -> (tempfile::TempDir, HutchHome, Artifacts) {
@@ -1043,7 +570,7 @@ mod tests {
         // and leaves neither a sandbox nor snapshot files.
         let err = Sandbox::create(&home, &artifacts, &backend, &SandboxOptions::default()).await.err();
         assert!(matches!(err, Some(CreateError::TemplateSnapshot(_))), "{err:?}");
-        let snapshots = crate::template_snapshot::root(&home);
+        let snapshots = home.template_snapshots();
         let left: Vec<_> = std::fs::read_dir(&snapshots).map(|d| d.flatten().map(|e| e.path()).collect()).unwrap_or_default();
         assert!(left.is_empty(), "snapshot files left: {left:?}");
         assert_eq!(std::fs::read_dir(home.sandboxes()).expect("dir").count(), 0);
