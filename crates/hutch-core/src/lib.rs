@@ -22,6 +22,7 @@ pub use hutch_vmm::space;
 pub mod store;
 pub mod sweep;
 pub mod template_snapshot;
+pub mod time;
 
 /// The envd client (hutch-envd, shared with the Rust SDK); core uses it over the VM's agent socket.
 pub use hutch_envd as agent;

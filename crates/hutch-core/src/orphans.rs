@@ -60,7 +60,7 @@ pub async fn find(home: &HutchHome, store: &Store) -> Result<Vec<Orphan>, StoreE
     Ok(vms
         .into_iter()
         .map(|(id, qemu_pid)| {
-            let end_at = rows.iter().find(|r| r.id == id).map(|r| humantime::parse_rfc3339(&r.end_at).unwrap_or(SystemTime::UNIX_EPOCH));
+            let end_at = rows.iter().find(|r| r.id == id).map(|r| r.end_at.system_time());
             Orphan { id, qemu_pid, end_at }
         })
         .collect())

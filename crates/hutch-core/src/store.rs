@@ -1,6 +1,7 @@
 //! Control-plane state in SQL (SQLite by default; the queries are portable to
 //! PostgreSQL): API keys, stored hashed, and the sandboxes each key owns.
 
+use crate::time::Timestamp;
 use sha2::{Digest, Sha256};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
@@ -18,6 +19,9 @@ pub enum StoreError {
     Query(#[from] sqlx::Error),
     #[error("corrupt {what} in the database")]
     Corrupt { what: &'static str },
+    /// A stored time that does not parse: never read as some other instant.
+    #[error("sandbox {id}'s {column} in the database")]
+    BadTime { id: String, column: &'static str, #[source] source: crate::time::BadTime },
     /// Two requests raced for one snapshot name; the database kept the first.
     #[error("a snapshot named '{0}' exists; delete it or pick another name")]
     NameTaken(String),
@@ -50,8 +54,8 @@ pub struct SandboxRow {
     pub envd_token: Option<String>,
     /// Port traffic needs it (E2B's `allowPublicTraffic: false`).
     pub traffic_token: Option<String>,
-    pub started_at: String,
-    pub end_at: String,
+    pub started_at: Timestamp,
+    pub end_at: Timestamp,
     pub qemu_pid: Option<i64>,
     pub dir: String,
     /// On timeout, pause instead of kill.
@@ -181,8 +185,8 @@ impl Store {
         .bind(serde_json::to_string(&s.metadata).unwrap_or_else(|_| "{}".into()))
         .bind(serde_json::to_string(&s.env_vars).unwrap_or_else(|_| "{}".into()))
         .bind(&s.envd_token)
-        .bind(&s.started_at)
-        .bind(&s.end_at)
+        .bind(s.started_at.to_string())
+        .bind(s.end_at.to_string())
         .bind(s.qemu_pid)
         .bind(&s.dir)
         .bind(s.auto_pause)
@@ -195,11 +199,11 @@ impl Store {
     }
 
     /// Records a pause (state `paused`, no QEMU) or a resume (`running`, its pid).
-    pub async fn set_state(&self, id: &str, state: &str, qemu_pid: Option<i64>, end_at: &str) -> Result<(), StoreError> {
+    pub async fn set_state(&self, id: &str, state: &str, qemu_pid: Option<i64>, end_at: Timestamp) -> Result<(), StoreError> {
         sqlx::query("UPDATE sandboxes SET state = $1, qemu_pid = $2, end_at = $3 WHERE id = $4")
             .bind(state)
             .bind(qemu_pid)
-            .bind(end_at)
+            .bind(end_at.to_string())
             .bind(id)
             .execute(&self.pool)
             .await?;
@@ -252,8 +256,8 @@ impl Store {
         Ok(())
     }
 
-    pub async fn set_end_at(&self, id: &str, end_at: &str) -> Result<(), StoreError> {
-        sqlx::query("UPDATE sandboxes SET end_at = $1 WHERE id = $2").bind(end_at).bind(id).execute(&self.pool).await?;
+    pub async fn set_end_at(&self, id: &str, end_at: Timestamp) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET end_at = $1 WHERE id = $2").bind(end_at.to_string()).bind(id).execute(&self.pool).await?;
         Ok(())
     }
 
@@ -281,6 +285,9 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
     let map = |col: &str| -> Result<BTreeMap<String, String>, StoreError> {
         serde_json::from_str(&r.get::<String, _>(col)).map_err(|_| StoreError::Corrupt { what: "sandbox metadata" })
     };
+    let time = |column: &'static str| -> Result<Timestamp, StoreError> {
+        Timestamp::parse(&r.get::<String, _>(column)).map_err(|source| StoreError::BadTime { id: r.get("id"), column, source })
+    };
     Ok(SandboxRow {
         id: r.get("id"),
         key_id: r.get("key_id"),
@@ -293,8 +300,8 @@ fn sandbox_row(r: &sqlx::sqlite::SqliteRow) -> Result<SandboxRow, StoreError> {
         env_vars: map("env_vars")?,
         envd_token: r.get("envd_token"),
         traffic_token: r.get("traffic_token"),
-        started_at: r.get("started_at"),
-        end_at: r.get("end_at"),
+        started_at: time("started_at")?,
+        end_at: time("end_at")?,
         qemu_pid: r.get("qemu_pid"),
         dir: r.get("dir"),
         auto_pause: r.get("auto_pause"),
@@ -321,6 +328,42 @@ fn snapshot_row(r: &sqlx::sqlite::SqliteRow) -> SnapshotRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_malformed_stored_time_is_an_error_naming_the_sandbox_not_the_epoch() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let store = Store::open_file(&tmp.path().join("t.db")).await.expect("open");
+        let (key, _) = store.create_key("ci").await.expect("key");
+        let started = Timestamp::parse("2026-12-06T02:03:43.123Z").expect("time");
+        let row = SandboxRow {
+            id: "isbx".into(),
+            key_id: key.id.clone(),
+            template: "base".into(),
+            state: "running".into(),
+            cpu_count: 1,
+            memory_mb: 512,
+            disk_mb: 1,
+            metadata: Default::default(),
+            env_vars: Default::default(),
+            envd_token: None,
+            traffic_token: None,
+            started_at: started,
+            end_at: started.after(std::time::Duration::from_secs(300)),
+            qemu_pid: Some(7),
+            dir: "/nonexistent".into(),
+            auto_pause: false,
+            auto_resume: false,
+            auto_pause_memory: true,
+            pause_mode: None,
+            failure: None,
+        };
+        store.insert_sandbox(&row).await.expect("insert");
+        let read = store.sandboxes().await.expect("read");
+        assert_eq!((read[0].started_at, read[0].end_at), (row.started_at, row.end_at), "times read back as written");
+        sqlx::query("UPDATE sandboxes SET end_at = 'soon'").execute(&store.pool).await.expect("damage");
+        let e = store.sandboxes().await.expect_err("a bad time is not read as another instant");
+        assert!(matches!(&e, StoreError::BadTime { id, column: "end_at", .. } if id == "isbx"), "{e:?}");
+    }
 
     #[tokio::test]
     async fn keys_are_hashed_and_revocable() {

@@ -25,7 +25,8 @@ pub use crate::sandbox::layout::PauseMode;
 use crate::sandbox::errors::{CreateError, PauseError};
 use crate::sandbox::Sandbox;
 use crate::sandbox::boot::SandboxOptions;
-use crate::store::{rfc3339, SandboxRow, Store, StoreError};
+use crate::store::{SandboxRow, Store, StoreError};
+use crate::time::Timestamp;
 use hutch_image::HutchHome;
 use hutch_proto::agent::Metrics;
 use hutch_vmm::{Accel, VmBackend};
@@ -160,20 +161,24 @@ impl ManagerError {
 /// Its VM and lifecycle state belong to its owner task (`owner.rs`), which runs pause,
 /// resume, snapshot and kill one at a time, each to its end.
 struct Live {
-    row: Mutex<SandboxRow>,
-    /// The data plane's way in: set only while the sandbox runs and is not being saved.
-    agent: Mutex<Option<AgentClient>>,
+    /// What does not change while it lives (its state, QEMU and end are its owner's).
+    row: SandboxRow,
     owner: owner::Owner,
 }
 
 impl Live {
-    fn running(row: SandboxRow, sandbox: Sandbox) -> Arc<Live> {
-        let agent = Mutex::new(Some(sandbox.agent().clone()));
-        Arc::new(Live { row: Mutex::new(row), agent, owner: owner::Owner::spawn(state::SandboxState::Running, Some(sandbox)) })
+    fn running(row: SandboxRow, sandbox: Sandbox, store: &Store) -> Arc<Live> {
+        Self::owned(row, state::SandboxState::Running, Some(sandbox), store)
     }
 
-    fn paused(row: SandboxRow) -> Arc<Live> {
-        Arc::new(Live { row: Mutex::new(row), agent: Mutex::new(None), owner: owner::Owner::spawn(state::SandboxState::Paused, None) })
+    fn paused(row: SandboxRow, store: &Store) -> Arc<Live> {
+        Self::owned(row, state::SandboxState::Paused, None, store)
+    }
+
+    fn owned(row: SandboxRow, state: state::SandboxState, sandbox: Option<Sandbox>, store: &Store) -> Arc<Live> {
+        let record = owner::Record { store: store.clone(), id: row.id.clone() };
+        let owner = owner::Owner::spawn(state, sandbox, row.end_at, record);
+        Arc::new(Live { row, owner })
     }
 
     /// Whether it runs a VM the reaper looks after (ended VMs, expiry, full disks).
@@ -194,11 +199,13 @@ impl Live {
         matches!(self.owner.state(), state::SandboxState::Paused | state::SandboxState::Resuming)
     }
 
-    /// Its record as clients see it: the state and failure are its owner's.
+    /// Its record as clients see it: the state, failure, QEMU and end are its owner's.
     fn row(&self) -> SandboxRow {
-        let mut row = lock(&self.row).clone();
+        let mut row = self.row.clone();
         row.state = self.owner.state().api_name().to_string();
         row.failure = self.owner.failure();
+        row.qemu_pid = self.owner.pid();
+        row.end_at = self.owner.end_at();
         row.pause_mode = if self.owner.state() == state::SandboxState::Paused { crate::sandbox::layout::paused_mode(Path::new(&row.dir)) } else { None };
         row
     }
@@ -287,19 +294,15 @@ impl ListOrder {
     }
 }
 
-/// A sandbox row's start time (a row's own format: RFC 3339 UTC).
+/// A sandbox row's start time.
 pub fn started(row: &SandboxRow) -> SystemTime {
-    parse_time(&row.started_at)
+    row.started_at.system_time()
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-
-fn parse_time(s: &str) -> SystemTime {
-    humantime::parse_rfc3339(s).unwrap_or(SystemTime::UNIX_EPOCH)
-}
 
 impl SandboxManager {
     /// Opens the manager. Sandboxes recorded by an earlier server whose VMs are gone (or
@@ -430,9 +433,9 @@ impl SandboxManager {
             })
     }
 
-    fn end_at(&self, started: SystemTime, timeout: Duration) -> SystemTime {
-        let wanted = SystemTime::now() + timeout;
-        wanted.min(started + self.config.max_lifetime)
+    fn end_at(&self, started: Timestamp, timeout: Duration) -> Timestamp {
+        let wanted = Timestamp::now().after(timeout);
+        wanted.min(started.after(self.config.max_lifetime))
     }
 
     /// Running and pooled sandboxes (plus those being started): what the limit
@@ -566,7 +569,7 @@ impl SandboxManager {
         token: Option<String>,
         timeout: Duration,
     ) -> Result<SandboxRow, ManagerError> {
-        let started = SystemTime::now();
+        let started = Timestamp::now();
         let row = SandboxRow {
             id: sandbox.id().to_string(),
             key_id: key_id.to_string(),
@@ -579,8 +582,8 @@ impl SandboxManager {
             env_vars: spec.env_vars,
             envd_token: token,
             traffic_token: spec.private_ports.then(hex_token),
-            started_at: rfc3339(started),
-            end_at: rfc3339(self.end_at(started, timeout)),
+            started_at: started,
+            end_at: self.end_at(started, timeout),
             qemu_pid: sandbox.pid().map(i64::from),
             dir: sandbox.dir().display().to_string(),
             auto_pause: spec.auto_pause,
@@ -596,14 +599,16 @@ impl SandboxManager {
         if let Err(e) = sandbox.mark_server_owned() {
             tracing::warn!(sandbox = %row.id, "marking the sandbox as the server's (a local command's sweep may end it while no server runs): {e}");
         }
-        lock(&self.live).insert(row.id.clone(), Live::running(row.clone(), sandbox));
-        Ok(row)
+        let live = Live::running(row, sandbox, &self.store);
+        let shown = live.row();
+        lock(&self.live).insert(shown.id.clone(), live);
+        Ok(shown)
     }
 
     fn find(&self, key_id: &str, id: &str) -> Result<Arc<Live>, ManagerError> {
         let live = lock(&self.live).get(id).cloned();
         match live {
-            Some(l) if lock(&l.row).key_id == key_id => Ok(l),
+            Some(l) if l.row.key_id == key_id => Ok(l),
             _ => Err(ManagerError::NotFound(id.to_string())),
         }
     }
@@ -643,20 +648,19 @@ impl SandboxManager {
         // The reaper's removals count too: until the row is gone, it is in flight.
         let _counted = InFlight::count(&self.arc()?);
         // Listed (as being killed) until its VM and files are gone: a 404 means gone.
-        lock(&live.agent).take();
-        let (dir, sandbox_id) = (lock(&live.row).dir.clone(), id.to_string());
+        let (dir, sandbox_id) = (live.row.dir.clone(), id.to_string());
         let removed = live
             .owner
             .run(move |o: &mut owner::Owned| -> futures::future::BoxFuture<'_, bool> {
                 Box::pin(async move {
                     match when {
-                        Removal::IfRunning if o.sandbox.is_none() => return false,
+                        Removal::IfRunning if o.sandbox().is_none() => return false,
                         Removal::Expired if o.state() == state::SandboxState::Paused => return false,
                         _ => {}
                     }
                     // From any settled state; a second kill finds it stopped already.
                     let Ok(was) = o.advance(state::SandboxState::Stopping) else { return true };
-                    match o.sandbox.take() {
+                    match o.take_sandbox() {
                         Some(sandbox) => {
                             if let Err(e) = sandbox.destroy().await {
                                 tracing::warn!(sandbox = %sandbox_id, "stopping the VM: {e}");
@@ -689,10 +693,10 @@ impl SandboxManager {
     /// paused one's take effect when it resumes.
     pub async fn set_network(&self, key_id: &str, id: &str, settings: hutch_net::Settings) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
-        let dir = lock(&live.row).dir.clone();
+        let dir = live.row.dir.clone();
         self.in_owner(&live, move |_, _, o| {
             Box::pin(async move {
-                match o.sandbox.as_mut() {
+                match o.sandbox_mut() {
                     Some(sandbox) => sandbox.set_network(settings),
                     None => crate::sandbox::layout::record_network(Path::new(&dir), settings).map_err(CreateError::Record),
                 }
@@ -706,30 +710,28 @@ impl SandboxManager {
     /// rename), so reading never waits for an operation in the owner.
     pub fn network(&self, key_id: &str, id: &str) -> Result<hutch_net::Settings, ManagerError> {
         let live = self.find(key_id, id)?;
-        let dir = lock(&live.row).dir.clone();
+        let dir = live.row.dir.clone();
         crate::sandbox::layout::recorded_network(Path::new(&dir)).map_err(|e| ManagerError::Internal(format!("reading the network settings: {}", hutch_proto::error_chain(&e))))
     }
 
     /// What the sandbox's stack refused, and its counters (None while paused).
     pub async fn network_log(&self, key_id: &str, id: &str) -> Result<Option<hutch_net::LogView>, ManagerError> {
         let live = self.find(key_id, id)?;
-        self.in_owner(&live, move |_, _, o| Box::pin(async move { Ok(o.sandbox.as_ref().and_then(Sandbox::net_log)) })).await
+        self.in_owner(&live, move |_, _, o| Box::pin(async move { Ok(o.sandbox().and_then(Sandbox::net_log)) })).await
     }
 
-    /// Sets the sandbox to end `secs` from now (within the maximum lifetime).
+    /// Sets the sandbox to end `secs` from now (within the maximum lifetime), in its
+    /// owner: after whatever it is doing, which may itself move the end.
     pub async fn set_timeout(&self, key_id: &str, id: &str, secs: u64) -> Result<SandboxRow, ManagerError> {
         let live = self.find(key_id, id)?;
-        let started = parse_time(&lock(&live.row).started_at);
-        let end_at = rfc3339(self.end_at(started, Duration::from_secs(secs)));
-        self.store.set_end_at(id, &end_at).await?;
-        let mut row = lock(&live.row);
-        row.end_at = end_at;
-        Ok(row.clone())
+        let end_at = self.end_at(live.row.started_at, Duration::from_secs(secs));
+        self.in_owner(&live, move |_, _, o| Box::pin(async move { Ok(o.set_end_at(end_at).await?) })).await?;
+        Ok(live.row())
     }
 
     pub async fn metrics(&self, key_id: &str, id: &str) -> Result<Metrics, ManagerError> {
         let live = self.find(key_id, id)?;
-        let agent = lock(&live.agent).clone().ok_or_else(|| ManagerError::Paused(id.to_string()))?;
+        let agent = live.owner.agent().ok_or_else(|| ManagerError::Paused(id.to_string()))?;
         agent.get_json("/metrics").await.map_err(ManagerError::Agent)
     }
 
@@ -737,8 +739,7 @@ impl SandboxManager {
     /// `hutch_vmm::console::CAP` bytes, and how many older ones were dropped.
     pub fn console(&self, key_id: &str, id: &str) -> Result<(String, u64), ManagerError> {
         let live = self.find(key_id, id)?;
-        let dir = lock(&live.row).dir.clone();
-        let path = std::path::Path::new(&dir).join("console.log");
+        let path = std::path::Path::new(&live.row.dir).join("console.log");
         let bytes = hutch_vmm::console::read(&path);
         Ok((String::from_utf8_lossy(&bytes).into_owned(), hutch_vmm::console::dropped(&path)))
     }
@@ -748,13 +749,13 @@ impl SandboxManager {
     /// The Host header the data proxy sends to the sandbox's `port` (E2B's
     /// `maskRequestHost`), read from its record; None keeps the client's.
     pub fn request_host(&self, id: &str, port: u16) -> Option<String> {
-        let dir = lock(&self.live).get(id).map(|l| lock(&l.row).dir.clone())?;
+        let dir = lock(&self.live).get(id).map(|l| l.row.dir.clone())?;
         let settings = crate::sandbox::layout::recorded_network(Path::new(&dir)).ok()?;
         settings.e2b?.network?.request_host(port)
     }
 
     pub fn traffic_token(&self, id: &str) -> Option<String> {
-        lock(&self.live).get(id).and_then(|l| lock(&l.row).traffic_token.clone())
+        lock(&self.live).get(id).and_then(|l| l.row.traffic_token.clone())
     }
 
     /// Every sandbox (running or paused) with an envd access token, and the token: the
@@ -762,17 +763,14 @@ impl SandboxManager {
     /// its signature.
     pub fn access_tokens(&self) -> Vec<(String, String)> {
         let live: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
-        live.iter().filter_map(|l| {
-            let row = lock(&l.row);
-            row.envd_token.clone().map(|t| (row.id.clone(), t))
-        }).collect()
+        live.iter().filter_map(|l| l.row.envd_token.clone().map(|t| (l.row.id.clone(), t))).collect()
     }
 
     /// Whether traffic to sandbox `id` resumes it while it is paused, and the tokens
     /// the traffic must then carry: (envd access token, traffic token).
     pub fn auto_resumes(&self, id: &str) -> Option<(Option<String>, Option<String>)> {
         let live = lock(&self.live).get(id).cloned()?;
-        let row = lock(&live.row);
+        let row = &live.row;
         row.auto_resume.then(|| (row.envd_token.clone(), row.traffic_token.clone()))
     }
 
@@ -780,14 +778,11 @@ impl SandboxManager {
     /// E2B's 5 minutes to live from now; a running one is left as it is.
     pub async fn resume_for_traffic(&self, id: &str) -> Result<(), ManagerError> {
         let live = lock(&self.live).get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
-        let (key_id, auto) = {
-            let row = lock(&live.row);
-            (row.key_id.clone(), row.auto_resume)
-        };
+        let (key_id, auto) = (live.row.key_id.clone(), live.row.auto_resume);
         // Without memory it boots rather than resumes: the request that woke it would
         // meet a guest that forgot everything (E2B resumes those only by an explicit
         // connect).
-        let disk_only = crate::sandbox::layout::paused_mode(Path::new(&lock(&live.row).dir)) == Some(PauseMode::Filesystem);
+        let disk_only = crate::sandbox::layout::paused_mode(Path::new(&live.row.dir)) == Some(PauseMode::Filesystem);
         if !auto || disk_only {
             return Err(ManagerError::Paused(id.to_string()));
         }
@@ -809,8 +804,7 @@ impl SandboxManager {
         if let Some(why) = live.owner.failure() {
             return Err(ManagerError::Failed { id: id.to_string(), why });
         }
-        let agent = lock(&live.agent).clone();
-        agent.ok_or_else(|| ManagerError::Paused(id.to_string()))
+        live.owner.agent().ok_or_else(|| ManagerError::Paused(id.to_string()))
     }
 
     /// Running sandboxes past their end: paused when they asked for it, else killed.
@@ -831,7 +825,7 @@ impl SandboxManager {
             }
             let ended = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, Option<(String, String)>> {
                 Box::pin(async move {
-                    let sandbox = o.sandbox.as_mut()?;
+                    let sandbox = o.sandbox_mut()?;
                     let ended = sandbox.vm_ended().map(|status| (status, sandbox.console_tail(5)))?;
                     let _ = o.fail(format!("its VM ended ({})", ended.0));
                     Some(ended)
@@ -854,7 +848,7 @@ impl SandboxManager {
             }
             let resumed = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, bool> {
                 Box::pin(async move {
-                    match o.sandbox.as_mut() {
+                    match o.sandbox_mut() {
                         Some(sandbox) => sandbox.resume_after_io_error().await,
                         None => false,
                     }
@@ -867,16 +861,16 @@ impl SandboxManager {
     }
 
     async fn kill_expired(&self) {
-        let now = SystemTime::now();
+        let now = Timestamp::now();
         let expired: Vec<(String, Arc<Live>)> = lock(&self.live)
             .iter()
-            .filter(|(_, l)| l.holds_vm() && parse_time(&lock(&l.row).end_at) <= now)
+            .filter(|(_, l)| l.holds_vm() && l.owner.end_at() <= now)
             .map(|(id, l)| (id.clone(), l.clone()))
             .collect();
         for (id, live) in expired {
-            if lock(&live.row).auto_pause && live.is_running() {
+            if live.row.auto_pause && live.is_running() {
                 tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
-                let mode = if lock(&live.row).auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem };
+                let mode = if live.row.auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem };
                 let mut paused = self.pause_live(&id, &live, pause::PausedBy::AutoPause, mode).await;
                 if let Err(ManagerError::Pause(PauseError::Sync(why))) = &paused {
                     // Its files are what the user asked to keep: with its memory, then.
@@ -889,7 +883,11 @@ impl SandboxManager {
                     Err(ManagerError::NoSpace(e)) => {
                         // Killing it would lose what autoPause is for: keep it a minute, try again.
                         tracing::warn!(sandbox = %id, "cannot pause the expired sandbox yet: {e}");
-                        lock(&live.row).end_at = rfc3339(SystemTime::now() + Duration::from_secs(60));
+                        let later = Timestamp::now().after(Duration::from_secs(60));
+                        let extended = self.in_owner(&live, move |_, _, o| Box::pin(async move { Ok(o.set_end_at(later).await?) }));
+                        if let Err(e) = extended.await {
+                            tracing::warn!(sandbox = %id, "keeping the expired sandbox a minute longer: {e}");
+                        }
                         continue;
                     }
                     Err(e) => tracing::warn!(sandbox = %id, "pausing an expired sandbox failed, killing it: {e}"),
@@ -924,11 +922,10 @@ impl SandboxManager {
                 let _ = self.remove_if(&id, &live, Removal::IfRunning).await;
                 continue;
             }
-            lock(&live.agent).take();
             // In the owner: after whatever it is doing ends, so no save is cut short.
             let released = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, ()> {
                 Box::pin(async move {
-                    if let Some(sandbox) = o.sandbox.take() {
+                    if let Some(sandbox) = o.take_sandbox() {
                         sandbox.release();
                     }
                 })

@@ -10,22 +10,38 @@ use super::state::{advance, SandboxState, TransitionError};
 use super::{lock, ManagerError};
 use crate::agent::AgentClient;
 use crate::sandbox::Sandbox;
+use crate::store::{Store, StoreError};
+use crate::time::Timestamp;
 use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 
-/// What readers see of the owner: its state, and why it failed if it did.
-#[derive(Debug, Clone)]
+/// What readers see of the owner, written by it alone on every change: its state, why
+/// it failed, the data plane's way in (the agent, only while it runs), its QEMU and
+/// its end.
+#[derive(Clone)]
 struct Published {
     state: SandboxState,
     failure: Option<String>,
+    agent: Option<AgentClient>,
+    pid: Option<i64>,
+    end_at: Timestamp,
+}
+
+/// Where the owner keeps what must outlive the server: the sandbox's row.
+#[derive(Clone)]
+pub(super) struct Record {
+    pub store: Store,
+    pub id: String,
 }
 
 /// What the owner holds; operations get it exclusively while they run.
 pub(super) struct Owned {
     state: SandboxState,
-    pub sandbox: Option<Sandbox>,
+    sandbox: Option<Sandbox>,
+    end_at: Timestamp,
+    record: Record,
     /// The state published to readers, updated on every move.
     published: Arc<Mutex<Published>>,
 }
@@ -35,28 +51,84 @@ impl Owned {
         self.state
     }
 
+    pub fn sandbox(&self) -> Option<&Sandbox> {
+        self.sandbox.as_ref()
+    }
+
+    pub fn sandbox_mut(&mut self) -> Option<&mut Sandbox> {
+        self.sandbox.as_mut()
+    }
+
+    /// Takes the VM out (a pause that saved it, a kill, a shutdown letting it go).
+    pub fn take_sandbox(&mut self) -> Option<Sandbox> {
+        let taken = self.sandbox.take();
+        self.publish();
+        taken
+    }
+
+    /// Holds `sandbox` (a resumed VM) from now on.
+    pub fn put_sandbox(&mut self, sandbox: Sandbox) {
+        self.sandbox = Some(sandbox);
+        self.publish();
+    }
+
+    /// What readers see, from what the owner holds: the agent only while the sandbox
+    /// runs, so no data-plane request reaches a guest being saved, killed or failed.
+    fn publish(&self) {
+        let mut p = lock(&self.published);
+        p.state = self.state;
+        p.agent = self.sandbox.as_ref().filter(|_| self.state == SandboxState::Running).map(|s| s.agent().clone());
+        p.pid = self.sandbox.as_ref().and_then(Sandbox::pid).map(i64::from);
+        p.end_at = self.end_at;
+    }
+
     /// Moves to `next` (readers see it at once), or says why the machine refuses.
     pub fn advance(&mut self, next: SandboxState) -> Result<SandboxState, TransitionError> {
         let previous = advance(&mut self.state, next)?;
-        lock(&self.published).state = next;
+        self.publish();
         Ok(previous)
     }
 
-    /// After a save that failed halfway (a pause or snapshot): back to running with the
-    /// data plane's agent restored if the VM runs and its agent answers, else failed
-    /// with the reason, for the user to see and kill.
-    pub async fn settle_after_failure(&mut self, agent: &Mutex<Option<AgentClient>>) -> Result<(), TransitionError> {
+    /// Moves to an intermediate state (`Pausing`, `Resuming`, `Snapshotting`) for the
+    /// guard's life: if the operation returns early (a `?`, a missing VM) without
+    /// moving on, the guard moves it back where it began. Moving on is the operation's.
+    pub fn begin(&mut self, during: SandboxState) -> Result<Step<'_>, TransitionError> {
+        let from = self.advance(during)?;
+        Ok(Step { owned: self, from, during })
+    }
+
+    /// Moves to `next` and records it: the one place a sandbox's state is written to
+    /// the store (`persist`).
+    pub async fn settle(&mut self, next: SandboxState) -> Result<SandboxState, ManagerError> {
+        let previous = self.advance(next)?;
+        self.persist().await?;
+        Ok(previous)
+    }
+
+    /// Writes the state (as E2B's two states), its QEMU and its end to the sandbox's row:
+    /// what the next server adopts. The only writer of the `state` column.
+    pub async fn persist(&self) -> Result<(), StoreError> {
+        let pid = self.sandbox.as_ref().and_then(Sandbox::pid).map(i64::from);
+        self.record.store.set_state(&self.record.id, self.state.api_name(), pid, self.end_at).await
+    }
+
+    /// Sets when the sandbox ends, for readers and in its row.
+    pub async fn set_end_at(&mut self, end_at: Timestamp) -> Result<(), StoreError> {
+        self.end_at = end_at;
+        self.publish();
+        self.record.store.set_end_at(&self.record.id, end_at).await
+    }
+
+    /// After a save that failed halfway (a pause or snapshot): back to running (its
+    /// agent published again) if the VM runs and its agent answers, else failed with
+    /// the reason, for the user to see and kill.
+    pub async fn settle_after_failure(&mut self) -> Result<(), TransitionError> {
         let health = match self.sandbox.as_mut() {
             Some(sandbox) => sandbox.health().await,
             None => Err("it has no VM".to_string()),
         };
         match health {
-            Ok(()) => {
-                if let Some(sandbox) = self.sandbox.as_ref() {
-                    *lock(agent) = Some(sandbox.agent().clone());
-                }
-                self.advance(SandboxState::Running).map(drop)
-            }
+            Ok(()) => self.advance(SandboxState::Running).map(drop),
             Err(why) => {
                 tracing::warn!("a sandbox failed: {why}");
                 self.fail(why).map(drop)
@@ -75,6 +147,38 @@ impl Owned {
     }
 }
 
+/// An operation's intermediate state (`Owned::begin`): rolled back by `Drop` unless the
+/// operation moved on from it. Derefs to what the owner holds.
+pub(super) struct Step<'a> {
+    owned: &'a mut Owned,
+    from: SandboxState,
+    during: SandboxState,
+}
+
+impl std::ops::Deref for Step<'_> {
+    type Target = Owned;
+    fn deref(&self) -> &Owned {
+        self.owned
+    }
+}
+
+impl std::ops::DerefMut for Step<'_> {
+    fn deref_mut(&mut self) -> &mut Owned {
+        self.owned
+    }
+}
+
+impl Drop for Step<'_> {
+    fn drop(&mut self) {
+        if self.owned.state == self.during {
+            // Every intermediate state may go back to where it came from (`state.rs`).
+            if let Err(e) = self.owned.advance(self.from) {
+                tracing::error!("rolling back an operation cut short: {e}");
+            }
+        }
+    }
+}
+
 type Operation = Box<dyn for<'a> FnOnce(&'a mut Owned) -> BoxFuture<'a, ()> + Send>;
 
 /// The handle to a sandbox's owner task. Dropping the last one ends the task, which
@@ -86,12 +190,14 @@ pub(super) struct Owner {
 }
 
 impl Owner {
-    /// Starts the owner of `sandbox` (None: paused) in `state`.
-    pub fn spawn(state: SandboxState, sandbox: Option<Sandbox>) -> Owner {
-        let published = Arc::new(Mutex::new(Published { state, failure: None }));
+    /// Starts the owner of `sandbox` (None: paused) in `state`, ending at `end_at`, its
+    /// row in `record`.
+    pub fn spawn(state: SandboxState, sandbox: Option<Sandbox>, end_at: Timestamp, record: Record) -> Owner {
+        let published = Arc::new(Mutex::new(Published { state, failure: None, agent: None, pid: None, end_at }));
         let busy = Arc::new(AtomicBool::new(false));
         let (operations, mut queue) = mpsc::unbounded_channel::<Operation>();
-        let mut owned = Owned { state, sandbox, published: published.clone() };
+        let mut owned = Owned { state, sandbox, end_at, record, published: published.clone() };
+        owned.publish();
         let running = busy.clone();
         tokio::spawn(async move {
             while let Some(operation) = queue.recv().await {
@@ -111,6 +217,21 @@ impl Owner {
     /// Why it failed, once it has.
     pub fn failure(&self) -> Option<String> {
         lock(&self.state).failure.clone()
+    }
+
+    /// The agent of the running sandbox (None unless it runs).
+    pub fn agent(&self) -> Option<AgentClient> {
+        lock(&self.state).agent.clone()
+    }
+
+    /// Its QEMU's pid, while it has a VM.
+    pub fn pid(&self) -> Option<i64> {
+        lock(&self.state).pid
+    }
+
+    /// When it ends.
+    pub fn end_at(&self) -> Timestamp {
+        lock(&self.state).end_at
     }
 
     /// Whether an operation is running now (the reaper leaves such sandboxes alone).
@@ -138,9 +259,17 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A record in a store of its own (the owner writes to it only when it settles).
+    async fn record() -> (tempfile::TempDir, Record) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open_file(&dir.path().join("hutch.db")).await.expect("store");
+        (dir, Record { store, id: "sbx".into() })
+    }
+
     #[tokio::test]
     async fn operations_run_one_at_a_time_in_order_and_finish_when_their_caller_leaves() {
-        let owner = Arc::new(Owner::spawn(SandboxState::Running, None));
+        let (_dir, record) = record().await;
+        let owner = Arc::new(Owner::spawn(SandboxState::Running, None, Timestamp::now(), record));
         let log = Arc::new(Mutex::new(Vec::new()));
         let (release, wait) = oneshot::channel::<()>();
         // A pause whose caller gives up halfway: it still runs to its end.
@@ -179,9 +308,43 @@ mod tests {
 
     #[tokio::test]
     async fn a_refused_move_leaves_the_state_and_says_why() {
-        let owner = Owner::spawn(SandboxState::Paused, None);
+        let (_dir, record) = record().await;
+        let owner = Owner::spawn(SandboxState::Paused, None, Timestamp::now(), record);
         let refused = owner.run(|o: &mut Owned| -> BoxFuture<'_, _> { Box::pin(async move { o.advance(SandboxState::Pausing) }) }).await.expect("owner");
         assert_eq!(refused, Err(TransitionError { from: SandboxState::Paused, to: SandboxState::Pausing }));
+        assert_eq!(owner.state(), SandboxState::Paused);
+    }
+
+    #[tokio::test]
+    async fn an_operation_cut_short_goes_back_to_where_it_began() {
+        let (_dir, record) = record().await;
+        let owner = Owner::spawn(SandboxState::Running, None, Timestamp::now(), record);
+        // A pause that returns early (here: it finds no VM) after it began.
+        let cut_short = owner
+            .run(|o: &mut Owned| -> BoxFuture<'_, Result<(), ManagerError>> {
+                Box::pin(async move {
+                    let step = o.begin(SandboxState::Pausing)?;
+                    assert_eq!(step.state(), SandboxState::Pausing);
+                    step.sandbox().ok_or_else(|| ManagerError::Internal("no VM".into()))?;
+                    Ok(())
+                })
+            })
+            .await
+            .expect("owner");
+        assert!(cut_short.is_err());
+        assert_eq!(owner.state(), SandboxState::Running, "rolled back by the guard");
+        // One that moved on keeps where it went.
+        let moved_on = owner
+            .run(|o: &mut Owned| -> BoxFuture<'_, Result<(), TransitionError>> {
+                Box::pin(async move {
+                    let mut step = o.begin(SandboxState::Pausing)?;
+                    step.advance(SandboxState::Paused)?;
+                    Ok(())
+                })
+            })
+            .await
+            .expect("owner");
+        assert_eq!(moved_on, Ok(()));
         assert_eq!(owner.state(), SandboxState::Paused);
     }
 }

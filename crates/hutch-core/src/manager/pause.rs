@@ -5,13 +5,14 @@
 
 use super::owner::Owned;
 use super::state::SandboxState;
-use super::{lock, parse_time, Live, ManagerError, SandboxManager};
+use super::{Live, ManagerError, SandboxManager};
 use crate::sandbox::layout::{paused_mode, PauseMode};
 use crate::sandbox::Sandbox;
-use crate::store::{rfc3339, SandboxRow};
+use crate::store::SandboxRow;
+use crate::time::Timestamp;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// What a connect did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,41 +53,36 @@ impl SandboxManager {
     /// The rest (a VM that ended, a record without files) is removed, each logged.
     pub(super) async fn adopt_earlier(&self) -> Result<(), ManagerError> {
         let mut kept = std::collections::HashSet::new();
-        for mut row in self.store.sandboxes().await? {
+        for row in self.store.sandboxes().await? {
             let dir = Path::new(&row.dir).to_path_buf();
-            let was_paused = row.state == "paused";
-            match Sandbox::adopt(&dir, self.backend.as_ref(), row.envd_token.as_deref(), !was_paused, &self.config.net_env).await {
+            let was_paused = row.state == SandboxState::Paused.api_name();
+            let (live, moved) = match Sandbox::adopt(&dir, self.backend.as_ref(), row.envd_token.as_deref(), !was_paused, &self.config.net_env).await {
                 Ok(sandbox) => {
                     tracing::info!(sandbox = %row.id, "running sandbox from an earlier server run: adopted, its VM and processes ran on");
-                    row.state = "running".into();
-                    row.qemu_pid = sandbox.pid().map(i64::from);
-                    if was_paused {
-                        self.store.set_state(&row.id, "running", row.qemu_pid, &row.end_at).await?;
-                    }
-                    kept.insert(row.dir.clone());
-                    lock(&self.live).insert(row.id.clone(), Live::running(row, sandbox));
-                    continue;
+                    (Live::running(row, sandbox, &self.store), true)
                 }
                 Err(e) if is_paused_dir(&dir) => {
                     if !was_paused {
                         // Its pause finished but the store did not hear of it.
                         tracing::info!(sandbox = %row.id, "its pause finished as the earlier server stopped ({e}); paused");
-                        self.store.set_state(&row.id, "paused", None, &row.end_at).await?;
                     } else {
                         tracing::info!(sandbox = %row.id, "paused sandbox from an earlier server run: kept, resumes on connect");
                     }
-                    row.state = "paused".into();
-                    row.qemu_pid = None;
-                    kept.insert(row.dir.clone());
-                    lock(&self.live).insert(row.id.clone(), Live::paused(row));
-                    continue;
+                    (Live::paused(row, &self.store), !was_paused)
                 }
                 Err(e) => {
                     tracing::warn!(sandbox = %row.id, state = %row.state, "sandbox from an earlier server run cannot be taken over ({e}); removing its record and files");
                     let _ = std::fs::remove_dir_all(&row.dir);
                     self.store.delete_sandbox(&row.id).await?;
+                    continue;
                 }
+            };
+            // Its row records where it is now (a new QEMU pid too), in its owner.
+            if moved {
+                self.in_owner(&live, |_, _, o| Box::pin(async move { Ok(o.persist().await?) })).await?;
             }
+            kept.insert(live.row.dir.clone());
+            super::lock(&self.live).insert(live.row.id.clone(), live);
         }
         // Paused directories without a record (a crash between the save and the
         // store update) cannot be resumed by anyone: remove them.
@@ -114,38 +110,30 @@ impl SandboxManager {
     }
 
     async fn pause_owned(&self, id: &str, live: &Live, o: &mut Owned, by: PausedBy, mode: PauseMode) -> Result<(), ManagerError> {
-        let Some(memory_mib) = o.sandbox.as_ref().map(Sandbox::memory_mib) else {
+        let Some(memory_mib) = o.sandbox().map(Sandbox::memory_mib) else {
             return Err(match o.state() {
                 SandboxState::Paused => ManagerError::AlreadyPaused(id.to_string()),
                 from => super::state::TransitionError { from, to: SandboxState::Pausing }.into(),
             });
         };
         if by == PausedBy::Client {
-            let key_id = lock(&live.row).key_id.clone();
-            self.quota_paused(&key_id)?;
+            self.quota_paused(&live.row.key_id)?;
         }
         if mode == PauseMode::Full {
             self.room_for_memory(memory_mib)?;
         }
-        o.advance(SandboxState::Pausing)?;
-        // New data-plane requests see "paused" from here on.
-        lock(&live.agent).take();
-        let Some(sandbox) = o.sandbox.as_mut() else { return Err(ManagerError::Internal("the paused sandbox has no VM".into())) };
+        // New data-plane requests see "paused" from here on (no agent is published).
+        let mut o = o.begin(SandboxState::Pausing)?;
+        let Some(sandbox) = o.sandbox_mut() else { return Err(ManagerError::Internal("the paused sandbox has no VM".into())) };
         if let Err(e) = sandbox.pause(mode).await {
             // Refused or failed before the VM stopped for good: it runs on, with its
             // session back, unless the VM or its agent no longer answers.
-            o.settle_after_failure(&live.agent).await?;
+            o.settle_after_failure().await?;
             return Err(ManagerError::Pause(e));
         }
         // Dropping a paused Sandbox keeps its directory.
-        o.sandbox.take();
-        o.advance(SandboxState::Paused)?;
-        let end_at = {
-            let mut row = lock(&live.row);
-            row.qemu_pid = None;
-            row.end_at.clone()
-        };
-        self.store.set_state(id, "paused", None, &end_at).await?;
+        o.take_sandbox();
+        o.settle(SandboxState::Paused).await?;
         Ok(())
     }
 
@@ -164,8 +152,8 @@ impl SandboxManager {
         };
         let row = live.row();
         let Some(secs) = secs else { return Ok((row, how)) };
-        let wanted = SystemTime::now() + Duration::from_secs(secs);
-        if wanted > parse_time(&row.end_at) {
+        let wanted = Timestamp::now().after(Duration::from_secs(secs));
+        if wanted > row.end_at {
             return Ok((self.set_timeout(key_id, id, secs).await?, how));
         }
         Ok((row, how))
@@ -181,7 +169,7 @@ impl SandboxManager {
         if !o.state().can_become(SandboxState::Resuming) {
             return Err(super::state::TransitionError { from: o.state(), to: SandboxState::Resuming }.into());
         }
-        let row = lock(&live.row).clone();
+        let row = &live.row;
         self.quota_running(&row.key_id, 1)?;
         let _reserved = self.reserve_slot()?;
         let mut opts = self.options(&row.template, &row.env_vars, &row.metadata, row.envd_token.clone());
@@ -206,7 +194,7 @@ impl SandboxManager {
             }
             false => None,
         };
-        o.advance(SandboxState::Resuming)?;
+        let mut o = o.begin(SandboxState::Resuming)?;
         let resumed = match &artifacts {
             Some(artifacts) => Sandbox::reboot(dir, artifacts, self.backend.as_ref(), &opts).await,
             None => Sandbox::resume(dir, self.backend.as_ref(), &opts).await,
@@ -218,35 +206,25 @@ impl SandboxManager {
                 o.fail("its guest stopped answering right after it was resumed, so its saved state no longer matches its disk and it cannot be resumed again".into())?;
                 // Seen, and killable, for a while: a paused sandbox's end is often past,
                 // and the reaper would otherwise remove it before anyone saw why.
-                let end_at = rfc3339(SystemTime::now() + self.config.default_timeout);
-                lock(&live.row).end_at = end_at.clone();
-                if let Err(store) = self.store.set_end_at(id, &end_at).await {
+                if let Err(store) = o.set_end_at(Timestamp::now().after(self.config.default_timeout)).await {
                     tracing::warn!(sandbox = %id, "recording the failed sandbox's new end: {store}");
                 }
                 return Err(ManagerError::Resume(e));
             }
             Err(e) => {
                 // Its saved state is still on disk (a resume removes it only once the VM
-                // runs; a failed boot leaves the disk to boot again): paused, as before.
-                o.advance(SandboxState::Paused)?;
+                // runs; a failed boot leaves the disk to boot again): paused, as before
+                // (the guard moves it back).
                 return Err(ManagerError::Resume(e));
             }
         };
-        let started = parse_time(&row.started_at);
         let timeout = Duration::from_secs(secs.unwrap_or(self.config.default_timeout.as_secs()));
-        let end_at = rfc3339(self.end_at(started, timeout).max(SystemTime::now() + Duration::from_secs(1)));
-        let pid = sandbox.pid().map(i64::from);
-        *lock(&live.agent) = Some(sandbox.agent().clone());
+        let end_at = self.end_at(row.started_at, timeout).max(Timestamp::now().after(Duration::from_secs(1)));
         // The VM runs and its saved state is gone: it is running whatever the store says,
         // and dropping it now would lose it.
-        o.sandbox = Some(sandbox);
+        o.put_sandbox(sandbox);
         o.advance(SandboxState::Running)?;
-        {
-            let mut row = lock(&live.row);
-            row.qemu_pid = pid;
-            row.end_at = end_at.clone();
-        }
-        if let Err(e) = self.store.set_state(id, "running", pid, &end_at).await {
+        if let Err(e) = o.set_end_at(end_at).await.and(o.persist().await) {
             tracing::error!(sandbox = %id, "the sandbox was resumed, but its record still says paused: {e}");
         }
         Ok(Connected::Resumed)

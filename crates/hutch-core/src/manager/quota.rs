@@ -64,7 +64,7 @@ impl SandboxManager {
     /// (running, paused) sandboxes of `key_id`.
     fn held_by(&self, key_id: &str) -> (usize, usize) {
         let live = lock(&self.live);
-        let mine: Vec<_> = live.values().filter(|l| lock(&l.row).key_id == key_id).collect();
+        let mine: Vec<_> = live.values().filter(|l| l.row.key_id == key_id).collect();
         (mine.iter().filter(|l| l.holds_vm()).count(), mine.iter().filter(|l| l.is_paused()).count())
     }
 

@@ -34,10 +34,7 @@ impl SandboxManager {
         let dir = self.snapshots_root().join(&snap_id);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
         lock(&self.pinned).insert(dir.clone());
-        let (key_id, asked) = {
-            let row = lock(&live.row);
-            (row.key_id.clone(), row.template.clone())
-        };
+        let (key_id, asked) = (live.row.key_id.clone(), live.row.template.clone());
         let template = self.base_template(&key_id, &asked).await?;
         let made = {
             let (id, to, template) = (id.to_string(), dir.clone(), template.clone());
@@ -84,30 +81,24 @@ impl SandboxManager {
     /// The save itself, in the sandbox's owner: a running sandbox pauses for it and runs
     /// on, a paused one has its saved state copied.
     async fn snapshot_owned(&self, id: &str, live: &Live, o: &mut Owned, dir: &Path, template: &str) -> Result<MemorySnapshot, ManagerError> {
-        let Some(memory_mib) = o.sandbox.as_ref().map(Sandbox::memory_mib) else {
-            let was = o.advance(SandboxState::Snapshotting)?;
-            // The row's lock is not held through the copy: everything else takes it.
-            let (sandbox_dir, token) = {
-                let row = lock(&live.row);
-                (PathBuf::from(&row.dir), row.envd_token.clone())
-            };
+        let Some(memory_mib) = o.sandbox().map(Sandbox::memory_mib) else {
+            // Paused: its saved state is copied, and the guard moves it back to paused.
+            let _step = o.begin(SandboxState::Snapshotting)?;
+            let (sandbox_dir, token) = (PathBuf::from(&live.row.dir), live.row.envd_token.clone());
             let (to, t, sid) = (dir.to_path_buf(), template.to_string(), id.to_string());
-            let made = tokio::task::spawn_blocking(move || copy_paused(&sandbox_dir, &to, &t, &sid, token))
+            return tokio::task::spawn_blocking(move || copy_paused(&sandbox_dir, &to, &t, &sid, token))
                 .await
                 .unwrap_or_else(|e| Err(ManagerError::Internal(e.to_string())));
-            o.advance(was)?;
-            return made;
         };
         self.room_for_memory(memory_mib)?;
-        o.advance(SandboxState::Snapshotting)?;
-        lock(&live.agent).take();
-        let Some(sandbox) = o.sandbox.as_mut() else { return Err(ManagerError::Internal("the running sandbox has no VM".into())) };
+        // No agent is published while it is saved.
+        let mut o = o.begin(SandboxState::Snapshotting)?;
+        let Some(sandbox) = o.sandbox_mut() else { return Err(ManagerError::Internal("the running sandbox has no VM".into())) };
         let made = sandbox.snapshot(dir, template).await.map_err(ManagerError::Pause);
         if made.is_err() {
-            o.settle_after_failure(&live.agent).await?;
+            o.settle_after_failure().await?;
             return made;
         }
-        *lock(&live.agent) = Some(sandbox.agent().clone());
         o.advance(SandboxState::Running)?;
         made
     }

@@ -16,7 +16,7 @@ use axum::Json;
 use base64::Engine;
 use hutch_core::manager::{started, ListFilter, ListOrder};
 use hutch_core::store::SandboxRow;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// E2B's page size: 100 by default and at most.
 const MAX_LIMIT: usize = 100;
@@ -45,21 +45,7 @@ fn metadata(value: &str) -> Result<Vec<(String, String)>, ApiError> {
 
 /// RFC 3339 with any offset (`…Z`, `…+02:00`), as the SDKs send `startedAfter`.
 fn parse_instant(text: &str) -> Option<SystemTime> {
-    let text = text.trim();
-    if let Some(utc) = text.strip_suffix(['Z', 'z']) {
-        return humantime::parse_rfc3339_weak(utc).ok();
-    }
-    // The offset is after the seconds (`YYYY-MM-DDTHH:MM:SS` is 19 characters).
-    let at = text.get(19..)?.rfind(['+', '-'])? + 19;
-    let (local, offset) = text.split_at(at);
-    let (hours, minutes) = offset[1..].split_once(':')?;
-    let shift = Duration::from_secs(hours.parse::<u64>().ok()? * 3600 + minutes.parse::<u64>().ok()? * 60);
-    let local = humantime::parse_rfc3339_weak(local).ok()?;
-    if offset.starts_with('+') {
-        local.checked_sub(shift)
-    } else {
-        local.checked_add(shift)
-    }
+    hutch_core::time::Timestamp::parse(text).ok().map(hutch_core::time::Timestamp::system_time)
 }
 
 /// The token after `row` in `order`: E2B's form, URL-safe base64 of
@@ -183,8 +169,8 @@ mod tests {
             env_vars: Default::default(),
             envd_token: None,
             traffic_token: None,
-            started_at: "2025-06-01T12:00:00.123Z".into(),
-            end_at: String::new(),
+            started_at: hutch_core::time::Timestamp::parse("2025-06-01T12:00:00.123Z").expect("time"),
+            end_at: hutch_core::time::Timestamp::parse("2025-06-01T12:05:00Z").expect("time"),
             qemu_pid: None,
             dir: String::new(),
             auto_pause: false,

@@ -133,9 +133,11 @@ impl Env {
             let row = live.row();
             assert_eq!(row.failure.is_some(), state == SandboxState::Failed, "{id}: a failure is shown exactly when it failed");
             if state != SandboxState::Failed {
-                assert_eq!(stored.get(id).map(|r| r.state.as_str()), Some(state.api_name()), "{id}: the store disagrees");
+                // What the owner holds is what its row says: the next server adopts by it.
+                let kept = stored.get(id).map(|r| (r.state.as_str(), r.qemu_pid, r.end_at));
+                assert_eq!(kept, Some((state.api_name(), row.qemu_pid, row.end_at)), "{id}: the store disagrees with the owner");
             }
-            assert_eq!(lock(&live.agent).is_some(), state == SandboxState::Running, "{id}: a data-plane agent only while running");
+            assert_eq!(live.owner.agent().is_some(), state == SandboxState::Running, "{id}: a data-plane agent only while running");
             let dir = Path::new(&row.dir);
             assert_eq!(crate::sandbox::layout::paused_mode(dir).is_some(), state == SandboxState::Paused, "{id}: saved state only while paused");
             assert_eq!(row.pause_mode.is_some(), state == SandboxState::Paused, "{id}: a pause mode exactly while paused");
@@ -168,7 +170,7 @@ impl Env {
         let ids: Vec<String> = lock(&self.manager.live).keys().cloned().collect();
         for id in ids {
             let live = lock(&self.manager.live)[&id].clone();
-            let key = lock(&live.row).key_id.clone();
+            let key = live.row.key_id.clone();
             self.manager.kill(&key, &id).await.expect("kill");
         }
         for key in &self.keys {
