@@ -5,7 +5,7 @@
 //! later the path is warm: the reading with the shortest round trip gives the guest's
 //! offset within half that round trip, and one more call steps the clock by it.
 
-use crate::agent::AgentClient;
+use hutch_envd::AgentClient;
 use hutch_proto::agent::{ClockReply, ClockRequest};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -257,17 +257,17 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let spec = spec(tmp.path());
         let _guest = FakeAgent::default().run(&spec, None);
-        let agent = crate::agent::connect(&spec.agent_socket()).await.expect("connect");
+        let agent = hutch_envd::connect(&spec.agent_socket()).await.expect("connect");
         let limit = Duration::from_millis(300);
 
-        let hang = http::Request::get("http://agent/fake/hang").body(crate::agent::full(Bytes::new())).expect("request");
+        let hang = http::Request::get("http://agent/fake/hang").body(hutch_envd::full(Bytes::new())).expect("request");
         let started = Instant::now();
         let stuck = tokio::time::timeout(Duration::from_secs(10), agent.send_answered_within(hang, limit)).await.expect("the deadline ends the call");
-        assert!(matches!(stuck, Err(crate::agent::AgentError::Timeout { .. })), "{stuck:?}");
+        assert!(matches!(stuck, Err(hutch_envd::AgentError::Timeout { .. })), "{stuck:?}");
         assert!(started.elapsed() >= limit);
 
         // A body that takes three times the limit to arrive.
-        let (chunks, receiver) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, crate::agent::BoxError>>(1);
+        let (chunks, receiver) = tokio::sync::mpsc::channel::<Result<hyper::body::Frame<Bytes>, hutch_envd::BoxError>>(1);
         let body = http_body_util::StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(receiver)).boxed_unsync();
         let upload = http::Request::post("http://agent/fake/put").body(body).expect("request");
         let sending = tokio::spawn(async move {

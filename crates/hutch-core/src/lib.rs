@@ -4,7 +4,6 @@
 //! Owns sandbox directories under `$HUTCH_HOME/sandboxes`. Must not know about HTTP
 //! routing, the CLI or terminals; those sit above it.
 
-pub use hutch_formats::archive;
 pub mod artifacts;
 pub mod build;
 pub mod clock_sync;
@@ -13,20 +12,15 @@ mod fake_guest;
 pub mod ids;
 pub mod manager;
 pub mod orphans;
-pub use hutch_image::record;
 pub mod pruning;
 pub mod references;
 pub mod sandbox;
 pub mod snapshot;
-pub use hutch_vmm::space;
 pub mod store;
 pub mod sweep;
 pub mod template_snapshot;
 pub mod time;
 
-/// The envd client (hutch-envd, shared with the Rust SDK); core uses it over the VM's agent socket.
-pub use hutch_envd as agent;
-pub use hutch_envd::{AgentClient, AgentError};
 pub use artifacts::{Artifacts, ArtifactsError};
 pub use ids::{MemMib, SandboxId};
 pub use sandbox::boot::SandboxOptions;

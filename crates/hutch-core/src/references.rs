@@ -45,7 +45,7 @@ pub fn of_sandboxes_and_snapshots(home: &HutchHome) -> Result<InUse, BackingErro
     for dir in entries(&home.sandboxes()) {
         // A sandbox still starting has its overlay before its record.
         disks.push(dir.join("disk.qcow2"));
-        let Ok(record) = crate::record::read::<crate::sandbox::layout::VmRecord>(&dir.join(crate::sandbox::layout::VM_RECORD), crate::record::Kind::Vm) else { continue };
+        let Ok(record) = hutch_image::record::read::<crate::sandbox::layout::VmRecord>(&dir.join(crate::sandbox::layout::VM_RECORD), hutch_image::record::Kind::Vm) else { continue };
         used.snapshot_dirs.extend(record.base_snapshot.clone());
         disks.push(record.spec.disk.clone());
         if let Memory::SharedFile(f) | Memory::PrivateFile(f) = &record.spec.memory {

@@ -12,7 +12,7 @@
 //! A snapshot is taken only after the host closed its agent session and the agent said
 //! it is idle, so a restored guest starts a fresh session instead of a half-open one.
 
-use crate::agent::AgentClient;
+use hutch_envd::AgentClient;
 use hutch_vmm::{Incoming, Memory, SnapshotError, VmHandle};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -68,7 +68,7 @@ pub enum SaveError {
     #[error(transparent)]
     Disk(hutch_vmm::disk::DiskError),
     #[error("the snapshot's manifest")]
-    Record(#[source] crate::record::RecordError),
+    Record(#[source] hutch_image::record::RecordError),
 }
 
 fn file_err<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> SaveError + 'a {
@@ -80,9 +80,9 @@ impl MemorySnapshot {
     /// or newer one does not, and is logged).
     pub fn open(dir: &Path) -> Option<MemorySnapshot> {
         let path = dir.join(MANIFEST);
-        match crate::record::read(&path, crate::record::Kind::Snapshot) {
+        match hutch_image::record::read(&path, hutch_image::record::Kind::Snapshot) {
             Ok(manifest) => Some(MemorySnapshot { dir: dir.to_path_buf(), manifest }),
-            Err(crate::record::RecordError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+            Err(hutch_image::record::RecordError::Read { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
             Err(e) => {
                 tracing::warn!("{e}");
                 None
@@ -127,7 +127,7 @@ impl MemorySnapshot {
     }
 
     pub fn write_manifest(dir: &Path, manifest: &Manifest) -> Result<(), SaveError> {
-        crate::record::write(&dir.join(MANIFEST), crate::record::Kind::Snapshot, manifest).map_err(SaveError::Record)
+        hutch_image::record::write(&dir.join(MANIFEST), hutch_image::record::Kind::Snapshot, manifest).map_err(SaveError::Record)
     }
 }
 
@@ -185,7 +185,7 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
 /// moment a VM can be saved. Nothing the guest prints on its console counts.
 pub async fn release_agent(agent: &AgentClient, socket: &Path, limit: Duration) -> Result<(), SaveError> {
     agent.close();
-    match tokio::time::timeout(limit, crate::agent::wait_idle(socket)).await {
+    match tokio::time::timeout(limit, hutch_envd::wait_idle(socket)).await {
         Ok(Ok(())) => Ok(()),
         // QEMU ended, the channel broke or the deadline passed: not idle.
         _ => Err(SaveError::AgentBusy(limit.as_secs())),

@@ -8,7 +8,7 @@
 //! hash of all of them, so when any changes, a new snapshot is made and the old one is
 //! left for `hutch snapshot prune`-style cleanup (`remove_stale`).
 
-use crate::agent::AgentClient;
+use hutch_envd::AgentClient;
 use crate::artifacts::Artifacts;
 use crate::sandbox::boot::{wait_for_agent, wait_for_port, SandboxOptions};
 use crate::sandbox::errors::{CreateError, TemplateSnapshotError};

@@ -108,7 +108,7 @@ fn carries(headers: &http::HeaderMap, header: &str, expected: &str) -> bool {
 /// once the request carries what the sandbox would want of it: the access token of a
 /// secure sandbox on the envd port, the traffic token of private ports on others. A
 /// request that cannot resume it gets the paused answer.
-async fn resume_for(state: &AppState, target: &Target, headers: &http::HeaderMap) -> Result<hutch_core::AgentClient, Response> {
+async fn resume_for(state: &AppState, target: &Target, headers: &http::HeaderMap) -> Result<hutch_envd::AgentClient, Response> {
     let Some((envd_token, traffic_token)) = state.manager.auto_resumes(&target.sandbox) else { return Err(paused(&target.sandbox)) };
     let (header, expected) = if target.port == ENVD_PORT { ("x-access-token", envd_token) } else { ("e2b-traffic-access-token", traffic_token) };
     if let Some(expected) = expected {
@@ -190,7 +190,7 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
     for (name, value) in parts.headers.iter().filter(|(n, v)| !withheld_from_agent(n, v)) {
         builder = builder.header(name, value);
     }
-    let body = body.map_err(|e| Box::new(e) as hutch_core::agent::BoxError).boxed_unsync();
+    let body = body.map_err(|e| Box::new(e) as hutch_envd::BoxError).boxed_unsync();
     let upstream = match builder.body(body) {
         Ok(r) => r,
         Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"code": 400, "message": e.to_string()}))).into_response(),
@@ -203,7 +203,7 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
             }
             Response::from_parts(parts, Body::new(body))
         }
-        Err(e @ hutch_core::AgentError::Timeout { .. }) => {
+        Err(e @ hutch_envd::AgentError::Timeout { .. }) => {
             tracing::warn!(sandbox = %target.sandbox, "proxying to the agent: {e}");
             let message = format!("the sandbox's agent did not answer within {} s of the request; the guest may be overloaded or stuck", ANSWER_WAIT.as_secs());
             (StatusCode::GATEWAY_TIMEOUT, Json(json!({ "sandboxId": target.sandbox, "code": 504, "message": message }))).into_response()
@@ -222,7 +222,7 @@ const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// HTTP/1.1 over a tunnel to the guest port; upgrades (WebSocket) are spliced through.
 /// `host` replaces the client's Host header (E2B's `maskRequestHost`).
-async fn tunnel(agent: hutch_core::AgentClient, target: Target, mut req: Request, host: Option<String>) -> Response {
+async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request, host: Option<String>) -> Response {
     let io = match agent.tunnel(target.port).await {
         Ok(io) => io,
         Err(_) => return port_closed(&target.sandbox, target.port),

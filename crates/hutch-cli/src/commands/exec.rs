@@ -4,7 +4,7 @@ use crate::terminal;
 use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
-use hutch_core::agent::{AgentClient, AgentError, ProcessStream};
+use hutch_envd::{AgentClient, AgentError, ProcessStream};
 use hutch_proto::connect::Code;
 use hutch_proto::process::{DataEvent, ProcessConfig, ProcessEvent, Pty, PtySize, Signal, StartRequest};
 use std::collections::BTreeMap;

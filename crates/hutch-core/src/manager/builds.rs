@@ -42,7 +42,7 @@ struct CopyLimits {
     reserve: u64,
 }
 
-const COPY_LIMITS: CopyLimits = CopyLimits { per_copy: MAX_UPLOAD * 4, per_build: MAX_UPLOAD * 8, reserve: crate::space::FLOOR };
+const COPY_LIMITS: CopyLimits = CopyLimits { per_copy: MAX_UPLOAD * 4, per_build: MAX_UPLOAD * 8, reserve: hutch_vmm::space::FLOOR };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -712,7 +712,7 @@ mod tests {
         let (files, scratch) = (tempfile::tempdir().expect("dir"), tempfile::tempdir().expect("dir"));
         let hash = "e".repeat(64);
         stored(files.path(), &hash, |t| file(t, "app/a", 10));
-        let free = crate::space::available(scratch.path()).expect("statvfs");
+        let free = hutch_vmm::space::available(scratch.path()).expect("statvfs");
         let short = CopyLimits { per_copy: 1 << 30, per_build: 1 << 30, reserve: free + (1 << 30) };
         let e = api_steps(&[copy(&hash)], files.path(), scratch.path(), short).expect_err("short of disk");
         assert!(!e.caller_fault && e.message.contains("the server is short of disk"), "{e:?}");

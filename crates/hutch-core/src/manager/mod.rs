@@ -17,7 +17,7 @@ mod tests;
 pub use pause::{Connected, OnResume};
 pub use snapshots::MAX_FORKS;
 
-use crate::agent::AgentClient;
+use hutch_envd::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
 pub use quota::KeyQuota;
@@ -115,7 +115,7 @@ pub enum ManagerError {
     #[error("creating the sandbox failed")]
     Create(#[source] CreateError),
     #[error("the sandbox's agent did not answer")]
-    Agent(#[source] crate::agent::AgentError),
+    Agent(#[source] hutch_envd::AgentError),
     #[error("sandbox '{0}' is paused; resume it with connect (POST /sandboxes/{0}/connect) first")]
     Paused(String),
     #[error("sandbox '{0}' is already paused")]
@@ -453,7 +453,7 @@ impl SandboxManager {
     /// Refuses a save of `memory_mib` of guest RAM (plus its disk's copy, bounded by the
     /// same) that would eat into the disk's reserve.
     fn room_for_memory(&self, memory_mib: u32) -> Result<(), ManagerError> {
-        crate::space::check_room(self.home.root(), u64::from(memory_mib) << 20).map_err(ManagerError::NoSpace)
+        hutch_vmm::space::check_room(self.home.root(), u64::from(memory_mib) << 20).map_err(ManagerError::NoSpace)
     }
 
     fn shutting_down(&self) -> bool {

@@ -8,7 +8,7 @@
 
 use super::state::{advance, SandboxState, TransitionError};
 use super::{lock, ManagerError};
-use crate::agent::AgentClient;
+use hutch_envd::AgentClient;
 use crate::sandbox::Sandbox;
 use crate::store::{Store, StoreError};
 use crate::time::Timestamp;

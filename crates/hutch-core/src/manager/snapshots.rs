@@ -6,7 +6,7 @@
 use super::owner::Owned;
 use super::state::SandboxState;
 use super::{hex_token, lock, CreateSpec, Live, ManagerError, SandboxManager};
-use crate::archive::{self, ArchiveError, ArchiveManifest};
+use hutch_formats::archive::{self, ArchiveError, ArchiveManifest};
 use crate::artifacts::Artifacts;
 use crate::sandbox::Sandbox;
 use crate::sandbox::boot::SandboxOptions;
@@ -356,7 +356,7 @@ impl SandboxManager {
 /// sandbox's access token, which its saved guest holds.
 fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str, token: Option<String>) -> Result<MemorySnapshot, ManagerError> {
     let io = |what: &str, e: std::io::Error| ManagerError::Internal(format!("{what}: {e}"));
-    let record: VmRecord = crate::record::read(&sandbox_dir.join(VM_RECORD), crate::record::Kind::Vm).map_err(|e| ManagerError::Internal(e.to_string()))?;
+    let record: VmRecord = hutch_image::record::read(&sandbox_dir.join(VM_RECORD), hutch_image::record::Kind::Vm).map_err(|e| ManagerError::Internal(e.to_string()))?;
     // Paused without memory: the disk alone, booted by its restores (no token held).
     let memory = sandbox_dir.join(PAUSED_STATE).exists();
     if memory {

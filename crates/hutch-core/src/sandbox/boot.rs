@@ -3,7 +3,7 @@
 
 use super::errors::CreateError;
 use super::layout::console_tail;
-use crate::agent::{self, AgentClient};
+use hutch_envd::{AgentClient};
 use crate::ids::MemMib;
 use hutch_proto::agent::InitRequest;
 use hutch_vmm::{Accel, VmBackend, VmHandle, VmSpec};
@@ -116,7 +116,7 @@ pub(crate) async fn init_with_retry(
             }
             // The init that timed out may have landed, and its answer alone been lost:
             // the guest then holds the token it gave.
-            Err(CreateError::Init(agent::AgentError::Http { status, .. })) if attempt > 1 && status == http::StatusCode::UNAUTHORIZED && presented != given => presented = given,
+            Err(CreateError::Init(hutch_envd::AgentError::Http { status, .. })) if attempt > 1 && status == http::StatusCode::UNAUTHORIZED && presented != given => presented = given,
             Err(e) => return Err(e),
         }
     }
@@ -164,7 +164,7 @@ pub(crate) async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, sta
         if let Some(status) = vm.exit_status() {
             return Err(CreateError::VmExited { status, console: console_tail(&vm.console_log(), 30) });
         }
-        match tokio::time::timeout(Duration::from_secs(5), agent::connect(&socket)).await {
+        match tokio::time::timeout(Duration::from_secs(5), hutch_envd::connect(&socket)).await {
             Ok(Ok(client)) => return Ok(client),
             Ok(Err(e)) => last = e.to_string(),
             Err(_) => last = "no answer within 5 s".into(),
@@ -185,7 +185,7 @@ pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, start
     let exited = |vm: &mut dyn VmHandle| vm.exit_status().map(|status| CreateError::VmExited { status, console: console_tail(&console, 30) });
     let timed_out = || CreateError::BootTimeout { secs: limit.as_secs(), console: console_tail(&console, 30) };
     let socket = vm.agent_socket();
-    let probe = agent::wait_idle(&socket);
+    let probe = hutch_envd::wait_idle(&socket);
     tokio::pin!(probe);
     loop {
         if let Some(e) = exited(vm) {
@@ -201,7 +201,7 @@ pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, start
             // QEMU closed the socket: it is ending; the next turn reports how.
             Ok(Err(e)) => {
                 tracing::debug!("idle probe: {e}");
-                probe.set(agent::wait_idle(&socket));
+                probe.set(hutch_envd::wait_idle(&socket));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Err(_) => {}
@@ -214,7 +214,7 @@ pub(crate) async fn wait_for_agent(vm: &mut dyn VmHandle, limit: Duration, start
             return Err(timed_out());
         }
         let attempt = async {
-            let client = agent::connect(&socket).await.map_err(|e| e.to_string())?;
+            let client = hutch_envd::connect(&socket).await.map_err(|e| e.to_string())?;
             client.health().await.map_err(|e| e.to_string())?;
             Ok::<_, String>(client)
         };

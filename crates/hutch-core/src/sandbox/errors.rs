@@ -3,7 +3,6 @@
 //! together because each can carry the other: a template snapshot is made by booting a
 //! sandbox, and a sandbox is made from a template snapshot.
 
-use crate::agent;
 use crate::snapshot::SaveError;
 use std::path::PathBuf;
 
@@ -20,7 +19,7 @@ pub enum CreateError {
     #[error("the sandbox did not become ready within {secs} s; last console lines:\n{console}")]
     BootTimeout { secs: u64, console: String },
     #[error("initializing the agent")]
-    Init(#[source] agent::AgentError),
+    Init(#[source] hutch_envd::AgentError),
     #[error("the guest agent did not answer its init within {secs} s")]
     InitTimeout { secs: u64 },
     #[error("the template's service did not open port {port} within {secs} s; last console lines:\n{console}")]
@@ -34,7 +33,7 @@ pub enum CreateError {
     #[error("the template's start command failed: {detail}; last console lines:\n{console}")]
     StartCmd { detail: String, console: String },
     #[error("the sandbox's record")]
-    Record(#[from] crate::record::RecordError),
+    Record(#[from] hutch_image::record::RecordError),
     #[error("connecting the sandbox's network stack to its VM's NIC")]
     Net(#[source] std::io::Error),
     /// A resumed guest ran and then failed: its saved state is gone with it.
@@ -46,7 +45,7 @@ pub enum CreateError {
 #[derive(Debug, thiserror::Error)]
 pub enum AdoptError {
     #[error("its record")]
-    Record(#[source] crate::record::RecordError),
+    Record(#[source] hutch_image::record::RecordError),
     #[error("it has no QEMU pid on record")]
     NoPid,
     #[error(transparent)]

@@ -3,7 +3,7 @@
 //! written here only.
 
 use crate::ids::SandboxId;
-use crate::record::RecordError;
+use hutch_image::record::RecordError;
 use hutch_image::HutchHome;
 use hutch_vmm::VmSpec;
 use std::path::{Path, PathBuf};
@@ -46,7 +46,7 @@ pub fn base_snapshots_in_use(home: &HutchHome) -> std::collections::HashSet<Path
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| crate::record::read::<VmRecord>(&e.path().join(VM_RECORD), crate::record::Kind::Vm).ok())
+        .filter_map(|e| hutch_image::record::read::<VmRecord>(&e.path().join(VM_RECORD), hutch_image::record::Kind::Vm).ok())
         .filter_map(|r| r.base_snapshot)
         .collect()
 }
@@ -98,7 +98,7 @@ pub const SERVER_OWNED: &str = "server.owned";
 /// The sandbox directory's `vm.json`, and the sandbox id it names.
 pub fn read_record(dir: &Path) -> Result<(VmRecord, SandboxId), RecordError> {
     let path = dir.join(VM_RECORD);
-    let record: VmRecord = crate::record::read(&path, crate::record::Kind::Vm)?;
+    let record: VmRecord = hutch_image::record::read(&path, hutch_image::record::Kind::Vm)?;
     match SandboxId::parse(&record.spec.id) {
         Some(id) => Ok((record, id)),
         None => Err(RecordError::Corrupt { detail: format!("bad sandbox id '{}'", record.spec.id), path }),
@@ -106,7 +106,7 @@ pub fn read_record(dir: &Path) -> Result<(VmRecord, SandboxId), RecordError> {
 }
 
 pub fn write_record(dir: &Path, record: &VmRecord) -> Result<(), RecordError> {
-    crate::record::write(&dir.join(VM_RECORD), crate::record::Kind::Vm, record)
+    hutch_image::record::write(&dir.join(VM_RECORD), hutch_image::record::Kind::Vm, record)
 }
 
 /// Removes a half-made sandbox directory unless disarmed.

@@ -12,7 +12,7 @@ mod start;
 use self::boot::{connect_restored, init_guest, init_with_retry, start_net, start_vm, wait_for_port, SandboxOptions};
 use self::errors::{AdoptError, CreateError, PauseError};
 use self::layout::{console_tail, guest_nic, read_record, remove_sandbox_dir, write_record, DirGuard, PauseMode, VmRecord, PAUSED_DISK, PAUSED_STATE, SAVING_STATE, SERVER_OWNED};
-use crate::agent::AgentClient;
+use hutch_envd::AgentClient;
 use crate::artifacts::Artifacts;
 use crate::ids::{MemMib, SandboxId};
 use crate::snapshot::{MemorySnapshot, SaveError};
@@ -475,7 +475,7 @@ impl Sandbox {
         if vm.run_state().await.ok().as_deref() != Some("io-error") {
             return false;
         }
-        if crate::space::available(&self.dir).is_ok_and(|free| free >= crate::space::RESUME_FREE) {
+        if hutch_vmm::space::available(&self.dir).is_ok_and(|free| free >= hutch_vmm::space::RESUME_FREE) {
             return vm.resume().await.is_ok();
         }
         false

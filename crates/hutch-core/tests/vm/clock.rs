@@ -4,7 +4,7 @@
 
 use crate::check;
 use crate::support::{run, Env};
-use hutch_core::agent::AgentClient;
+use hutch_envd::AgentClient;
 use hutch_core::Sandbox;
 use libtest_mimic::Trial;
 use std::sync::Arc;

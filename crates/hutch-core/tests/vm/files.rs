@@ -4,7 +4,7 @@ use crate::check;
 use crate::support::{run, Env, Shared};
 use bytes::Bytes;
 use futures::StreamExt;
-use hutch_core::agent::{full, AgentError, Body};
+use hutch_envd::{full, AgentError, Body};
 use hutch_proto::connect::Code;
 use hutch_proto::filesystem::*;
 use http_body_util::BodyExt;
@@ -48,7 +48,7 @@ fn pattern(size: usize) -> (Body, String) {
     let stream = futures::stream::iter(0..chunks).map(move |i| {
         let c = chunk_of(i);
         let take = (size - i * (1 << 20)).min(c.len());
-        Ok::<_, hutch_core::agent::BoxError>(hyper::body::Frame::data(c.slice(..take)))
+        Ok::<_, hutch_envd::BoxError>(hyper::body::Frame::data(c.slice(..take)))
     });
     (BodyExt::boxed_unsync(http_body_util::StreamBody::new(stream)), hex::encode(hasher.finalize()))
 }

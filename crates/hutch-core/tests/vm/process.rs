@@ -3,7 +3,7 @@
 use crate::check;
 use crate::support::{collect, run, sh, Env, Shared};
 use bytes::Bytes;
-use hutch_core::agent::AgentError;
+use hutch_envd::AgentError;
 use hutch_proto::connect::Code;
 use hutch_proto::process::{DataEvent, ProcessConfig, ProcessEvent, ProcessSelector, Pty, PtySize, Signal, StartRequest};
 use libtest_mimic::Trial;

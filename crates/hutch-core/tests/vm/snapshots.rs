@@ -151,7 +151,7 @@ async fn quick_reconnect(env: Arc<Env>) -> anyhow::Result<()> {
     check!(sb.agent_socket().as_deref() == Some(socket.as_path()), "the agent socket is not in the sandbox's directory");
     for i in 0..10 {
         hutch_core::snapshot::release_agent(&agent, &socket, Duration::from_secs(10)).await?;
-        agent = tokio::time::timeout(Duration::from_secs(10), hutch_core::agent::connect(&socket)).await??;
+        agent = tokio::time::timeout(Duration::from_secs(10), hutch_envd::connect(&socket)).await??;
         let out = tokio::time::timeout(Duration::from_secs(10), run(&agent, &format!("echo {i}"))).await;
         check!(matches!(&out, Ok(Ok(o)) if o.stdout_str() == format!("{i}\n")), "reconnect {i}: {out:?}");
     }

@@ -1,7 +1,7 @@
 //! The shared test environment: artifacts under a test HUTCH_HOME, one runtime, helpers.
 
 use anyhow::Context;
-use hutch_core::agent::{AgentClient, ProcessStream};
+use hutch_envd::{AgentClient, ProcessStream};
 use hutch_core::{Artifacts, Sandbox, SandboxOptions};
 use hutch_image::HutchHome;
 use hutch_proto::process::{DataEvent, EndEvent, ProcessConfig, ProcessEvent, StartRequest};

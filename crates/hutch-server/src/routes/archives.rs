@@ -12,7 +12,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
-use hutch_core::archive::MAX_ARCHIVE_BYTES;
+use hutch_formats::archive::MAX_ARCHIVE_BYTES;
 use tokio::io::AsyncWriteExt;
 
 /// Longest pause in an archive upload.
@@ -51,7 +51,7 @@ pub async fn import(State(state): State<AppState>, key: KeyId, req: Request) -> 
     }
     std::fs::create_dir_all(&tmp).map_err(|e| internal("creating the upload directory", e))?;
     let no_room = |m: String| ApiError::from(hutch_core::manager::ManagerError::NoSpace(m));
-    hutch_core::space::check_room(&tmp, declared.unwrap_or(0)).map_err(no_room)?;
+    hutch_vmm::space::check_room(&tmp, declared.unwrap_or(0)).map_err(no_room)?;
     let upload = tempfile::NamedTempFile::new_in(&tmp).map_err(|e| internal("creating the upload file", e))?;
     let mut file = tokio::fs::File::from_std(upload.reopen().map_err(|e| internal("opening the upload file", e))?);
     let mut body = req.into_body().into_data_stream();
@@ -68,7 +68,7 @@ pub async fn import(State(state): State<AppState>, key: KeyId, req: Request) -> 
             return Err(too_large());
         }
         if received - checked > 64 << 20 {
-            hutch_core::space::check_room(&tmp, 64 << 20).map_err(no_room)?;
+            hutch_vmm::space::check_room(&tmp, 64 << 20).map_err(no_room)?;
             checked = received;
         }
         file.write_all(&chunk).await.map_err(|e| internal("writing the upload file", e))?;

@@ -94,7 +94,7 @@ pub async fn upload(State(state): State<AppState>, Path((_template_id, hash)): P
         }
         // Every 64 MiB: the upload stops before the server's disk is full.
         if total % (64 << 20) < chunk.len() as u64 {
-            hutch_core::space::check_room(&dir, 64 << 20).map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, m))?;
+            hutch_vmm::space::check_room(&dir, 64 << 20).map_err(|m| ApiError::new(StatusCode::INSUFFICIENT_STORAGE, m))?;
         }
         file.write_all(&chunk).await.map_err(failed)?;
     }
