@@ -88,6 +88,12 @@ impl std::str::FromStr for MemMib {
     }
 }
 
+/// A new secret token (an envd access token, a port traffic token): 32 random bytes as
+/// 64 lowercase hex digits.
+pub fn random_token() -> String {
+    hex::encode(rand::random::<[u8; 32]>())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

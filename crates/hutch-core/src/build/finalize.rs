@@ -3,7 +3,7 @@
 //! build. Nothing here reads the guest's filesystem: the disk layer (`hutch_vmm::disk`) copies clusters.
 
 use super::cache::Key;
-use super::{BuildError, BuildLog, BuildSpec, FailedAt, Level};
+use super::spec::{BuildError, BuildLog, BuildSpec, FailedAt, Level};
 use hutch_image::template::{ImageSource, Template};
 use hutch_image::HutchHome;
 use std::path::Path;

@@ -2,7 +2,9 @@
 //! the steps, and whose overlay, copied while the guest's root filesystem is frozen,
 //! becomes each step's layer.
 
-use super::{absolute, BuildLog, BuildSpec, Context, Level, Step, StepKind};
+use super::run_context::{absolute, Context};
+use super::spec::{BuildLog, BuildSpec, Level};
+use hutch_formats::{Step, StepKind};
 use crate::sandbox::Sandbox;
 use crate::sandbox::boot::SandboxOptions;
 use crate::{Artifacts, MemMib};
@@ -162,7 +164,7 @@ pub async fn execute(vm: &BuildVm, step: &Step, ctx: &mut Context, n: usize, tot
 pub async fn write_defaults(vm: &BuildVm, json: &str) -> Result<(), String> {
     let path = hutch_proto::agent::IMAGE_DEFAULTS_PATH;
     let name = Path::new(path).file_name().and_then(|n| n.to_str()).unwrap_or("image.json");
-    let bytes = super::context::single_file_tar(name, json.as_bytes(), 0o644).map_err(|e| e.to_string())?;
+    let bytes = hutch_formats::context::single_file_tar(name, json.as_bytes(), 0o644).map_err(|e| e.to_string())?;
     let target = hutch_envd::CopyTarget { dest: path, owner: "root", mode: Some("0644"), single: true };
     vm.sandbox.agent().copy_tar(&target, hutch_envd::full(bytes)).await.map_err(|e| format!("writing {path} in the builder VM: {e}"))
 }

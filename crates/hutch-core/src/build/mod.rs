@@ -11,134 +11,25 @@
 pub mod cache;
 mod finalize;
 mod guest;
+mod run_context;
+pub mod spec;
 
 // What a build does, read from what the user sent (Dockerfiles, contexts, steps): a
 // crate of its own, which the fuzz targets build without the rest of hutch.
 pub use hutch_formats::{context, dockerfile, shell_join, Step, StepKind};
 
 use cache::{BuildCache, Key};
-use hutch_image::template::{ImageSource, Template};
+use run_context::Context;
+
+pub use run_context::absolute;
+pub use spec::{Base, BuildError, BuildLog, BuildSpec, Built, FailedAt, Level};
+use hutch_image::template::ImageSource;
 use hutch_image::HutchHome;
-use hutch_oci::pull::{PullProgress, Puller, RegistryOptions};
+use hutch_oci::pull::{PullProgress, Puller};
 use hutch_oci::{BlobStore, ImageDefaults};
-use hutch_vmm::{Accel, VmBackend};
-use std::collections::BTreeMap;
+use hutch_vmm::VmBackend;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// What a build starts from.
-#[derive(Debug, Clone)]
-pub enum Base {
-    /// An image in a registry.
-    Image { reference: String, registry: RegistryOptions },
-    /// A template on this machine (built first if it is one of hutch's recipes).
-    Template(String),
-}
-
-pub struct BuildSpec {
-    pub name: String,
-    /// The tags the new build gets (checked, normal form); none means `default`, and a
-    /// template's first build is also its `default`.
-    pub tags: Vec<String>,
-    /// The id the template API gave this build (a UUID), kept in its manifest.
-    pub api_build: Option<String>,
-    /// The vCPUs and memory its sandboxes get (checked by the caller).
-    pub shape: hutch_image::template::Shape,
-    pub base: Base,
-    pub steps: Vec<Step>,
-    /// Started when a sandbox of the template starts (before its memory snapshot).
-    pub start_cmd: Option<String>,
-    /// Must exit 0 before the started sandbox counts as ready.
-    pub ready_cmd: Option<String>,
-    /// Rebuild everything, the base included.
-    pub force: bool,
-    /// Dockerfile rules: steps run as the image's user (root when it names none) in its
-    /// workdir (`/`), and the template keeps the image's user and workdir unless a step
-    /// set them. Otherwise E2B's: steps run as `user` in `/home/user`.
-    pub docker_rules: bool,
-    /// The builder VM's network (RUN steps download packages).
-    pub network: hutch_net::Settings,
-    pub net_env: Arc<hutch_net::Environment>,
-    pub accel: Accel,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Debug,
-    Info,
-    Warn,
-    Error,
-}
-
-impl Level {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Level::Debug => "debug",
-            Level::Info => "info",
-            Level::Warn => "warn",
-            Level::Error => "error",
-        }
-    }
-}
-
-/// Where a build's log lines go (a terminal, or a build record the API serves).
-pub trait BuildLog: Send + Sync {
-    /// `step`: `base`, the 1-based step number, or `finalize`.
-    fn log(&self, level: Level, step: Option<&str>, message: &str);
-}
-
-/// Where a build failed, as E2B's `reason.step` names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum FailedAt {
-    Base,
-    Step(usize),
-    Finalize,
-}
-
-impl FailedAt {
-    pub fn step_name(&self) -> String {
-        match self {
-            FailedAt::Base => "base".into(),
-            FailedAt::Step(n) => n.to_string(),
-            FailedAt::Finalize => "finalize".into(),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct BuildError {
-    pub at: FailedAt,
-    pub message: String,
-    /// The request or its inputs are at fault (a 4xx), not hutch or the host.
-    pub caller_fault: bool,
-}
-
-impl BuildError {
-    fn at(at: FailedAt, caller_fault: bool, message: impl Into<String>) -> BuildError {
-        BuildError { at, message: message.into(), caller_fault }
-    }
-}
-
-pub struct Built {
-    pub template: Template,
-    pub cached_steps: usize,
-    pub built_steps: usize,
-}
-
-/// The context later steps run in, and what the template ends up with.
-#[derive(Clone)]
-struct Context {
-    user: String,
-    workdir: String,
-    env: BTreeMap<String, String>,
-    user_set: bool,
-    workdir_set: bool,
-    entrypoint: Vec<String>,
-    cmd: Vec<String>,
-    /// A step set ENTRYPOINT or CMD (an image's own, such as Debian's `bash`, starts nothing).
-    command_set: bool,
-}
 
 /// Builds template `spec.name`. Its builder VM, if any step needs one, is gone when this returns.
 pub async fn build(home: &HutchHome, backend: &dyn VmBackend, spec: BuildSpec, log: Arc<dyn BuildLog>, pull: Arc<dyn PullProgress>) -> Result<Built, BuildError> {
@@ -474,15 +365,6 @@ fn apply_metadata(ctx: &mut Context, kind: &StepKind) {
             }
         }
         StepKind::Run { .. } | StepKind::Copy { .. } => {}
-    }
-}
-
-/// `path` against the directory `cwd` (Docker's WORKDIR and COPY destinations).
-pub fn absolute(cwd: &str, path: &str) -> String {
-    if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("{}/{path}", cwd.trim_end_matches('/'))
     }
 }
 

@@ -4,24 +4,23 @@
 //! tasks of the manager, and their records live until the server stops.
 
 use super::build_ids::{build_uuid, new_build_uuid, BuildInfo};
+use super::build_records::{BuildRecord, BuildStatus, RecordLog};
 use super::{ManagerError, SandboxManager};
 use crate::build::{context, Base, BuildLog, BuildSpec, Level, Step, StepKind};
 use hutch_formats::budget::{Budget, BudgetError};
 use hutch_formats::upload::{self, UnpackError};
 use hutch_oci::pull::RegistryOptions;
 pub use hutch_image::template::Shape;
-use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
+use serde::Deserialize;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 /// An uploaded COPY context is a tar of the files a step names; more is not one.
 pub const MAX_UPLOAD: u64 = 2 << 30;
 /// How long an upload URL stays valid (the SDK's own upload timeout is an hour).
 const UPLOAD_VALID: Duration = Duration::from_secs(60 * 60);
-/// Log entries kept per build; later ones replace the oldest output lines.
-const MAX_ENTRIES: usize = 10_000;
 /// COPY steps one template may have. Each unpacks an upload and writes a tar into the
 /// build's scratch; the SDK makes one per `copy()` and real templates have a handful,
 /// so 64 leaves room while bounding the uploads, statvfs calls and time one build takes.
@@ -43,45 +42,6 @@ struct CopyLimits {
 }
 
 const COPY_LIMITS: CopyLimits = CopyLimits { per_copy: MAX_UPLOAD * 4, per_build: MAX_UPLOAD * 8, reserve: hutch_vmm::space::FLOOR };
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BuildStatus {
-    Waiting,
-    Building,
-    Ready,
-    Error,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct LogEntry {
-    /// RFC 3339.
-    pub timestamp: String,
-    pub level: &'static str,
-    pub message: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub step: Option<String>,
-}
-
-#[derive(Debug, Clone)]
-pub struct BuildRecord {
-    pub template_id: String,
-    pub build_id: String,
-    pub key_id: String,
-    pub status: BuildStatus,
-    /// The newest `MAX_ENTRIES` entries; `dropped` older ones were let go, so an
-    /// entry's offset (what `logsOffset` counts) is its index plus `dropped`.
-    pub entries: std::collections::VecDeque<LogEntry>,
-    pub dropped: usize,
-    /// When it ended (records of ended builds are let go an hour later).
-    pub ended: Option<SystemTime>,
-    /// The tags the build gets when it finishes (checked, normal form).
-    pub tags: Vec<String>,
-    /// The VM shape (checked) its sandboxes will get.
-    pub shape: Shape,
-    /// (message, step) of a failed build.
-    pub reason: Option<(String, String)>,
-}
 
 /// A built template as the API lists it.
 #[derive(Debug, Clone)]
@@ -192,30 +152,10 @@ struct BuildTarget {
     shape: Shape,
 }
 
-pub struct Builds {
-    records: Mutex<HashMap<String, Arc<Mutex<BuildRecord>>>>,
-    /// Upload tokens: token → (the key's files directory name, hash, valid until).
-    uploads: Mutex<HashMap<String, (String, String, SystemTime)>>,
-    /// One build at a time: each boots a VM and flattens a disk.
-    gate: Arc<tokio::sync::Semaphore>,
-    /// What image pulls connect through (started by the first build that pulls).
-    proxy: std::sync::OnceLock<hutch_net::public_proxy::PublicProxy>,
-}
-
 /// Builds one API key may have started and not finished.
 const MAX_OPEN_PER_KEY: usize = 4;
 /// How long the record of an ended build is kept for its status.
 const KEEP_ENDED: Duration = Duration::from_secs(60 * 60);
-
-impl Default for Builds {
-    fn default() -> Builds {
-        Builds { records: Default::default(), uploads: Default::default(), gate: Arc::new(tokio::sync::Semaphore::new(1)), proxy: Default::default() }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 /// Whether `hash` is a lowercase hex SHA-256, as E2B's API checks it.
 pub fn is_files_hash(hash: &str) -> bool {
@@ -233,19 +173,6 @@ fn check_buildable(name: &str) -> Result<(), ManagerError> {
         return Err(ManagerError::InvalidArgument("'tags' cannot name a template (the API's /templates/tags is taken); choose another name".into()));
     }
     Ok(())
-}
-
-struct RecordLog(Arc<Mutex<BuildRecord>>);
-
-impl BuildLog for RecordLog {
-    fn log(&self, level: Level, step: Option<&str>, message: &str) {
-        let mut record = lock(&self.0);
-        if record.entries.len() >= MAX_ENTRIES {
-            record.entries.pop_front();
-            record.dropped += 1;
-        }
-        record.entries.push_back(LogEntry { timestamp: crate::store::rfc3339(SystemTime::now()), level: level.as_str(), message: message.to_string(), step: step.map(str::to_string) });
-    }
 }
 
 impl SandboxManager {
@@ -272,7 +199,7 @@ impl SandboxManager {
         let (alias, tag) = hutch_image::tags::split(reference);
         let public = self.template_name_alias(key_id, alias)?;
         if let Some(tag) = tag {
-            hutch_image::tags::resolve(&self.home, alias, tag).map_err(super::tags::manager_error)?;
+            hutch_image::tags::resolve(&self.home, alias, tag).map_err(super::error::tag_error)?;
         }
         Ok(public)
     }
@@ -354,12 +281,12 @@ impl SandboxManager {
         let tags = hutch_image::tags::for_new_build(&self.home, name, &super::tags::checked(tags)?);
         self.config.quota.check_shape(&shape)?;
         self.claim(key_id, name)?;
-        let mut records = lock(&self.builds.records);
+        let mut records = self.builds.records.lock();
         // Ended builds are kept an hour for their status, then let go.
         let now = SystemTime::now();
-        records.retain(|_, r| lock(r).ended.is_none_or(|t| now.duration_since(t).unwrap_or_default() < KEEP_ENDED));
+        records.retain(|_, r| r.lock().ended.is_none_or(|t| now.duration_since(t).unwrap_or_default() < KEEP_ENDED));
         let open = records.values().filter(|r| {
-            let r = lock(r);
+            let r = r.lock();
             r.key_id == key_id && r.ended.is_none()
         });
         if open.count() >= MAX_OPEN_PER_KEY {
@@ -383,9 +310,9 @@ impl SandboxManager {
     }
 
     fn record(&self, key_id: &str, template_id: &str, build_id: &str) -> Result<Arc<Mutex<BuildRecord>>, ManagerError> {
-        let record = lock(&self.builds.records).get(build_id).cloned();
+        let record = self.builds.records.lock().get(build_id).cloned();
         match record {
-            Some(r) if lock(&r).key_id == key_id && lock(&r).template_id == template_id => Ok(r),
+            Some(r) if r.lock().key_id == key_id && r.lock().template_id == template_id => Ok(r),
             _ => Err(ManagerError::Missing(format!("there is no build '{build_id}' of template '{template_id}' for this API key"))),
         }
     }
@@ -393,7 +320,7 @@ impl SandboxManager {
     /// A build's record as it is now.
     pub fn template_build(&self, key_id: &str, template_id: &str, build_id: &str) -> Result<BuildRecord, ManagerError> {
         let record = self.record(key_id, template_id, build_id)?;
-        let view = lock(&record).clone();
+        let view = record.lock().clone();
         Ok(view)
     }
 
@@ -402,8 +329,8 @@ impl SandboxManager {
         if !is_files_hash(hash) {
             return Err(ManagerError::InvalidArgument(format!("'{hash}' is not a files hash (64 lowercase hex digits)")));
         }
-        let known = lock(&self.builds.records).values().any(|r| {
-            let r = lock(r);
+        let known = self.builds.records.lock().values().any(|r| {
+            let r = r.lock();
             r.key_id == key_id && r.template_id == template_id
         });
         if !known {
@@ -415,7 +342,7 @@ impl SandboxManager {
         }
         let token = hex::encode(rand::random::<[u8; 24]>());
         let now = SystemTime::now();
-        let mut uploads = lock(&self.builds.uploads);
+        let mut uploads = self.builds.uploads.lock();
         uploads.retain(|_, (_, _, until)| *until > now);
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         uploads.insert(token.clone(), (name, hash.to_string(), now + UPLOAD_VALID));
@@ -426,7 +353,7 @@ impl SandboxManager {
     /// file, then `commit_upload`), and where they end up.
     pub fn upload_target(&self, hash: &str, token: &str) -> Result<(PathBuf, PathBuf), ManagerError> {
         let gone = || ManagerError::Missing("this upload URL is unknown, used or expired; ask for the files' URL again".into());
-        let (dir_name, for_hash, until) = lock(&self.builds.uploads).remove(token).ok_or_else(gone)?;
+        let (dir_name, for_hash, until) = self.builds.uploads.lock().remove(token).ok_or_else(gone)?;
         if for_hash != hash || SystemTime::now() > until || !is_files_hash(hash) {
             return Err(gone());
         }
@@ -463,7 +390,7 @@ impl SandboxManager {
     /// can be checked at once (a 4xx); the rest fails the build, as its status says.
     pub fn start_template_build(&self, key_id: &str, template_id: &str, build_id: &str, req: BuildRequest) -> Result<(), ManagerError> {
         let record = self.record(key_id, template_id, build_id)?;
-        if lock(&record).status != BuildStatus::Waiting {
+        if record.lock().status != BuildStatus::Waiting {
             return Err(ManagerError::Conflict(format!("build '{build_id}' was already started")));
         }
         let base = match (&req.from_image, &req.from_template) {
@@ -489,11 +416,11 @@ impl SandboxManager {
         self.claim(key_id, template_id)?;
         check_steps(&req.steps, &self.files_dir(key_id))?;
         let Some(me) = self.me.upgrade() else { return Err(ManagerError::Internal("the server is stopping".into())) };
-        lock(&record).status = BuildStatus::Building;
+        record.lock().status = BuildStatus::Building;
         let template_id = template_id.to_string();
         let key_id = key_id.to_string();
         let target = {
-            let r = lock(&record);
+            let r = record.lock();
             BuildTarget { tags: r.tags.clone(), api_build: build_id.to_string(), shape: r.shape }
         };
         tokio::spawn(async move {
@@ -510,7 +437,7 @@ impl SandboxManager {
             })
             .await;
             drop(turn);
-            let mut r = lock(&record);
+            let mut r = record.lock();
             r.ended = Some(SystemTime::now());
             match ran {
                 Ok(Ok(())) => r.status = BuildStatus::Ready,

@@ -3,10 +3,19 @@
 //! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
 
 pub mod build_ids;
+pub mod build_records;
 pub mod builds;
+mod config;
+mod error;
+mod key_quota;
+mod listing;
+mod live;
+mod names;
 mod owner;
 mod pause;
+mod pause_kinds;
 mod pool;
+mod pools;
 mod quota;
 mod snapshots;
 pub mod state;
@@ -14,202 +23,32 @@ pub mod tags;
 #[cfg(test)]
 mod tests;
 
-pub use pause::{Connected, OnResume};
-pub use snapshots::MAX_FORKS;
+pub use config::{CreateSpec, ManagerConfig};
+pub use error::ManagerError;
+pub(crate) use error::unknown_template;
+pub use listing::{started, ListFilter, ListOrder};
+use live::Live;
+pub use pause_kinds::{Connected, OnResume};
+pub use config::MAX_FORKS;
 
 use hutch_envd::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
-pub use quota::KeyQuota;
+pub use key_quota::KeyQuota;
 pub use crate::sandbox::layout::PauseMode;
 use crate::sandbox::errors::{CreateError, PauseError};
 use crate::sandbox::Sandbox;
 use crate::sandbox::boot::SandboxOptions;
-use crate::store::{SandboxRow, Store, StoreError};
+use crate::store::{SandboxRow, Store};
 use crate::time::Timestamp;
 use hutch_image::HutchHome;
 use hutch_proto::agent::Metrics;
-use hutch_vmm::{Accel, VmBackend};
+use hutch_vmm::VmBackend;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
-
-#[derive(Debug, Clone)]
-pub struct ManagerConfig {
-    /// Sandboxes allowed at once (all keys together); more answer 429.
-    pub max_sandboxes: usize,
-    pub default_timeout: Duration,
-    /// No sandbox lives longer than this from its start, whatever timeouts ask.
-    pub max_lifetime: Duration,
-    pub accel: Accel,
-    pub cpus: u32,
-    /// Memory per sandbox; `None`: each template's own (`MemMib::of_template`).
-    pub memory: Option<MemMib>,
-    /// Warm pool size per template (canonical name).
-    pub pool: BTreeMap<String, usize>,
-    /// What one API key may hold.
-    pub quota: KeyQuota,
-    /// The operator's network settings every sandbox's stack shares.
-    pub net_env: Arc<hutch_net::Environment>,
-    /// Whether an E2B create that says nothing of `allow_internet_access` gets the
-    /// public internet, as on E2B (its newest SDKs leave the field out by default).
-    pub internet_by_default: bool,
-    /// Registries (`host:port`) on this machine or a private network that API template
-    /// builds may pull from, over plain HTTP (`hutch serve --insecure-registry`).
-    pub insecure_registries: Vec<String>,
-}
-
-impl Default for ManagerConfig {
-    fn default() -> Self {
-        ManagerConfig {
-            max_sandboxes: 16,
-            default_timeout: Duration::from_secs(300),
-            max_lifetime: Duration::from_secs(24 * 3600),
-            accel: Accel::Tcg,
-            cpus: 1,
-            memory: None,
-            pool: BTreeMap::new(),
-            quota: KeyQuota::default(),
-            net_env: Arc::new(hutch_net::Environment::default()),
-            internet_by_default: true,
-            insecure_registries: Vec::new(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct CreateSpec {
-    pub template: String,
-    /// Seconds until the sandbox is killed; the default when absent.
-    pub timeout: Option<u64>,
-    pub metadata: BTreeMap<String, String>,
-    pub env_vars: BTreeMap<String, String>,
-    /// Require the envd access token on the data plane.
-    pub secure: bool,
-    /// Pause instead of kill when the timeout is reached.
-    pub auto_pause: bool,
-    /// Resume when data-plane traffic arrives while paused.
-    pub auto_resume: bool,
-    /// What the timeout's auto-pause keeps.
-    pub auto_pause_mode: PauseMode,
-    /// Boot the kernel instead of restoring the template's memory snapshot.
-    pub cold: bool,
-    /// Ports take traffic only with the sandbox's traffic token (E2B's
-    /// `allowPublicTraffic: false`).
-    pub private_ports: bool,
-    /// Where the sandbox may connect; nowhere when absent.
-    pub network: Option<hutch_net::Settings>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ManagerError {
-    #[error("sandbox '{0}' not found")]
-    NotFound(String),
-    #[error("the server runs {max} sandboxes at most and all are in use; kill one or try again later")]
-    AtCapacity { max: usize },
-    #[error("{0}")]
-    InvalidArgument(String),
-    #[error(transparent)]
-    Template(ArtifactsError),
-    #[error("creating the sandbox failed")]
-    Create(#[source] CreateError),
-    #[error("the sandbox's agent did not answer")]
-    Agent(#[source] hutch_envd::AgentError),
-    #[error("sandbox '{0}' is paused; resume it with connect (POST /sandboxes/{0}/connect) first")]
-    Paused(String),
-    #[error("sandbox '{0}' is already paused")]
-    AlreadyPaused(String),
-    /// Its VM or agent stopped answering and an operation could not bring it back.
-    #[error("sandbox '{id}' has failed ({why}); kill it (DELETE /sandboxes/{id}) and start another")]
-    Failed { id: String, why: String },
-    #[error("pausing the sandbox failed")]
-    Pause(#[source] PauseError),
-    #[error("resuming the sandbox failed")]
-    Resume(#[source] CreateError),
-    #[error("{0}")]
-    Conflict(String),
-    /// Something other than a sandbox is not there (a template, a build, an upload URL).
-    #[error("{0}")]
-    Missing(String),
-    /// It exists, and is another API key's.
-    #[error("{0}")]
-    Forbidden(String),
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("internal error: {0}")]
-    Internal(String),
-    /// The key holds all its quota allows of something.
-    #[error("{0}")]
-    Quota(String),
-    /// The host's disk is too full for the write asked for.
-    #[error("{0}")]
-    NoSpace(String),
-    /// The operation does not fit the sandbox's state (`state.rs`).
-    #[error(transparent)]
-    Transition(#[from] state::TransitionError),
-}
-
-impl ManagerError {
-    /// A sandbox whose disk header was rewritten from inside its VM: it stays down.
-    pub fn is_tampered_disk(&self) -> bool {
-        hutch_vmm::StartError::tampered_disk_in(self)
-    }
-}
-
-/// A sandbox the manager knows: running (a VM and an agent) or paused (files only).
-/// Its VM and lifecycle state belong to its owner task (`owner.rs`), which runs pause,
-/// resume, snapshot and kill one at a time, each to its end.
-struct Live {
-    /// What does not change while it lives (its state, QEMU and end are its owner's).
-    row: SandboxRow,
-    owner: owner::Owner,
-}
-
-impl Live {
-    fn running(row: SandboxRow, sandbox: Sandbox, store: &Store) -> Arc<Live> {
-        Self::owned(row, state::SandboxState::Running, Some(sandbox), store)
-    }
-
-    fn paused(row: SandboxRow, store: &Store) -> Arc<Live> {
-        Self::owned(row, state::SandboxState::Paused, None, store)
-    }
-
-    fn owned(row: SandboxRow, state: state::SandboxState, sandbox: Option<Sandbox>, store: &Store) -> Arc<Live> {
-        let record = owner::Record { store: store.clone(), id: row.id.clone() };
-        let owner = owner::Owner::spawn(state, sandbox, row.end_at, record);
-        Arc::new(Live { row, owner })
-    }
-
-    /// Whether it runs a VM the reaper looks after (ended VMs, expiry, full disks).
-    fn is_running(&self) -> bool {
-        use state::SandboxState::*;
-        matches!(self.owner.state(), Creating | Running | Pausing | Snapshotting)
-    }
-
-    /// Whether it may hold a VM: what the server's limit and the running quota count.
-    /// A failed sandbox's VM may still run (a wedged guest) until it is killed, and one
-    /// being killed holds its VM until it is gone.
-    fn holds_vm(&self) -> bool {
-        self.is_running() || matches!(self.owner.state(), state::SandboxState::Failed | state::SandboxState::Stopping)
-    }
-
-    /// Whether it is paused (its files hold it; no VM): what the paused quota counts.
-    fn is_paused(&self) -> bool {
-        matches!(self.owner.state(), state::SandboxState::Paused | state::SandboxState::Resuming)
-    }
-
-    /// Its record as clients see it: the state, failure, QEMU and end are its owner's.
-    fn row(&self) -> SandboxRow {
-        let mut row = self.row.clone();
-        row.state = self.owner.state().api_name().to_string();
-        row.failure = self.owner.failure();
-        row.qemu_pid = self.owner.pid();
-        row.end_at = self.owner.end_at();
-        row.pause_mode = if self.owner.state() == state::SandboxState::Paused { crate::sandbox::layout::paused_mode(Path::new(&row.dir)) } else { None };
-        row
-    }
-}
+use parking_lot::Mutex;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// When a removal goes ahead, decided in the sandbox's owner (its state may have moved
 /// since the caller looked).
@@ -239,69 +78,19 @@ pub struct SandboxManager {
     builder: Builder,
     /// Snapshot directories being made or used right now, which pruning must skip.
     pinned: Mutex<std::collections::HashSet<std::path::PathBuf>>,
-    pools: Mutex<pool::Pools>,
+    pools: Mutex<pools::Pools>,
     shutting_down: std::sync::atomic::AtomicBool,
     /// Operations running as tasks of their own (`detached`): shutdown lets them end.
     in_flight: std::sync::atomic::AtomicUsize,
     /// Template builds started through the API, and their uploads.
-    builds: builds::Builds,
+    builds: build_records::Builds,
     /// This manager, for the background tasks it starts.
     me: std::sync::Weak<SandboxManager>,
-}
-
-/// The answer for a template name the caller may not use: the same whether it does not
-/// exist or is another key's.
-pub(crate) fn unknown_template(name: &str) -> ManagerError {
-    ManagerError::InvalidArgument(format!(
-        "unknown template '{name}': it is neither a built-in template ({}), one this API key built, nor a snapshot of yours",
-        hutch_image::recipes::builtin_names().join(", ")
-    ))
 }
 
 /// What makes a template's artifacts (`Artifacts::prepare` but in unit tests).
 pub(crate) type Builder = Arc<dyn Fn(&HutchHome, &str) -> Result<Artifacts, ArtifactsError> + Send + Sync>;
 
-/// Filter and order of `list`, as E2B's `GET /v2/sandboxes` takes them.
-#[derive(Debug, Clone, Default)]
-pub struct ListFilter {
-    pub metadata: BTreeMap<String, String>,
-    /// Empty means every state.
-    pub states: Vec<String>,
-    /// Only sandboxes started at or after this instant.
-    pub started_after: Option<SystemTime>,
-    /// Only sandboxes of this template (its id or an alias of it).
-    pub template: Option<String>,
-    pub order: ListOrder,
-}
-
-/// E2B's list order by start time: newest first (the default), ties by id ascending;
-/// `Asc` is the exact reverse, so a cursor walks either the same way.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum ListOrder {
-    #[default]
-    Desc,
-    Asc,
-}
-
-impl ListOrder {
-    /// How `a` and `b` (start time, id) compare in this order.
-    pub fn compare(self, a: (SystemTime, &str), b: (SystemTime, &str)) -> std::cmp::Ordering {
-        let newest_first = b.0.cmp(&a.0).then_with(|| a.1.cmp(b.1));
-        match self {
-            ListOrder::Desc => newest_first,
-            ListOrder::Asc => newest_first.reverse(),
-        }
-    }
-}
-
-/// A sandbox row's start time.
-pub fn started(row: &SandboxRow) -> SystemTime {
-    row.started_at.system_time()
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 
 impl SandboxManager {
@@ -330,7 +119,7 @@ impl SandboxManager {
             pools: Mutex::new(Default::default()),
             shutting_down: Default::default(),
             in_flight: Default::default(),
-            builds: builds::Builds::default(),
+            builds: build_records::Builds::default(),
             me: me.clone(),
         });
         manager.adopt_earlier().await?;
@@ -407,12 +196,12 @@ impl SandboxManager {
 
     /// Makes sure a template's artifacts exist (builds them on first use).
     pub async fn prepare(&self, template: &str) -> Result<Artifacts, ManagerError> {
-        let cell = lock(&self.artifacts).entry(template.to_string()).or_default().clone();
+        let cell = self.artifacts.lock().entry(template.to_string()).or_default().clone();
         let prepared = cell.get_or_try_init(|| self.build(template)).await.cloned();
         if prepared.is_err() {
             // Nothing is kept for a name that failed (or was never a template): the next
             // create tries again, and made-up names do not pile up.
-            let mut cells = lock(&self.artifacts);
+            let mut cells = self.artifacts.lock();
             if cells.get(template).is_some_and(|c| c.get().is_none()) {
                 cells.remove(template);
             }
@@ -428,7 +217,7 @@ impl SandboxManager {
             .map_err(|e| match e {
                 // Only the built-in names: templates other keys built are not this caller's business.
                 ArtifactsError::Template(hutch_image::template::TemplateError::Unknown { name, .. }) => unknown_template(&name),
-                ArtifactsError::Template(hutch_image::template::TemplateError::Tag(e)) => tags::manager_error(*e),
+                ArtifactsError::Template(hutch_image::template::TemplateError::Tag(e)) => error::tag_error(*e),
                 other => ManagerError::Template(other),
             })
     }
@@ -441,12 +230,12 @@ impl SandboxManager {
     /// Running and pooled sandboxes (plus those being started): what the limit
     /// counts. Paused sandboxes hold no VM and do not count.
     fn running_count(&self) -> usize {
-        lock(&self.live).values().filter(|l| l.holds_vm()).count() + self.pooled_count()
+        self.live.lock().values().filter(|l| l.holds_vm()).count() + self.pooled_count()
     }
 
     /// (running, paused) sandboxes of all keys, pools not included.
     pub fn counts(&self) -> (usize, usize) {
-        let live = lock(&self.live);
+        let live = self.live.lock();
         (live.values().filter(|l| l.holds_vm()).count(), live.values().filter(|l| l.is_paused()).count())
     }
 
@@ -463,7 +252,7 @@ impl SandboxManager {
     /// Reserves a slot for a VM about to start; the slot is released when the
     /// returned guard drops.
     fn reserve_slot(&self) -> Result<SlotGuard<'_>, ManagerError> {
-        let mut starting = lock(&self.starting);
+        let mut starting = self.starting.lock();
         if self.running_count() + *starting >= self.config.max_sandboxes {
             return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
         }
@@ -478,7 +267,7 @@ impl SandboxManager {
     pub(crate) fn shape(&self, template: &str) -> (u32, MemMib) {
         // The build a create boots: the prepared one if there is one (its image and
         // shape go together), else the one the template's manifest names now.
-        let prepared = lock(&self.artifacts).get(template).and_then(|cell| cell.get().map(|a| a.template.shape));
+        let prepared = self.artifacts.lock().get(template).and_then(|cell| cell.get().map(|a| a.template.shape));
         let own = prepared.unwrap_or_else(|| hutch_image::rootfs::cached(&self.home, template).ok().flatten().map(|t| t.shape).unwrap_or_default());
         let memory = own.memory_mib.and_then(|m| MemMib::new(m).ok()).or(self.config.memory).unwrap_or_else(|| MemMib::of_template(template));
         (own.cpus.unwrap_or(self.config.cpus), memory)
@@ -511,15 +300,15 @@ impl SandboxManager {
         // `name:v1`... for the tag; `name:default` is `name`), so one template is one key
         // for prepared artifacts, pools and shapes.
         let (name, tag) = hutch_image::tags::split(asked);
-        snapshots::validate_identifier("templateID", name)?;
-        let tag = tag.map(hutch_image::tags::check).transpose().map_err(tags::manager_error)?;
+        names::validate_identifier("templateID", name)?;
+        let tag = tag.map(hutch_image::tags::check).transpose().map_err(error::tag_error)?;
         let name = name.to_string();
         let template = match &tag {
             Some(tag) => format!("{name}:{tag}"),
             None => name.clone(),
         };
         let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
-        let token = spec.secure.then(hex_token);
+        let token = spec.secure.then(crate::ids::random_token);
         let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
         opts.cold = spec.cold;
         opts.network = spec.network.clone().unwrap_or_default();
@@ -581,7 +370,7 @@ impl SandboxManager {
             metadata: spec.metadata,
             env_vars: spec.env_vars,
             envd_token: token,
-            traffic_token: spec.private_ports.then(hex_token),
+            traffic_token: spec.private_ports.then(crate::ids::random_token),
             started_at: started,
             end_at: self.end_at(started, timeout),
             qemu_pid: sandbox.pid().map(i64::from),
@@ -601,12 +390,12 @@ impl SandboxManager {
         }
         let live = Live::running(row, sandbox, &self.store);
         let shown = live.row();
-        lock(&self.live).insert(shown.id.clone(), live);
+        self.live.lock().insert(shown.id.clone(), live);
         Ok(shown)
     }
 
     fn find(&self, key_id: &str, id: &str) -> Result<Arc<Live>, ManagerError> {
-        let live = lock(&self.live).get(id).cloned();
+        let live = self.live.lock().get(id).cloned();
         match live {
             Some(l) if l.row.key_id == key_id => Ok(l),
             _ => Err(ManagerError::NotFound(id.to_string())),
@@ -618,7 +407,7 @@ impl SandboxManager {
     }
 
     pub fn list(&self, key_id: &str, filter: &ListFilter) -> Vec<SandboxRow> {
-        let live: Vec<_> = lock(&self.live).values().cloned().collect();
+        let live: Vec<_> = self.live.lock().values().cloned().collect();
         let mut rows: Vec<SandboxRow> = live
             .iter()
             .map(|l| l.row())
@@ -681,7 +470,7 @@ impl SandboxManager {
         if !removed {
             return Ok(false);
         }
-        lock(&self.live).remove(id);
+        self.live.lock().remove(id);
         self.store.delete_sandbox(id).await?;
         self.prune_snapshot_files().await;
         self.fill_pools();
@@ -749,27 +538,27 @@ impl SandboxManager {
     /// The Host header the data proxy sends to the sandbox's `port` (E2B's
     /// `maskRequestHost`), read from its record; None keeps the client's.
     pub fn request_host(&self, id: &str, port: u16) -> Option<String> {
-        let dir = lock(&self.live).get(id).map(|l| l.row.dir.clone())?;
+        let dir = self.live.lock().get(id).map(|l| l.row.dir.clone())?;
         let settings = crate::sandbox::layout::recorded_network(Path::new(&dir)).ok()?;
         settings.e2b?.network?.request_host(port)
     }
 
     pub fn traffic_token(&self, id: &str) -> Option<String> {
-        lock(&self.live).get(id).and_then(|l| l.row.traffic_token.clone())
+        self.live.lock().get(id).and_then(|l| l.row.traffic_token.clone())
     }
 
     /// Every sandbox (running or paused) with an envd access token, and the token: the
     /// data proxy finds the sandbox a signed file URL without a sandbox id is for by
     /// its signature.
     pub fn access_tokens(&self) -> Vec<(String, String)> {
-        let live: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
+        let live: Vec<Arc<Live>> = self.live.lock().values().cloned().collect();
         live.iter().filter_map(|l| l.row.envd_token.clone().map(|t| (l.row.id.clone(), t))).collect()
     }
 
     /// Whether traffic to sandbox `id` resumes it while it is paused, and the tokens
     /// the traffic must then carry: (envd access token, traffic token).
     pub fn auto_resumes(&self, id: &str) -> Option<(Option<String>, Option<String>)> {
-        let live = lock(&self.live).get(id).cloned()?;
+        let live = self.live.lock().get(id).cloned()?;
         let row = &live.row;
         row.auto_resume.then(|| (row.envd_token.clone(), row.traffic_token.clone()))
     }
@@ -777,7 +566,7 @@ impl SandboxManager {
     /// Resumes paused sandbox `id` for data-plane traffic (E2B's autoResume), with
     /// E2B's 5 minutes to live from now; a running one is left as it is.
     pub async fn resume_for_traffic(&self, id: &str) -> Result<(), ManagerError> {
-        let live = lock(&self.live).get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        let live = self.live.lock().get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
         let (key_id, auto) = (live.row.key_id.clone(), live.row.auto_resume);
         // Without memory it boots rather than resumes: the request that woke it would
         // meet a guest that forgot everything (E2B resumes those only by an explicit
@@ -797,7 +586,7 @@ impl SandboxManager {
     /// The agent of a running sandbox, for the data proxy (which has no API key: the
     /// agent itself checks the access token of secure sandboxes).
     pub fn agent(&self, id: &str) -> Result<AgentClient, ManagerError> {
-        let live = lock(&self.live).get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        let live = self.live.lock().get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
         if matches!(live.owner.state(), state::SandboxState::Stopping | state::SandboxState::Stopped) {
             return Err(ManagerError::NotFound(id.to_string()));
         }
@@ -811,7 +600,7 @@ impl SandboxManager {
     /// Paused sandboxes do not expire.
     /// The running sandboxes, taken out of the map's lock so each can be locked alone.
     fn running_lives(&self) -> Vec<(String, Arc<Live>)> {
-        lock(&self.live).iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect()
+        self.live.lock().iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect()
     }
 
     /// Removes running sandboxes whose VM ended on its own (a guest kernel panic or
@@ -862,7 +651,7 @@ impl SandboxManager {
 
     async fn kill_expired(&self) {
         let now = Timestamp::now();
-        let expired: Vec<(String, Arc<Live>)> = lock(&self.live)
+        let expired: Vec<(String, Arc<Live>)> = self.live.lock()
             .iter()
             .filter(|(_, l)| l.holds_vm() && l.owner.end_at() <= now)
             .map(|(id, l)| (id.clone(), l.clone()))
@@ -871,11 +660,11 @@ impl SandboxManager {
             if live.row.auto_pause && live.is_running() {
                 tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
                 let mode = if live.row.auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem };
-                let mut paused = self.pause_live(&id, &live, pause::PausedBy::AutoPause, mode).await;
+                let mut paused = self.pause_live(&id, &live, pause_kinds::PausedBy::AutoPause, mode).await;
                 if let Err(ManagerError::Pause(PauseError::Sync(why))) = &paused {
                     // Its files are what the user asked to keep: with its memory, then.
                     tracing::warn!(sandbox = %id, "the guest did not write its files out for a pause without memory ({why}); pausing with its memory");
-                    paused = self.pause_live(&id, &live, pause::PausedBy::AutoPause, PauseMode::Full).await;
+                    paused = self.pause_live(&id, &live, pause_kinds::PausedBy::AutoPause, PauseMode::Full).await;
                 }
                 match paused {
                     // A client's pause got there first: paused is what was asked.
@@ -913,7 +702,7 @@ impl SandboxManager {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.drain_pools().await;
-        let all: Vec<(String, Arc<Live>)> = lock(&self.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let all: Vec<(String, Arc<Live>)> = self.live.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         for (id, live) in all {
             if !live.is_running() {
                 continue;
@@ -970,12 +759,6 @@ struct SlotGuard<'a>(&'a Mutex<usize>);
 
 impl Drop for SlotGuard<'_> {
     fn drop(&mut self) {
-        *lock(self.0) -= 1;
+        *self.0.lock() -= 1;
     }
-}
-
-
-fn hex_token() -> String {
-    let bytes: [u8; 32] = rand::random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -7,14 +7,15 @@
 //! (`state.rs`).
 
 use super::state::{advance, SandboxState, TransitionError};
-use super::{lock, ManagerError};
+use super::error::ManagerError;
 use hutch_envd::AgentClient;
 use crate::sandbox::Sandbox;
 use crate::store::{Store, StoreError};
 use crate::time::Timestamp;
 use futures::future::BoxFuture;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
 /// What readers see of the owner, written by it alone on every change: its state, why
@@ -75,7 +76,7 @@ impl Owned {
     /// What readers see, from what the owner holds: the agent only while the sandbox
     /// runs, so no data-plane request reaches a guest being saved, killed or failed.
     fn publish(&self) {
-        let mut p = lock(&self.published);
+        let mut p = self.published.lock();
         p.state = self.state;
         p.agent = self.sandbox.as_ref().filter(|_| self.state == SandboxState::Running).map(|s| s.agent().clone());
         p.pid = self.sandbox.as_ref().and_then(Sandbox::pid).map(i64::from);
@@ -142,7 +143,7 @@ impl Owned {
             return Err(TransitionError { from: self.state, to: SandboxState::Failed });
         }
         // The reason first: a reader that sees Failed finds why.
-        lock(&self.published).failure = Some(why);
+        self.published.lock().failure = Some(why);
         self.advance(SandboxState::Failed)
     }
 }
@@ -211,27 +212,27 @@ impl Owner {
 
     /// The state as of the last move.
     pub fn state(&self) -> SandboxState {
-        lock(&self.state).state
+        self.state.lock().state
     }
 
     /// Why it failed, once it has.
     pub fn failure(&self) -> Option<String> {
-        lock(&self.state).failure.clone()
+        self.state.lock().failure.clone()
     }
 
     /// The agent of the running sandbox (None unless it runs).
     pub fn agent(&self) -> Option<AgentClient> {
-        lock(&self.state).agent.clone()
+        self.state.lock().agent.clone()
     }
 
     /// Its QEMU's pid, while it has a VM.
     pub fn pid(&self) -> Option<i64> {
-        lock(&self.state).pid
+        self.state.lock().pid
     }
 
     /// When it ends.
     pub fn end_at(&self) -> Timestamp {
-        lock(&self.state).end_at
+        self.state.lock().end_at
     }
 
     /// Whether an operation is running now (the reaper leaves such sandboxes alone).
@@ -280,7 +281,7 @@ mod tests {
                     o.advance(SandboxState::Pausing).expect("running may pause");
                     let _ = wait.await;
                     o.advance(SandboxState::Paused).expect("pausing may end paused");
-                    lock(&log).push("paused");
+                    log.lock().push("paused");
                 })
             })
         };
@@ -293,7 +294,7 @@ mod tests {
             tokio::spawn(async move {
                 owner.run(move |o: &mut Owned| -> BoxFuture<'_, Result<SandboxState, TransitionError>> {
                     Box::pin(async move {
-                        lock(&log).push("second");
+                        log.lock().push("second");
                         o.advance(SandboxState::Resuming)
                     })
                 }).await
@@ -302,7 +303,7 @@ mod tests {
         let _ = release.send(());
         let resumed = second.await.expect("task").expect("owner");
         assert_eq!(resumed, Ok(SandboxState::Paused), "the second started from the first's end");
-        assert_eq!(*lock(&log), vec!["paused", "second"]);
+        assert_eq!(*log.lock(), vec!["paused", "second"]);
         assert_eq!(owner.state(), SandboxState::Resuming);
     }
 

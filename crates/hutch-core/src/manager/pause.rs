@@ -5,7 +5,10 @@
 
 use super::owner::Owned;
 use super::state::SandboxState;
-use super::{Live, ManagerError, SandboxManager};
+use super::error::ManagerError;
+use super::live::Live;
+use super::pause_kinds::{Connected, OnResume, PausedBy};
+use super::SandboxManager;
 use crate::sandbox::layout::{paused_mode, PauseMode};
 use crate::sandbox::Sandbox;
 use crate::store::SandboxRow;
@@ -14,34 +17,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What a connect did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Connected {
-    AlreadyRunning,
-    Resumed,
-}
-
-/// How a paused sandbox comes back (E2B's `on_resume`, `memory` of a connect).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnResume {
-    /// From its saved memory when it has one, else booted on its disk.
-    #[default]
-    Restore,
-    /// Booted on its disk, whatever memory it saved: the way out of a saved state that
-    /// wedges the guest.
-    Reboot,
-}
-
 fn is_paused_dir(dir: &Path) -> bool {
     paused_mode(dir).is_some()
-}
-
-/// Who asks for a pause. The paused-sandbox quota binds clients; a sandbox the key
-/// asked to pause at its timeout (autoPause) is paused over it rather than destroyed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum PausedBy {
-    Client,
-    AutoPause,
 }
 
 impl SandboxManager {
@@ -82,7 +59,7 @@ impl SandboxManager {
                 self.in_owner(&live, |_, _, o| Box::pin(async move { Ok(o.persist().await?) })).await?;
             }
             kept.insert(live.row.dir.clone());
-            super::lock(&self.live).insert(live.row.id.clone(), live);
+            self.live.lock().insert(live.row.id.clone(), live);
         }
         // Paused directories without a record (a crash between the save and the
         // store update) cannot be resumed by anyone: remove them.

@@ -3,77 +3,33 @@
 //! entropy) instead of starting a VM, and a background task refills the pool. Pool
 //! VMs count against the server's sandbox limit; they belong to no key until taken.
 
-use super::{lock, SandboxManager, SlotGuard};
+use super::pools::Pooled;
+use super::{SandboxManager, SlotGuard};
 use crate::artifacts::Artifacts;
 use crate::sandbox::Sandbox;
 use crate::sandbox::boot::SandboxOptions;
-use hutch_image::tags;
-
-/// A sandbox waiting in a pool, with the build it runs.
-struct Pooled {
-    sandbox: Sandbox,
-    artifacts: Artifacts,
-    /// Its template's generation when its fill began (see `Pools::generation`).
-    generation: u64,
-}
-
-#[derive(Default)]
-pub(super) struct Pools {
-    /// Waiting sandboxes by (canonical) template reference, `name` or `name:tag`.
-    ready: std::collections::HashMap<String, Vec<Pooled>>,
-    /// Templates with a refill task running.
-    filling: std::collections::HashSet<String>,
-    /// Per template name, how many times its builds or tags have changed under the
-    /// pools. A waiting sandbox of an older generation runs a build its reference no
-    /// longer names: it is never handed out, only stopped.
-    generation: std::collections::HashMap<String, u64>,
-}
-
-impl Pools {
-    fn generation(&self, reference: &str) -> u64 {
-        self.generation.get(tags::split(reference).0).copied().unwrap_or(0)
-    }
-
-    /// A waiting sandbox of `reference` that runs its current build.
-    fn take_current(&mut self, reference: &str) -> Option<Pooled> {
-        let current = self.generation(reference);
-        let waiting = self.ready.get_mut(reference)?;
-        let at = waiting.iter().rposition(|p| p.generation == current)?;
-        Some(waiting.remove(at))
-    }
-
-    /// A waiting sandbox of template `name` (or one of its tags) that no longer runs
-    /// its reference's build.
-    fn take_stale(&mut self, name: &str) -> Option<Pooled> {
-        let current = self.generation.get(name).copied().unwrap_or(0);
-        self.ready
-            .iter_mut()
-            .filter(|(reference, _)| tags::split(reference).0 == name)
-            .find_map(|(_, waiting)| waiting.iter().position(|p| p.generation != current).map(|at| waiting.remove(at)))
-    }
-}
 
 impl SandboxManager {
     /// Sandboxes waiting in pools (they count against the limit).
     pub(super) fn pooled_count(&self) -> usize {
-        lock(&self.pools).ready.values().map(Vec::len).sum()
+        self.pools.lock().ready.values().map(Vec::len).sum()
     }
 
     /// Whether a refill task runs now (tests wait for it).
     #[cfg(test)]
     pub(super) fn pools_filling(&self) -> bool {
-        !lock(&self.pools).filling.is_empty()
+        !self.pools.lock().filling.is_empty()
     }
 
     /// The ids of the sandboxes waiting in pools (tests check their directories).
     #[cfg(test)]
     pub(super) fn pooled_ids(&self) -> Vec<String> {
-        lock(&self.pools).ready.values().flatten().map(|p| p.sandbox.id().to_string()).collect()
+        self.pools.lock().ready.values().flatten().map(|p| p.sandbox.id().to_string()).collect()
     }
 
     /// How many sandboxes of `template`'s current build wait in the pool now.
     pub fn pool_size(&self, template: &str) -> usize {
-        let pools = lock(&self.pools);
+        let pools = self.pools.lock();
         let current = pools.generation(template);
         pools.ready.get(template).map_or(0, |waiting| waiting.iter().filter(|p| p.generation == current).count())
     }
@@ -98,9 +54,9 @@ impl SandboxManager {
         // The caller refills once the sandbox counts as running.
         // Counted as starting before it leaves the pool (never both locks at once:
         // reserve_slot takes them in the other order).
-        *lock(&self.starting) += 1;
+        *self.starting.lock() += 1;
         let slot = SlotGuard(&self.starting);
-        let Pooled { mut sandbox, artifacts, .. } = lock(&self.pools).take_current(template)?;
+        let Pooled { mut sandbox, artifacts, .. } = self.pools.lock().take_current(template)?;
         match sandbox.reinit(opts).await {
             Ok(()) => Some((sandbox, artifacts, slot)),
             Err(e) => {
@@ -115,7 +71,7 @@ impl SandboxManager {
     /// Starts filling `template`'s pool up to its size in the background, unless a
     /// fill is running. A fill stops when the server is at its limit.
     pub(super) fn refill(&self, template: &str) {
-        if self.pool_target(template) == 0 || !lock(&self.pools).filling.insert(template.to_string()) {
+        if self.pool_target(template) == 0 || !self.pools.lock().filling.insert(template.to_string()) {
             return;
         }
         let me = self.me.clone();
@@ -132,7 +88,7 @@ impl SandboxManager {
                 }
             }
             if let Some(m) = me.upgrade() {
-                lock(&m.pools).filling.remove(&template);
+                m.pools.lock().filling.remove(&template);
             }
         });
     }
@@ -140,7 +96,7 @@ impl SandboxManager {
     /// A refill never takes the last free slot: requests come first. Pools fill up
     /// again when sandboxes end.
     fn room_for_pool(&self) -> bool {
-        self.running_count() + *lock(&self.starting) + 1 < self.config.max_sandboxes
+        self.running_count() + *self.starting.lock() + 1 < self.config.max_sandboxes
     }
 
     async fn add_to_pool(&self, template: &str) -> Result<(), super::ManagerError> {
@@ -148,12 +104,12 @@ impl SandboxManager {
         // Read before preparing: a change of builds forgets the prepared artifacts
         // first and then moves the generation on, so a sandbox of the old build always
         // carries the old generation.
-        let generation = lock(&self.pools).generation(template);
+        let generation = self.pools.lock().generation(template);
         let artifacts = self.prepare(template).await?;
         let opts = self.options(template, &Default::default(), &Default::default(), None);
         let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(super::ManagerError::Create)?;
         let unwanted = {
-            let mut pools = lock(&self.pools);
+            let mut pools = self.pools.lock();
             if self.shutting_down() || pools.generation(template) != generation {
                 // Shutting down, or its build changed while it started.
                 Some(sandbox)
@@ -173,16 +129,16 @@ impl SandboxManager {
     /// background, counted against the limit until gone, and the pools refill with
     /// what the references name now.
     pub(super) fn retire_pooled(&self, name: &str) {
-        *lock(&self.pools).generation.entry(name.to_string()).or_default() += 1;
+        *self.pools.lock().generation.entry(name.to_string()).or_default() += 1;
         let me = self.me.clone();
         let name = name.to_string();
         tokio::spawn(async move {
             let Some(m) = me.upgrade() else { return };
             loop {
                 // Counted as starting before it leaves the pool, as in take_pooled.
-                *lock(&m.starting) += 1;
+                *m.starting.lock() += 1;
                 let _slot = SlotGuard(&m.starting);
-                let Some(stale) = lock(&m.pools).take_stale(&name) else { break };
+                let Some(stale) = m.pools.lock().take_stale(&name) else { break };
                 tracing::info!(template = %name, sandbox = %stale.sandbox.id(), "stopping a pooled sandbox of a replaced build");
                 let _ = stale.sandbox.destroy().await;
             }
@@ -200,7 +156,7 @@ impl SandboxManager {
 
     /// Stops every pooled VM (shutdown).
     pub(super) async fn drain_pools(&self) {
-        let all: Vec<Pooled> = lock(&self.pools).ready.drain().flat_map(|(_, v)| v).collect();
+        let all: Vec<Pooled> = self.pools.lock().ready.drain().flat_map(|(_, v)| v).collect();
         for pooled in all {
             let _ = pooled.sandbox.destroy().await;
         }

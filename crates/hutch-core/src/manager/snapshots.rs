@@ -5,7 +5,11 @@
 
 use super::owner::Owned;
 use super::state::SandboxState;
-use super::{hex_token, lock, CreateSpec, Live, ManagerError, SandboxManager};
+use super::config::{CreateSpec, MAX_FORKS};
+use super::names::{validate_identifier, validate_name};
+use super::error::ManagerError;
+use super::live::Live;
+use super::SandboxManager;
 use hutch_formats::archive::{self, ArchiveError, ArchiveManifest};
 use crate::artifacts::Artifacts;
 use crate::sandbox::Sandbox;
@@ -17,9 +21,6 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-
-/// E2B caps a fork at 20 sandboxes.
-pub const MAX_FORKS: u32 = 20;
 
 impl SandboxManager {
     pub(super) fn snapshots_root(&self) -> PathBuf {
@@ -33,7 +34,7 @@ impl SandboxManager {
         let snap_id = format!("{prefix}{}", hex::encode(rand::random::<[u8; 8]>()));
         let dir = self.snapshots_root().join(&snap_id);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
-        lock(&self.pinned).insert(dir.clone());
+        self.pinned.lock().insert(dir.clone());
         let (key_id, asked) = (live.row.key_id.clone(), live.row.template.clone());
         let template = self.base_template(&key_id, &asked).await?;
         let made = {
@@ -59,7 +60,7 @@ impl SandboxManager {
         };
         if made.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
-            lock(&self.pinned).remove(&dir);
+            self.pinned.lock().remove(&dir);
         }
         made
     }
@@ -132,7 +133,7 @@ impl SandboxManager {
             created_at: now_rfc3339(),
         };
         let stored = self.store.insert_snapshot(&row).await;
-        lock(&self.pinned).remove(&snap.dir);
+        self.pinned.lock().remove(&snap.dir);
         if let Err(e) = stored {
             let _ = std::fs::remove_dir_all(&snap.dir);
             return Err(name_conflict(e));
@@ -165,14 +166,14 @@ impl SandboxManager {
         std::fs::create_dir_all(&work).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", work.display())))?;
         let out = work.with_extension("tar");
         let dir = PathBuf::from(&row.dir);
-        lock(&self.pinned).insert(dir.clone());
+        self.pinned.lock().insert(dir.clone());
         let (w, o) = (work.clone(), out.clone());
         let made = tokio::task::spawn_blocking(move || -> Result<ArchiveManifest, ArchiveError> {
             let file = std::fs::File::create(&o).map_err(|source| ArchiveError::Io { what: "creating", path: o.clone(), source })?;
             archive::export(&dir.join("disk.qcow2"), row.name.as_deref(), &row.template, &w, std::io::BufWriter::new(file))
         })
         .await;
-        lock(&self.pinned).remove(&PathBuf::from(&row.dir));
+        self.pinned.lock().remove(&PathBuf::from(&row.dir));
         let _ = std::fs::remove_dir_all(&work);
         match made {
             Ok(Ok(manifest)) => Ok((out, manifest)),
@@ -194,7 +195,7 @@ impl SandboxManager {
         let id = format!("snap_{}", hex::encode(rand::random::<[u8; 8]>()));
         let dir = self.snapshots_root().join(&id);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
-        lock(&self.pinned).insert(dir.clone());
+        self.pinned.lock().insert(dir.clone());
         let (d, a) = (dir.clone(), archive_file.to_path_buf());
         let unpacked = tokio::task::spawn_blocking(move || {
             let file = std::fs::File::open(&a).map_err(|source| ArchiveError::Io { what: "reading", path: a.clone(), source })?;
@@ -212,7 +213,7 @@ impl SandboxManager {
             Ok(Err(e)) => Err(ManagerError::InvalidArgument(format!("{e}; nothing was imported"))),
             Err(e) => Err(e),
         };
-        lock(&self.pinned).remove(&dir);
+        self.pinned.lock().remove(&dir);
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -260,12 +261,12 @@ impl SandboxManager {
     pub(super) async fn start_from_named_snapshot(&self, snap: &SnapshotRow, opts: &SandboxOptions) -> Result<(Sandbox, Artifacts), ManagerError> {
         let artifacts = self.prepare(&snap.template).await?;
         let dir = PathBuf::from(&snap.dir);
-        lock(&self.pinned).insert(dir.clone());
+        self.pinned.lock().insert(dir.clone());
         let started = match MemorySnapshot::open(&dir) {
             Some(memory) if snap.memory => Sandbox::from_snapshot(&self.home, &artifacts, self.backend.as_ref(), &memory, opts).await,
             _ => Sandbox::boot_on(&self.home, &artifacts, self.backend.as_ref(), opts, &dir.join("disk.qcow2"), Some(dir.clone())).await,
         };
-        lock(&self.pinned).remove(&dir);
+        self.pinned.lock().remove(&dir);
         Ok((started.map_err(ManagerError::Create)?, artifacts))
     }
 
@@ -295,14 +296,14 @@ impl SandboxManager {
         for _ in 0..count {
             results.push(self.start_fork(key_id, &source, &artifacts, &snap, timeout).await);
         }
-        lock(&self.pinned).remove(&snap.dir);
+        self.pinned.lock().remove(&snap.dir);
         self.prune_snapshot_files().await;
         Ok(results)
     }
 
     async fn start_fork(&self, key_id: &str, source: &SandboxRow, artifacts: &Artifacts, snap: &MemorySnapshot, timeout: Option<u64>) -> Result<SandboxRow, ManagerError> {
         let _slot = self.reserve_slot()?;
-        let token = source.envd_token.as_ref().map(|_| hex_token());
+        let token = source.envd_token.as_ref().map(|_| crate::ids::random_token());
         let mut opts = self.options(&source.template, &source.env_vars, &source.metadata, token.clone());
         // A fork may reach what its parent may.
         let network = crate::sandbox::layout::recorded_network(std::path::Path::new(&source.dir)).map_err(|e| ManagerError::Create(e.into()))?;
@@ -330,7 +331,7 @@ impl SandboxManager {
     pub(super) async fn prune_snapshot_files(&self) {
         let Ok(stored) = self.store.snapshot_dirs().await else { return };
         let mut keep: HashSet<PathBuf> = stored.into_iter().map(PathBuf::from).collect();
-        keep.extend(lock(&self.pinned).iter().cloned());
+        keep.extend(self.pinned.lock().iter().cloned());
         keep.extend(crate::sandbox::layout::base_snapshots_in_use(&self.home));
         // Snapshots stack on snapshots (a fork of a fork): keep every base of a kept one.
         let mut frontier: Vec<PathBuf> = keep.iter().cloned().collect();
@@ -382,28 +383,6 @@ fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str, token: 
     };
     MemorySnapshot::write_manifest(dir, &manifest).map_err(|e| ManagerError::Internal(e.to_string()))?;
     Ok(MemorySnapshot { dir: dir.to_path_buf(), manifest })
-}
-
-/// Snapshot names share the template namespace: short, plain, unambiguous.
-pub fn validate_name(name: &str) -> Result<(), ManagerError> {
-    validate_identifier("snapshot name", name)
-}
-
-/// A name that becomes a file name under `$HUTCH_HOME` (template ids, snapshot names):
-/// no separators, nothing hidden, nothing that climbs (`..` needs a leading dot or `/`).
-pub fn validate_identifier(what: &str, name: &str) -> Result<(), ManagerError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
-        && !name.starts_with('.');
-    if ok {
-        Ok(())
-    } else {
-        let shown: String = name.chars().take(64).flat_map(char::escape_default).collect();
-        Err(ManagerError::InvalidArgument(format!(
-            "{what} '{shown}' is not allowed: use 1-64 letters, digits, '-', '_' or '.', not starting with '.'"
-        )))
-    }
 }
 
 /// A name another request took between the check and the insert is the same 409 as

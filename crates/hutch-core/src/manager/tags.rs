@@ -3,10 +3,11 @@
 //! themselves are hutch-image's (`tags.rs`); this checks who may change them and keeps
 //! the manager's prepared artifacts in step with them.
 
+use super::error::tag_error;
 use super::build_ids::{build_uuid, name_uuid, BuildInfo};
-use super::{lock, ManagerError, SandboxManager};
+use super::{ManagerError, SandboxManager};
 use hutch_image::template::Template;
-use hutch_image::tags::{self, TagError};
+use hutch_image::tags;
 
 /// One tag as the API shows it.
 #[derive(Debug, Clone)]
@@ -35,28 +36,19 @@ pub struct AssignmentView {
 
 /// One tag as E2B takes it, in normal form (a bad one is a 400).
 pub fn normal_tag(tag: &str) -> Result<String, ManagerError> {
-    tags::check(tag).map_err(manager_error)
+    tags::check(tag).map_err(tag_error)
 }
 
 /// Tags as E2B takes them: each checked, in normal form, once.
 pub(crate) fn checked(tags: &[String]) -> Result<Vec<String>, ManagerError> {
     let mut out: Vec<String> = Vec::new();
     for tag in tags {
-        let tag = tags::check(tag).map_err(manager_error)?;
+        let tag = tags::check(tag).map_err(tag_error)?;
         if !out.contains(&tag) {
             out.push(tag);
         }
     }
     Ok(out)
-}
-
-pub(crate) fn manager_error(e: TagError) -> ManagerError {
-    match e {
-        TagError::BadTag(_) | TagError::DefaultKept => ManagerError::InvalidArgument(e.to_string()),
-        TagError::UnknownTag { .. } | TagError::UnknownTemplate(_) | TagError::BuildGone { .. } => ManagerError::Missing(e.to_string()),
-        TagError::Template(hutch_image::template::TemplateError::Tag(inner)) => manager_error(*inner),
-        TagError::Template(_) | TagError::Io { .. } => ManagerError::Internal(hutch_proto::error_chain(&e)),
-    }
 }
 
 impl SandboxManager {
@@ -77,7 +69,7 @@ impl SandboxManager {
         self.template_alias(key_id, name)?;
         let current = self.current(name)?;
         let mut out = Vec::new();
-        for (tag, entry) in tags::list_of(&current).map_err(manager_error)? {
+        for (tag, entry) in tags::list_of(&current).map_err(tag_error)? {
             let build = if entry.build == current.build_id { Ok(current.clone()) } else { tags::build_manifest(&self.home, name, &entry.build) };
             if let Ok(build) = build {
                 out.push(TagView { tag, build_id: build_uuid(&build), created_at: entry.created_at });
@@ -94,7 +86,7 @@ impl SandboxManager {
         }
         self.template_alias(key_id, name)?;
         let current = self.current(name)?;
-        let past = tags::history_of(&self.home, &current).map_err(manager_error)?;
+        let past = tags::history_of(&self.home, &current).map_err(tag_error)?;
         let mut out = Vec::with_capacity(past.len());
         for a in past {
             let build = if a.build == current.build_id { Ok(current.clone()) } else { tags::build_manifest(&self.home, name, &a.build) };
@@ -116,13 +108,13 @@ impl SandboxManager {
     /// /templates/tags`): (the build's UUID, the tags in normal form).
     pub fn assign_template_tags(&self, key_id: &str, target: &str, new_tags: &[String]) -> Result<(String, Vec<String>), ManagerError> {
         let (name, tag) = tags::split(target);
-        let tag = tag.map(tags::check).transpose().map_err(manager_error)?;
+        let tag = tag.map(tags::check).transpose().map_err(tag_error)?;
         self.own_template(key_id, name)?;
         let new_tags = checked(new_tags)?;
         if new_tags.is_empty() {
             return Err(ManagerError::InvalidArgument("tags is empty: name at least one tag to assign".into()));
         }
-        let build = tags::assign(&self.home, name, tag.as_deref(), &new_tags).map_err(manager_error)?;
+        let build = tags::assign(&self.home, name, tag.as_deref(), &new_tags).map_err(tag_error)?;
         self.tags_changed(name, &new_tags);
         Ok((build_uuid(&build), new_tags))
     }
@@ -138,7 +130,7 @@ impl SandboxManager {
         if gone.is_empty() {
             return Err(ManagerError::InvalidArgument("tags is empty: name at least one tag to remove".into()));
         }
-        tags::remove(&self.home, name, &gone).map_err(manager_error)?;
+        tags::remove(&self.home, name, &gone).map_err(tag_error)?;
         self.tags_changed(name, &gone);
         Ok(())
     }
@@ -180,7 +172,7 @@ impl SandboxManager {
     /// its reference names now (or that it is gone). Artifacts go first: a pool fill
     /// that reads the new generation must not find the old build prepared.
     pub fn forget_artifacts(&self, name: &str) {
-        lock(&self.artifacts).retain(|reference, _| tags::split(reference).0 != name);
+        self.artifacts.lock().retain(|reference, _| tags::split(reference).0 != name);
         self.retire_pooled(name);
     }
 }

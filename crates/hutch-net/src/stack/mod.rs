@@ -7,6 +7,7 @@
 //! ends it and every flow.
 
 mod device;
+mod event;
 mod icmp;
 mod link;
 /// Public for the `guest_frames` fuzz target: how the stack reads a guest's frame first.
@@ -18,6 +19,7 @@ mod tests;
 
 pub use link::{LinkError, MAX_FRAME};
 
+use event::{Event, FlowKey};
 use crate::dns::{self, DnsContext, Pins};
 use crate::log::{LogView, NetLog};
 use crate::rules::{DenyReason, Dest, Policy, Proto, Reach};
@@ -163,16 +165,6 @@ impl NetHandle {
     }
 }
 
-/// Results the stack's helper tasks hand back to its loop.
-enum Event {
-    Dialed { key: FlowKey, result: Result<tokio::net::TcpStream, String> },
-    Datagram { from: SocketAddrV4, to: SocketAddrV4, payload: Vec<u8> },
-    /// A frame the stack wrote for the guest off its own task (an echo's reply, or the
-    /// refusal of one the host could not send).
-    Frame(Vec<u8>),
-}
-
-type FlowKey = (SocketAddrV4, SocketAddrV4);
 
 struct Stack {
     shared: Arc<Shared>,

@@ -1,7 +1,7 @@
 //! Reading the guest's frames before smoltcp does (new TCP connections, UDP, ICMP are
 //! the stack's to decide), and writing the frames the stack answers with itself.
 
-use super::{GATEWAY_MAC, GUEST_MAC};
+use hutch_proto::net::{GATEWAY_MAC, GUEST_MAC};
 use smoltcp::phy::ChecksumCapabilities;
 use smoltcp::wire::{
     EthernetAddress, EthernetFrame, EthernetProtocol, EthernetRepr, Icmpv4DstUnreachable, Icmpv4Packet, Icmpv4Repr, IpProtocol, Ipv4Packet, Ipv4Repr,

@@ -2,7 +2,7 @@
 //! the destination; replies come back as datagrams from that destination. A flow idle
 //! for `idle` is closed.
 
-use super::Event;
+use super::event::Event;
 use std::collections::HashMap;
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;

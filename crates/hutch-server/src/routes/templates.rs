@@ -13,7 +13,8 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use futures::StreamExt;
-use hutch_core::manager::builds::{BuildRequest, BuildStatus, TemplateInfo, MAX_UPLOAD};
+use hutch_core::manager::build_records::BuildStatus;
+use hutch_core::manager::builds::{BuildRequest, TemplateInfo, MAX_UPLOAD};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -204,12 +205,12 @@ pub async fn logs(State(state): State<AppState>, key: KeyId, Path((template_id, 
     };
     let record = state.manager.template_build(&key.0, &template_id, &build_id)?;
     let floor = q.level.as_deref().map(rank).unwrap_or(0);
-    let millis = |e: &&hutch_core::manager::builds::LogEntry| {
+    let millis = |e: &&hutch_core::manager::build_records::LogEntry| {
         humantime::parse_rfc3339(&e.timestamp).ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map_or(0, |d| d.as_millis() as u64)
     };
     let kept = record.entries.iter().filter(|e| rank(e.level) >= floor);
     let limit = q.limit.unwrap_or(MAX_ENTRIES).min(MAX_ENTRIES);
-    let page: Vec<&hutch_core::manager::builds::LogEntry> = match (backward, q.cursor) {
+    let page: Vec<&hutch_core::manager::build_records::LogEntry> = match (backward, q.cursor) {
         (false, cursor) => kept.filter(|e| cursor.is_none_or(|c| millis(e) >= c)).take(limit).collect(),
         (true, cursor) => kept.rev().filter(|e| cursor.is_none_or(|c| millis(e) <= c)).take(limit).collect(),
     };

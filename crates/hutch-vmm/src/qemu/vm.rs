@@ -102,9 +102,9 @@ impl QemuVm {
             Some(config) => Some(super::jail::Prepared::new(spec, config, binary).map_err(super::jail::JailError::into_start_error)?),
             None => None,
         };
-        let missing = || StartError::Unavailable(crate::qemu::QemuVersionError::Missing { binary: binary.into() }.into());
+        let missing = || StartError::Unavailable(super::version::QemuVersionError::Missing { binary: binary.into() }.into());
         let program = crate::process::find_program(binary).ok_or_else(missing)?;
-        let mut launch = super::spawn::Launch::new(&program, super::command_line(spec)).arg0(binary).stdout(log.as_fd()).stderr(log.as_fd()).die_with_parent(spec.die_with_parent);
+        let mut launch = super::spawn::Launch::new(&program, super::args::command_line(spec)).arg0(binary).stdout(log.as_fd()).stderr(log.as_fd()).die_with_parent(spec.die_with_parent);
         for (fd, to) in handed {
             launch = launch.hand(fd, to);
         }

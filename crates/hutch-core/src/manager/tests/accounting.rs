@@ -50,17 +50,17 @@ async fn slots_and_quotas_are_counted_and_given_back() {
 async fn failed_starts_give_their_slot_back() {
     let env = Env::new(config(1, 0)).await;
     let key = env.key().to_string();
-    *lock(&env.backend.fail_start) = Some("no QEMU today".into());
+    *env.backend.fail_start.lock().expect("lock") = Some("no QEMU today".into());
     for _ in 0..3 {
         assert!(matches!(env.manager.create(&key, base()).await, Err(ManagerError::Create(_))));
     }
-    *lock(&env.backend.fail_start) = None;
+    *env.backend.fail_start.lock().expect("lock") = None;
     env.settled().await;
     let id = env.create().await.id;
     env.manager.pause(&key, &id, PauseMode::Full).await.expect("pause");
-    *lock(&env.backend.fail_start) = Some("no QEMU today".into());
+    *env.backend.fail_start.lock().expect("lock") = Some("no QEMU today".into());
     assert!(matches!(env.manager.connect(&key, &id, None, OnResume::Restore).await, Err(ManagerError::Resume(_))));
-    *lock(&env.backend.fail_start) = None;
+    *env.backend.fail_start.lock().expect("lock") = None;
     env.manager.connect(&key, &id, None, OnResume::Restore).await.expect("the one slot is free again");
     env.kill_all().await;
 }

@@ -15,7 +15,7 @@ async fn a_template_build_holds_back_no_other_template_and_runs_once() {
             if template == "slow" {
                 builds.fetch_add(1, Ordering::SeqCst);
                 // A long build: until the test lets it end.
-                let _ = lock(&released).recv();
+                let _ = released.lock().recv();
             }
         })
     };

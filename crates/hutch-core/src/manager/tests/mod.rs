@@ -84,7 +84,7 @@ impl Env {
     }
 
     pub fn state(&self, id: &str) -> SandboxState {
-        lock(&self.manager.live).get(id).expect("a live sandbox").owner.state()
+        self.manager.live.lock().get(id).expect("a live sandbox").owner.state()
     }
 
     /// Stores `value` under `key` in the running guest's memory.
@@ -116,15 +116,15 @@ impl Env {
     /// owners, the rows, the store, the VMs and the disk all tell the same story.
     pub async fn settled(&self) {
         let quiet = until(SETTLE, || {
-            let live = lock(&self.manager.live);
+            let live = self.manager.live.lock();
             self.manager.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0
-                && *lock(&self.manager.starting) == 0
+                && *self.manager.starting.lock() == 0
                 && live.values().all(|l| !l.owner.is_busy())
                 && !self.manager.pools_filling()
         })
         .await;
         assert!(quiet, "operations still running after {SETTLE:?}");
-        let lives: Vec<(String, Arc<Live>)> = lock(&self.manager.live).iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let lives: Vec<(String, Arc<Live>)> = self.manager.live.lock().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let stored: HashMap<String, SandboxRow> = self.manager.store.sandboxes().await.expect("rows").into_iter().map(|r| (r.id.clone(), r)).collect();
         let (mut running, mut failed) = (0, 0);
         for (id, live) in &lives {
@@ -153,7 +153,7 @@ impl Env {
         let vms = self.backend.live();
         let expected = running + self.manager.pooled_count();
         assert!((expected..=expected + failed).contains(&vms), "{vms} VMs run for {expected} running and pooled sandboxes and {failed} failed ones");
-        assert!(lock(&self.manager.pinned).is_empty(), "pins left: {:?}", lock(&self.manager.pinned));
+        assert!(self.manager.pinned.lock().is_empty(), "pins left: {:?}", self.manager.pinned.lock());
         // Every snapshot directory is a stored snapshot or under a sandbox.
         self.manager.prune_snapshot_files().await;
         let kept: std::collections::HashSet<PathBuf> = self.manager.store.snapshot_dirs().await.expect("dirs").into_iter().map(PathBuf::from).collect();
@@ -167,9 +167,9 @@ impl Env {
     /// Kills every sandbox, deletes every snapshot, and checks that nothing but the
     /// pools is left.
     pub async fn kill_all(&self) {
-        let ids: Vec<String> = lock(&self.manager.live).keys().cloned().collect();
+        let ids: Vec<String> = self.manager.live.lock().keys().cloned().collect();
         for id in ids {
-            let live = lock(&self.manager.live)[&id].clone();
+            let live = self.manager.live.lock()[&id].clone();
             let key = live.row.key_id.clone();
             self.manager.kill(&key, &id).await.expect("kill");
         }
