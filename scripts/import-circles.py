@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Import circles between the files of each crate: file A names an item of file B
-(`use crate::b::X`, `super::b::f()`, a path anywhere in the code) and B, through any
-chain, names one of A's. A circle means neither file can be read, changed or moved
+(`use crate::b::X`, `super::b::f()`, `b::f()` for a module `b` that A declares, a path
+anywhere in the code, re-exports included) and B, through any chain, names one of A's. A circle means neither file can be read, changed or moved
 without the other (docs/ARCHITECTURE.md, end of "Crates").
 
 Usage: scripts/import-circles.py [--known FILE]
@@ -96,7 +96,11 @@ def edges_of(src: Path) -> dict:
     files = {module_of(src, f): f for f in src.rglob("*.rs")}
     edges = {m: set() for m in files}
     for here, file in files.items():
-        for raw in PATH.findall(code_of(file.read_text())):
+        code = code_of(file.read_text())
+        children = set(re.findall(rf"^\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+({IDENT})\s*;", code, flags=re.M))
+        bare = re.compile(rf"(?<![A-Za-z0-9_:])((?:{'|'.join(map(re.escape, children)) or '(?!)'})(?:::(?:{IDENT}|\{{[^;]*?\}}))+)")
+        found = PATH.findall(code) + ["self::" + b for b in bare.findall(code)]
+        for raw in found:
             for path in expand(re.sub(r"\s+", "", raw)):
                 parts = path.split("::")
                 if parts[0] == "crate":

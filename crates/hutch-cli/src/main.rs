@@ -2,17 +2,9 @@
 
 #![allow(unsafe_code)] // terminal ioctls only; each block has a SAFETY note.
 
-/// `println!` that returns an error instead of panicking when stdout is closed
-/// (`hutch ls | head -1`); main turns that error into a quiet exit.
-macro_rules! outln {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        writeln!(std::io::stdout().lock(), $($arg)*)?
-    }};
-}
-pub(crate) use outln;
 
 mod commands;
+mod output;
 mod local;
 mod progress;
 mod terminal;

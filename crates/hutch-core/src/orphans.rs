@@ -56,7 +56,8 @@ pub async fn find(home: &HutchHome, store: &Store) -> Result<Vec<Orphan>, StoreE
     if vms.is_empty() {
         return Ok(Vec::new());
     }
-    let rows = store.sandboxes().await?;
+    // A damaged row tells nothing of its sandbox's end: that orphan's is unknown.
+    let rows: Vec<_> = store.sandbox_records().await?.into_iter().filter_map(Result::ok).collect();
     Ok(vms
         .into_iter()
         .map(|(id, qemu_pid)| {

@@ -267,8 +267,14 @@ impl Store {
     }
 
     pub async fn sandboxes(&self) -> Result<Vec<SandboxRow>, StoreError> {
+        self.sandbox_records().await?.into_iter().collect()
+    }
+
+    /// Every sandbox row, each read on its own: one damaged row is its own error, and
+    /// the rest still read (a server starting adopts those and leaves that one be).
+    pub async fn sandbox_records(&self) -> Result<Vec<Result<SandboxRow, StoreError>>, StoreError> {
         let rows = sqlx::query("SELECT * FROM sandboxes ORDER BY started_at, id").fetch_all(&self.pool).await?;
-        rows.iter().map(sandbox_row).collect()
+        Ok(rows.iter().map(sandbox_row).collect())
     }
 }
 

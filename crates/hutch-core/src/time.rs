@@ -17,6 +17,9 @@ pub struct BadTime {
     pub text: String,
 }
 
+/// 9999-12-31T23:59:59Z, in seconds since the epoch: four-digit years end there.
+const LAST_SECOND: u64 = 253_402_300_799;
+
 /// `t` to the millisecond: what is written is what is held, so a time read back
 /// equals the one that was written.
 fn to_millis(t: SystemTime) -> SystemTime {
@@ -45,9 +48,11 @@ impl Timestamp {
         self.0
     }
 
-    /// `self + d`, or the latest instant there is if that overflows.
+    /// `self + d`, or the last instant RFC 3339 can write (9999-12-31T23:59:59Z) if that
+    /// is later or overflows.
     pub fn after(self, d: Duration) -> Timestamp {
-        Timestamp::from(self.0.checked_add(d).unwrap_or(self.0))
+        let last = SystemTime::UNIX_EPOCH + Duration::from_secs(LAST_SECOND);
+        Timestamp::from(self.0.checked_add(d).map_or(last, |t| t.min(last)))
     }
 }
 
@@ -81,6 +86,13 @@ mod tests {
         assert_eq!(Timestamp::parse("2025-06-01T14:00:00.123000+02:00"), Ok(utc));
         assert_eq!(Timestamp::parse("2025-06-01T07:30:00.123-04:30"), Ok(utc));
         assert_eq!(Timestamp::parse(&utc.to_string()), Ok(utc));
+    }
+
+    #[test]
+    fn a_time_far_ahead_stops_at_the_last_one_rfc_3339_writes() {
+        let now = Timestamp::now();
+        assert_eq!(now.after(Duration::MAX).to_string(), "9999-12-31T23:59:59.000Z");
+        assert!(now.after(Duration::from_secs(60)) > now);
     }
 
     #[test]

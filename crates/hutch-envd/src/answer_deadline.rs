@@ -2,7 +2,8 @@
 //! A deadline from the start would cut off a slow upload (the agent answers a file
 //! write after its body); none at all lets a wedged guest hold the caller forever.
 
-use super::{AgentClient, AgentError, Body};
+use crate::client::AgentClient;
+use crate::error::{AgentError, Body};
 use bytes::Bytes;
 use http::Request;
 use http_body_util::BodyExt;
@@ -28,7 +29,7 @@ impl Watched {
 
 impl hyper::body::Body for Watched {
     type Data = Bytes;
-    type Error = super::BoxError;
+    type Error = crate::error::BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);

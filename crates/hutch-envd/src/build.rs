@@ -1,7 +1,8 @@
 //! What template builds ask of the guest agent: a step's `COPY`, and a frozen root
 //! filesystem while the host copies the disk.
 
-use super::{error_from, AgentClient, AgentError, Body};
+use crate::client::AgentClient;
+use crate::error::{error_from, AgentError, Body};
 use http::Method;
 use percent_encoding::{utf8_percent_encode, NON_ALPHANUMERIC};
 use std::time::Duration;
@@ -39,7 +40,7 @@ impl AgentClient {
         let exchange = async {
             let resp = self.send(req).await?;
             let status = resp.status();
-            let bytes = super::read_limited(resp.into_body(), super::MAX_ERROR_BODY).await?;
+            let bytes = crate::error::read_limited(resp.into_body(), crate::error::MAX_ERROR_BODY).await?;
             if status.is_success() {
                 Ok(())
             } else {

@@ -1,6 +1,7 @@
 //! Files in the guest: streaming upload and download over envd's `/files`.
 
-use super::{error_from, AgentClient, AgentError, Body};
+use crate::client::AgentClient;
+use crate::error::{error_from, AgentError, Body};
 use http::{Method, StatusCode};
 use hutch_proto::filesystem::WrittenFile;
 use hyper::body::Incoming;
@@ -24,7 +25,7 @@ impl AgentClient {
             .map_err(|e| AgentError::Protocol(e.to_string()))?;
         let resp = self.send(req).await?;
         let status = resp.status();
-        let bytes = super::read_limited(resp.into_body(), super::MAX_REPLY).await?;
+        let bytes = crate::error::read_limited(resp.into_body(), crate::error::MAX_REPLY).await?;
         if status != StatusCode::OK {
             return Err(error_from(status, &bytes));
         }
@@ -35,12 +36,12 @@ impl AgentClient {
     pub async fn download(&self, path: &str) -> Result<Incoming, AgentError> {
         let req = self
             .request(Method::GET, &files_path(path, self.user.as_deref()))
-            .body(super::full(bytes::Bytes::new()))
+            .body(crate::error::full(bytes::Bytes::new()))
             .map_err(|e| AgentError::Protocol(e.to_string()))?;
         let resp = self.send(req).await?;
         let status = resp.status();
         if status != StatusCode::OK {
-            return Err(super::error_reply(status, resp.into_body()).await);
+            return Err(crate::error::error_reply(status, resp.into_body()).await);
         }
         Ok(resp.into_body())
     }

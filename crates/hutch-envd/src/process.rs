@@ -1,6 +1,7 @@
 //! Processes in the guest: start with streamed events, input, signals, PTY size.
 
-use super::{full, AgentClient, AgentError};
+use crate::client::AgentClient;
+use crate::error::{full, AgentError};
 use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::BodyExt;
@@ -73,7 +74,7 @@ impl AgentClient {
         let resp = self.send(req).await?;
         if resp.status() != StatusCode::OK {
             let status = resp.status();
-            return Err(super::error_reply(status, resp.into_body()).await);
+            return Err(crate::error::error_reply(status, resp.into_body()).await);
         }
         let mut stream = ProcessStream { pid: 0, body: resp.into_body(), decoder: Decoder::default(), finished: false };
         match stream.next().await {

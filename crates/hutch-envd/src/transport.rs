@@ -1,6 +1,6 @@
 //! Connecting to the agent socket: the hello handshake, then HTTP/2.
 
-use super::{AgentClient, Body};
+use crate::error::Body;
 use bytes::{Buf, Bytes};
 use hutch_proto::agent::{find_hello, hello_line};
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -46,8 +46,11 @@ impl Closer {
 /// Stale guest output tolerated before the echoed hello.
 const MAX_SKIP: usize = 1 << 20;
 
-/// Connects once: the caller retries (with a timeout) while the guest boots.
-pub async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
+/// An HTTP/2 session to the agent, and what ends it.
+pub(crate) type Session = (hyper::client::conn::http2::SendRequest<Body>, std::sync::Arc<Closer>);
+
+/// Connects once (`crate::connect` wraps it in a client).
+pub(crate) async fn open(socket: &Path) -> Result<Session, ConnectError> {
     let mut stream = UnixStream::connect(socket).await.map_err(ConnectError::Socket)?;
     let nonce: u64 = rand::random();
     stream.write_all(&hello_line(nonce)).await.map_err(ConnectError::Socket)?;
@@ -86,7 +89,7 @@ pub async fn connect(socket: &Path) -> Result<AgentClient, ConnectError> {
             _ = close.stop.notified() => tracing::debug!("agent connection closed by the host"),
         }
     });
-    Ok(AgentClient::from_socket(sender, closer))
+    Ok((sender, closer))
 }
 
 /// How often an unanswered idle probe is sent again: a session the agent has not yet

@@ -1,7 +1,8 @@
 //! A byte stream to a TCP port in the guest, over the agent connection (see the agent's
 //! `/tunnel/{port}`): writes become the request body, the response body is what we read.
 
-use super::{AgentClient, AgentError};
+use crate::client::AgentClient;
+use crate::error::AgentError;
 use bytes::Bytes;
 use futures::StreamExt;
 use http::{Method, StatusCode};
@@ -32,7 +33,7 @@ impl AgentClient {
     /// listens there.
     pub async fn tunnel(&self, port: u16) -> Result<Tunnel, AgentError> {
         let (tx, rx) = mpsc::channel::<Bytes>(WRITE_QUEUE);
-        let frames = tokio_stream::wrappers::ReceiverStream::new(rx).map(|b| Ok::<_, super::BoxError>(Frame::data(b)));
+        let frames = tokio_stream::wrappers::ReceiverStream::new(rx).map(|b| Ok::<_, crate::error::BoxError>(Frame::data(b)));
         let req = self
             .request(Method::POST, &format!("/tunnel/{port}"))
             .body(StreamBody::new(frames).boxed_unsync())
@@ -42,7 +43,7 @@ impl AgentClient {
             .map_err(|_| AgentError::Timeout { what: format!("opening a tunnel to port {port}"), secs: TUNNEL_OPEN.as_secs() })??;
         if resp.status() != StatusCode::OK {
             let status = resp.status();
-            return Err(super::error_reply(status, resp.into_body()).await);
+            return Err(crate::error::error_reply(status, resp.into_body()).await);
         }
         let data = resp
             .into_body()

@@ -1,7 +1,7 @@
 //! The E2B-shaped conveniences on a remote `Sandbox`: run a shell command and collect
 //! its output, and the file operations, with one error type.
 
-use crate::envd::{full, AgentError};
+use hutch_envd::{full, AgentError};
 use crate::remote::{ApiError, Sandbox};
 use hutch_proto::connect::Code;
 use hutch_proto::filesystem::{EntryInfo, EntryResponse, ListDirResponse};

@@ -1,6 +1,6 @@
 //! The control plane of `hutch serve` (E2B's REST API) and the sandboxes it hands out.
 
-use crate::envd::AgentClient;
+use hutch_envd::AgentClient;
 use bytes::Bytes;
 use http::{Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};

@@ -1,7 +1,7 @@
 //! `X-API-Key` authentication: the extractor yields the key's id, or answers 401.
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::app::AppState;
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::StatusCode;

@@ -3,6 +3,7 @@
 //! everything else to the E2B-compatible REST API. Handlers extract and validate, call
 //! the `SandboxManager`, and map results; errors become HTTP in `error.rs` only.
 
+mod app;
 mod auth;
 mod dto;
 mod error;
@@ -17,24 +18,10 @@ use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::Router;
-use hutch_core::manager::SandboxManager;
-use std::sync::Arc;
 
+pub use app::{AppState, MAX_BODY, OPENAPI};
 pub use error::ApiError;
 pub use listener::{serve, Limits};
-
-/// The REST contract, served at `/openapi.json` and checked against the router in tests.
-pub const OPENAPI: &str = include_str!("../openapi.json");
-
-/// Largest JSON body the REST API reads.
-pub const MAX_BODY: usize = 1 << 20;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub manager: Arc<SandboxManager>,
-    /// Domain of `<port>-<id>.<domain>` data-plane hosts, when routing by Host.
-    pub domain: Option<String>,
-}
 
 pub fn router(state: AppState) -> Router {
     let in_flight = per_key::InFlight::default();

@@ -3,7 +3,7 @@
 //! connection. Any other port is a TCP tunnel into the guest carrying HTTP/1.1 (with
 //! WebSocket and other upgrades), so a server started in the sandbox is reachable.
 
-use crate::AppState;
+use crate::app::AppState;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderName, StatusCode};

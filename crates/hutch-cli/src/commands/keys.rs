@@ -29,19 +29,19 @@ pub async fn run(cmd: KeysCommand) -> anyhow::Result<i32> {
         KeysCommand::Create { name } => {
             let (info, key) = store.create_key(&name).await?;
             eprintln!("created key {} ({}); it is shown only now:", info.id, info.name);
-            crate::outln!("{key}");
+            crate::output::outln!("{key}");
         }
         KeysCommand::List => {
-            crate::outln!("{:<18} {:<20} {:<26} STATUS", "ID", "NAME", "CREATED");
+            crate::output::outln!("{:<18} {:<20} {:<26} STATUS", "ID", "NAME", "CREATED");
             for k in store.list_keys().await? {
-                crate::outln!("{:<18} {:<20} {:<26} {}", k.id, k.name, k.created_at, if k.revoked { "revoked" } else { "active" });
+                crate::output::outln!("{:<18} {:<20} {:<26} {}", k.id, k.name, k.created_at, if k.revoked { "revoked" } else { "active" });
             }
         }
         KeysCommand::Revoke { id } => {
             if !store.revoke_key(&id).await? {
                 anyhow::bail!("no active key with id '{id}' (see `hutch keys list`)");
             }
-            crate::outln!("revoked {id}");
+            crate::output::outln!("revoked {id}");
         }
     }
     Ok(0)

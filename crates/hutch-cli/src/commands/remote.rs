@@ -157,19 +157,19 @@ async fn net(api: &Api, cmd: NetCommand) -> anyhow::Result<()> {
         NetCommand::Log { id, json } => {
             let view = api.network(&id).await?;
             if json {
-                crate::outln!("{}", serde_json::to_string_pretty(&view)?);
+                crate::output::outln!("{}", serde_json::to_string_pretty(&view)?);
                 return Ok(());
             }
             let rules: Vec<&str> = view["egress"].as_array().into_iter().flatten().filter_map(|r| r.as_str()).collect();
-            crate::outln!("rules: {}", if rules.is_empty() { "none (no egress)".to_string() } else { rules.join(",") });
+            crate::output::outln!("rules: {}", if rules.is_empty() { "none (no egress)".to_string() } else { rules.join(",") });
             let c = &view["log"]["counters"];
             if c.is_object() {
-                crate::outln!("connections: {} allowed, {} refused; names: {} resolved, {} refused", c["flows_allowed"], c["flows_denied"], c["names_resolved"], c["names_denied"]);
+                crate::output::outln!("connections: {} allowed, {} refused; names: {} resolved, {} refused", c["flows_allowed"], c["flows_denied"], c["names_resolved"], c["names_denied"]);
             } else {
-                crate::outln!("(paused: no counters until it runs)");
+                crate::output::outln!("(paused: no counters until it runs)");
             }
             if let Some(why) = view["log"]["link_lost"].as_str() {
-                crate::outln!("link to the VM lost, the sandbox has no network: {why}");
+                crate::output::outln!("link to the VM lost, the sandbox has no network: {why}");
             }
             for d in view["log"]["denials"].as_array().into_iter().flatten() {
                 let what = match (d["name"].as_str(), d["ip"].as_str()) {
@@ -177,7 +177,7 @@ async fn net(api: &Api, cmd: NetCommand) -> anyhow::Result<()> {
                     (n, Some(ip)) => format!("{ip}:{}{}", d["port"], n.map(|n| format!(" ({n})")).unwrap_or_default()),
                     _ => "?".into(),
                 };
-                crate::outln!("{} {:<4} {what}: {}", d["at_ms"], d["proto"].as_str().unwrap_or("?"), d["message"].as_str().unwrap_or(""));
+                crate::output::outln!("{} {:<4} {what}: {}", d["at_ms"], d["proto"].as_str().unwrap_or("?"), d["message"].as_str().unwrap_or(""));
             }
         }
     }
@@ -203,7 +203,7 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
                 cold,
                 egress: net.texts(),
             };
-            crate::outln!("{}", api.create(&opts).await?.id);
+            crate::output::outln!("{}", api.create(&opts).await?.id);
         }
         RemoteCommand::Pause { ids } => return super::snapshot::pause(&api, ids).await,
         RemoteCommand::Resume { id, timeout } => return super::snapshot::resume(&api, &id, timeout).await,
@@ -212,15 +212,15 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
         RemoteCommand::Ls { json, metadata } => {
             let list = api.list(&metadata.into_iter().collect::<BTreeMap<_, _>>()).await?;
             if json {
-                crate::outln!("{}", serde_json::to_string_pretty(&list)?);
+                crate::output::outln!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                crate::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} METADATA", "SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS");
+                crate::output::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} METADATA", "SANDBOX ID", "TEMPLATE", "STATE", "STARTED", "ENDS");
                 for s in list {
                     let meta: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
                     let state = if s.failure.is_some() { "failed" } else { s.state.as_str() };
-                    crate::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} {}", s.sandbox_id, s.template_id, state, s.started_at, s.end_at, meta.join(","));
+                    crate::output::outln!("{:<22} {:<10} {:<8} {:<25} {:<25} {}", s.sandbox_id, s.template_id, state, s.started_at, s.end_at, meta.join(","));
                     if let Some(why) = &s.failure {
-                        crate::outln!("  {} failed: {why}; kill it with `hutch kill {}`", s.sandbox_id, s.sandbox_id);
+                        crate::output::outln!("  {} failed: {why}; kill it with `hutch kill {}`", s.sandbox_id, s.sandbox_id);
                     }
                 }
             }
@@ -238,7 +238,7 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
             let mut missing = 0;
             for id in ids {
                 if api.kill(&id).await? {
-                    crate::outln!("{id}");
+                    crate::output::outln!("{id}");
                 } else {
                     eprintln!("hutch: no sandbox '{id}'");
                     missing += 1;
@@ -248,7 +248,7 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
         }
         RemoteCommand::Logs { id } => {
             for line in api.logs(&id).await? {
-                crate::outln!("{line}");
+                crate::output::outln!("{line}");
             }
         }
         RemoteCommand::Timeout { id, secs } => api.set_timeout(&id, secs).await?,
@@ -332,7 +332,7 @@ async fn run_code(api: &Api, id: &str, code: Option<String>, language: Option<St
         }
         if r.is_main_result {
             if let Some(t) = r.text() {
-                crate::outln!("{t}");
+                crate::output::outln!("{t}");
             }
         }
     }

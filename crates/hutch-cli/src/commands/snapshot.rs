@@ -49,7 +49,7 @@ pub async fn pause(api: &Api, ids: Vec<String>) -> anyhow::Result<i32> {
     let mut failed = 0;
     for id in ids {
         match api.pause(&id).await {
-            Ok(true) => crate::outln!("{id}"),
+            Ok(true) => crate::output::outln!("{id}"),
             Ok(false) => eprintln!("hutch: sandbox '{id}' is already paused"),
             Err(e) => {
                 eprintln!("hutch: pausing '{id}': {e}");
@@ -62,7 +62,7 @@ pub async fn pause(api: &Api, ids: Vec<String>) -> anyhow::Result<i32> {
 
 pub async fn resume(api: &Api, id: &str, timeout: Option<u64>) -> anyhow::Result<i32> {
     let sandbox = api.resume(id, timeout).await.with_context(|| format!("resuming sandbox {id}"))?;
-    crate::outln!("{}", sandbox.id);
+    crate::output::outln!("{}", sandbox.id);
     Ok(0)
 }
 
@@ -71,7 +71,7 @@ pub async fn fork(api: &Api, id: &str, count: u32, timeout: Option<u64>) -> anyh
     let mut failed = 0;
     for r in results {
         match r {
-            Ok(sandbox) => crate::outln!("{}", sandbox.id),
+            Ok(sandbox) => crate::output::outln!("{}", sandbox.id),
             Err(e) => {
                 eprintln!("hutch: a fork failed: {e}");
                 failed += 1;
@@ -85,18 +85,18 @@ pub async fn run(api: &Api, cmd: SnapshotCommand) -> anyhow::Result<i32> {
     match cmd {
         SnapshotCommand::Create { sandbox, name } => {
             let snap = api.create_snapshot(&sandbox, Some(&name)).await.with_context(|| format!("snapshotting sandbox {sandbox}"))?;
-            crate::outln!("{}", snap.snapshot_id);
+            crate::output::outln!("{}", snap.snapshot_id);
         }
         SnapshotCommand::Ls { json } => {
             let list = api.list_snapshots().await?;
             if json {
-                crate::outln!("{}", serde_json::to_string_pretty(&list)?);
+                crate::output::outln!("{}", serde_json::to_string_pretty(&list)?);
             } else {
-                crate::outln!("{:<22} {:<20} {:<18} {:<7} {:<25} FROM", "SNAPSHOT ID", "NAME", "TEMPLATE", "MEMORY", "CREATED");
+                crate::output::outln!("{:<22} {:<20} {:<18} {:<7} {:<25} FROM", "SNAPSHOT ID", "NAME", "TEMPLATE", "MEMORY", "CREATED");
                 for s in list {
                     let memory = if s.memory { "yes" } else { "no" };
                     let from = s.sandbox_id.unwrap_or_else(|| "(imported)".into());
-                    crate::outln!("{:<22} {:<20} {:<18} {:<7} {:<25} {from}", s.snapshot_id, s.names.join(","), s.template_id, memory, s.created_at);
+                    crate::output::outln!("{:<22} {:<20} {:<18} {:<7} {:<25} {from}", s.snapshot_id, s.names.join(","), s.template_id, memory, s.created_at);
                 }
             }
         }
@@ -104,7 +104,7 @@ pub async fn run(api: &Api, cmd: SnapshotCommand) -> anyhow::Result<i32> {
             let mut missing = 0;
             for name in names {
                 if api.delete_snapshot(&name).await? {
-                    crate::outln!("{name}");
+                    crate::output::outln!("{name}");
                 } else {
                     eprintln!("hutch: no snapshot '{name}'");
                     missing += 1;
@@ -132,7 +132,7 @@ pub async fn run(api: &Api, cmd: SnapshotCommand) -> anyhow::Result<i32> {
         SnapshotCommand::Import { file, name } => {
             eprintln!("hutch: uploading {} for the server to verify and import ...", file.display());
             let snap = api.import_snapshot(&file, name.as_deref()).await.with_context(|| format!("importing {}", file.display()))?;
-            crate::outln!("{}", snap.names.first().cloned().unwrap_or(snap.snapshot_id));
+            crate::output::outln!("{}", snap.names.first().cloned().unwrap_or(snap.snapshot_id));
         }
     }
     Ok(0)

@@ -92,7 +92,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
                         Ok(Some(t)) => t.source.map(|s| format!("{} ({})", s.reference, s.manifest_digest)).unwrap_or_else(|| format!("Debian {} recipe", t.suite)),
                         _ => "unreadable manifest".into(),
                     };
-                    crate::outln!("{reference:<24} {from}");
+                    crate::output::outln!("{reference:<24} {from}");
                 }
             }
             Ok(0)
@@ -101,11 +101,11 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
             if let (template, Some(tag)) = name_and_tag(&name)? {
                 hutch_image::tags::remove(&home, &template, std::slice::from_ref(&tag))?;
                 hutch_core::pruning::release_tags(&home, &template, std::slice::from_ref(&tag));
-                crate::outln!("removed tag {tag} of template {template}");
+                crate::output::outln!("removed tag {tag} of template {template}");
                 return Ok(0);
             }
             hutch_core::build::remove_template(&home, &name)?;
-            crate::outln!("removed template {name}");
+            crate::output::outln!("removed template {name}");
             Ok(0)
         }
         TemplateCommand::Prune => {
@@ -114,7 +114,7 @@ pub async fn run(cmd: TemplateCommand) -> anyhow::Result<i32> {
                 anyhow::bail!("a template build is running and uses the build cache; run `hutch template prune` again when it ends");
             };
             let freed = cache.prune(&held)?;
-            crate::outln!("removed the build cache ({})", hutch_image::progress::human_bytes(freed));
+            crate::output::outln!("removed the build cache ({})", hutch_image::progress::human_bytes(freed));
             Ok(0)
         }
         TemplateCommand::Build(args) => build(&home, *args).await,
@@ -223,7 +223,7 @@ async fn run_build(home: &HutchHome, args: &BuildArgs, (name, tag): (String, Opt
     };
     bars.clear();
     let built = built?;
-    crate::outln!(
+    crate::output::outln!(
         "template {} (build {}) in {:.1} s: {} step(s) cached, {} run",
         args.name,
         built.template.build_id,
@@ -231,7 +231,7 @@ async fn run_build(home: &HutchHome, args: &BuildArgs, (name, tag): (String, Opt
         built.cached_steps,
         built.built_steps
     );
-    crate::outln!("try: hutch run --template {} -- /bin/sh -c 'cat /etc/os-release'", args.name);
+    crate::output::outln!("try: hutch run --template {} -- /bin/sh -c 'cat /etc/os-release'", args.name);
     Ok(0)
 }
 

@@ -171,11 +171,18 @@ impl std::ops::DerefMut for Step<'_> {
 
 impl Drop for Step<'_> {
     fn drop(&mut self) {
-        if self.owned.state == self.during {
-            // Every intermediate state may go back to where it came from (`state.rs`).
-            if let Err(e) = self.owned.advance(self.from) {
-                tracing::error!("rolling back an operation cut short: {e}");
-            }
+        if self.owned.state != self.during {
+            return;
+        }
+        // A panic mid-operation leaves the VM in an unknown state (and the owner task
+        // ends with it): failed, never shown running again.
+        if std::thread::panicking() {
+            let _ = self.owned.fail("an operation on it panicked; kill it".into());
+            return;
+        }
+        // Every intermediate state may go back to where it came from (`state.rs`).
+        if let Err(e) = self.owned.advance(self.from) {
+            tracing::error!("rolling back an operation cut short: {e}");
         }
     }
 }

@@ -30,7 +30,19 @@ impl SandboxManager {
     /// The rest (a VM that ended, a record without files) is removed, each logged.
     pub(super) async fn adopt_earlier(&self) -> Result<(), ManagerError> {
         let mut kept = std::collections::HashSet::new();
-        for row in self.store.sandboxes().await? {
+        for row in self.store.sandbox_records().await? {
+            let row = match row {
+                Ok(row) => row,
+                Err(e) => {
+                    // Neither adopted nor removed: its files and VM are left as they are
+                    // for the operator, and every other sandbox is served.
+                    tracing::error!("a sandbox's record cannot be read, so it is left alone: {}", hutch_proto::error_chain(&e));
+                    if let crate::store::StoreError::BadTime { id, .. } = &e {
+                        kept.insert(self.home.sandboxes().join(id).display().to_string());
+                    }
+                    continue;
+                }
+            };
             let dir = Path::new(&row.dir).to_path_buf();
             let was_paused = row.state == SandboxState::Paused.api_name();
             let (live, moved) = match Sandbox::adopt(&dir, self.backend.as_ref(), row.envd_token.as_deref(), !was_paused, &self.config.net_env).await {

@@ -5,7 +5,7 @@ use crate::auth::KeyId;
 use crate::dto::SnapshotInfo;
 use crate::error::ApiError;
 use crate::query::pairs;
-use crate::AppState;
+use crate::app::AppState;
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::http::{header, StatusCode};

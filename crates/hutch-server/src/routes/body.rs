@@ -2,7 +2,7 @@
 //! plain text, which the E2B SDKs cannot parse).
 
 use crate::error::ApiError;
-use crate::{AppState, MAX_BODY};
+use crate::app::{AppState, MAX_BODY};
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use http_body_util::{BodyExt, Limited};

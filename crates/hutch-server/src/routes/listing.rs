@@ -8,7 +8,7 @@ use crate::auth::KeyId;
 use crate::dto::SandboxDetail;
 use crate::error::ApiError;
 use crate::query::{decode, pairs};
-use crate::AppState;
+use crate::app::AppState;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};

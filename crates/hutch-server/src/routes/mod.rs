@@ -8,7 +8,7 @@ mod template_tags;
 mod templates;
 
 use crate::error::ApiError;
-use crate::AppState;
+use crate::app::AppState;
 use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use axum::Router;
@@ -17,7 +17,7 @@ pub fn rest() -> Router<AppState> {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/status", get(status))
-        .route("/openapi.json", get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::OPENAPI) }))
+        .route("/openapi.json", get(|| async { ([(axum::http::header::CONTENT_TYPE, "application/json")], crate::app::OPENAPI) }))
         .route("/sandboxes", post(sandboxes::create_v1).get(listing::list_all))
         .route("/v2/sandboxes", post(sandboxes::create_v2).get(listing::list_v2))
         .route("/sandboxes/{id}", get(sandboxes::get_one).delete(sandboxes::kill))

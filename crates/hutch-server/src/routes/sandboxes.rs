@@ -5,7 +5,7 @@ use crate::auth::KeyId;
 use crate::dto::{ConnectBody, ForkBody, NetworkUpdate, NetworkView, NewSandbox, PauseBody, Sandbox, SandboxDetail, SandboxMetric, SnapshotBody, SnapshotInfo, TimeoutBody};
 use crate::error::ApiError;
 use crate::query::pairs;
-use crate::AppState;
+use crate::app::AppState;
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, Uri};
 use axum::response::{IntoResponse, Response};

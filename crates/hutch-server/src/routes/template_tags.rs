@@ -7,7 +7,7 @@
 use super::body::{JsonBody, QueryParams};
 use crate::auth::KeyId;
 use crate::error::ApiError;
-use crate::AppState;
+use crate::app::AppState;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;

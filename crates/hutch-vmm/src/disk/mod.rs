@@ -14,6 +14,10 @@ pub enum DiskError {
     Failed { path: String, stderr: String },
     #[error("the disk copy {path} cannot be stored: {why}")]
     Unsafe { path: String, why: String },
+    /// The host path stays in the server's log: this one reaches API clients (a build's
+    /// reason).
+    #[error("qemu-img could not flatten the layers into one image: {stderr}")]
+    Flatten { stderr: String },
     #[error("running qemu-img")]
     Io(#[source] std::io::Error),
 }
@@ -59,7 +63,12 @@ pub fn flatten_to_raw(layer: &Path, raw: &Path, limit: std::time::Duration) -> R
     let out = crate::process::output_within(&mut cmd, limit)
         .map_err(|e| if e.kind() == std::io::ErrorKind::NotFound { DiskError::NoQemuImg } else { DiskError::Io(e) })?;
     if !out.status.success() {
-        return Err(DiskError::Failed { path: raw.display().to_string(), stderr: String::from_utf8_lossy(&out.stderr).trim().to_string() });
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        tracing::warn!(image = %raw.display(), "flattening a build's layers failed: {stderr}");
+        // qemu-img names the files it failed on: host paths, which stay in the log.
+        let first = stderr.lines().next().unwrap_or_default();
+        let stderr = first.rsplit(": ").next().unwrap_or(first).to_string();
+        return Err(DiskError::Flatten { stderr });
     }
     Ok(())
 }
