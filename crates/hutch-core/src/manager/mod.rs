@@ -6,6 +6,7 @@ pub mod build_ids;
 pub mod build_records;
 pub mod builds;
 mod config;
+mod data_plane;
 mod error;
 mod key_quota;
 mod listing;
@@ -17,6 +18,7 @@ mod pause_kinds;
 mod pool;
 mod pools;
 mod quota;
+mod reaper;
 mod snapshots;
 pub mod state;
 pub mod tags;
@@ -31,18 +33,16 @@ use live::Live;
 pub use pause_kinds::{Connected, OnResume};
 pub use config::MAX_FORKS;
 
-use hutch_envd::AgentClient;
 use crate::artifacts::{Artifacts, ArtifactsError};
 use crate::ids::MemMib;
 pub use key_quota::KeyQuota;
 pub use crate::sandbox::layout::PauseMode;
-use crate::sandbox::errors::{CreateError, PauseError};
+use crate::sandbox::errors::CreateError;
 use crate::sandbox::Sandbox;
 use crate::sandbox::boot::SandboxOptions;
 use crate::store::{SandboxRow, Store};
 use crate::time::Timestamp;
 use hutch_image::HutchHome;
-use hutch_proto::agent::Metrics;
 use hutch_vmm::VmBackend;
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -127,25 +127,7 @@ impl SandboxManager {
         crate::sweep::sweep_orphans(&manager.home, crate::sweep::Sweeper::Server);
         manager.prune_snapshot_files().await;
         manager.fill_pools();
-        let reaper = Arc::downgrade(&manager);
-        tokio::spawn(async move {
-            let mut tick = 0u64;
-            loop {
-                tokio::time::sleep(Duration::from_millis(500)).await;
-                let Some(m) = reaper.upgrade() else { return };
-                // Shutdown lets sandboxes go for the next server: nothing may end them now.
-                if m.shutting_down() {
-                    return;
-                }
-                m.kill_expired().await;
-                m.remove_ended().await;
-                // Every 2 s: a QMP round trip per sandbox.
-                tick = (tick + 1) % 4;
-                if tick == 0 {
-                    m.resume_disk_full().await;
-                }
-            }
-        });
+        manager.start_reaper();
         Ok(manager)
     }
 
@@ -518,178 +500,6 @@ impl SandboxManager {
         Ok(live.row())
     }
 
-    pub async fn metrics(&self, key_id: &str, id: &str) -> Result<Metrics, ManagerError> {
-        let live = self.find(key_id, id)?;
-        let agent = live.owner.agent().ok_or_else(|| ManagerError::Paused(id.to_string()))?;
-        agent.get_json("/metrics").await.map_err(ManagerError::Agent)
-    }
-
-    /// The sandbox's serial console (kernel and agent messages): the newest
-    /// `hutch_vmm::console::CAP` bytes, and how many older ones were dropped.
-    pub fn console(&self, key_id: &str, id: &str) -> Result<(String, u64), ManagerError> {
-        let live = self.find(key_id, id)?;
-        let path = std::path::Path::new(&live.row.dir).join("console.log");
-        let bytes = hutch_vmm::console::read(&path);
-        Ok((String::from_utf8_lossy(&bytes).into_owned(), hutch_vmm::console::dropped(&path)))
-    }
-
-    /// The token port traffic to sandbox `id` must carry, if its ports are private
-    /// (None too when there is no such sandbox: the proxy answers that itself).
-    /// The Host header the data proxy sends to the sandbox's `port` (E2B's
-    /// `maskRequestHost`), read from its record; None keeps the client's.
-    pub fn request_host(&self, id: &str, port: u16) -> Option<String> {
-        let dir = self.live.lock().get(id).map(|l| l.row.dir.clone())?;
-        let settings = crate::sandbox::layout::recorded_network(Path::new(&dir)).ok()?;
-        settings.e2b?.network?.request_host(port)
-    }
-
-    pub fn traffic_token(&self, id: &str) -> Option<String> {
-        self.live.lock().get(id).and_then(|l| l.row.traffic_token.clone())
-    }
-
-    /// Every sandbox (running or paused) with an envd access token, and the token: the
-    /// data proxy finds the sandbox a signed file URL without a sandbox id is for by
-    /// its signature.
-    pub fn access_tokens(&self) -> Vec<(String, String)> {
-        let live: Vec<Arc<Live>> = self.live.lock().values().cloned().collect();
-        live.iter().filter_map(|l| l.row.envd_token.clone().map(|t| (l.row.id.clone(), t))).collect()
-    }
-
-    /// Whether traffic to sandbox `id` resumes it while it is paused, and the tokens
-    /// the traffic must then carry: (envd access token, traffic token).
-    pub fn auto_resumes(&self, id: &str) -> Option<(Option<String>, Option<String>)> {
-        let live = self.live.lock().get(id).cloned()?;
-        let row = &live.row;
-        row.auto_resume.then(|| (row.envd_token.clone(), row.traffic_token.clone()))
-    }
-
-    /// Resumes paused sandbox `id` for data-plane traffic (E2B's autoResume), with
-    /// E2B's 5 minutes to live from now; a running one is left as it is.
-    pub async fn resume_for_traffic(&self, id: &str) -> Result<(), ManagerError> {
-        let live = self.live.lock().get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
-        let (key_id, auto) = (live.row.key_id.clone(), live.row.auto_resume);
-        // Without memory it boots rather than resumes: the request that woke it would
-        // meet a guest that forgot everything (E2B resumes those only by an explicit
-        // connect).
-        let disk_only = crate::sandbox::layout::paused_mode(Path::new(&live.row.dir)) == Some(PauseMode::Filesystem);
-        if !auto || disk_only {
-            return Err(ManagerError::Paused(id.to_string()));
-        }
-        // A sandbox that runs (its agent only held for a snapshot) keeps its timeout.
-        if self.connect(&key_id, id, None, OnResume::Restore).await?.1 == Connected::Resumed {
-            tracing::info!(sandbox = %id, "traffic for the paused sandbox resumed it (autoResume)");
-            self.set_timeout(&key_id, id, AUTO_RESUME_TIMEOUT.as_secs()).await?;
-        }
-        Ok(())
-    }
-
-    /// The agent of a running sandbox, for the data proxy (which has no API key: the
-    /// agent itself checks the access token of secure sandboxes).
-    pub fn agent(&self, id: &str) -> Result<AgentClient, ManagerError> {
-        let live = self.live.lock().get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
-        if matches!(live.owner.state(), state::SandboxState::Stopping | state::SandboxState::Stopped) {
-            return Err(ManagerError::NotFound(id.to_string()));
-        }
-        if let Some(why) = live.owner.failure() {
-            return Err(ManagerError::Failed { id: id.to_string(), why });
-        }
-        live.owner.agent().ok_or_else(|| ManagerError::Paused(id.to_string()))
-    }
-
-    /// Running sandboxes past their end: paused when they asked for it, else killed.
-    /// Paused sandboxes do not expire.
-    /// The running sandboxes, taken out of the map's lock so each can be locked alone.
-    fn running_lives(&self) -> Vec<(String, Arc<Live>)> {
-        self.live.lock().iter().filter(|(_, l)| l.is_running()).map(|(id, l)| (id.clone(), l.clone())).collect()
-    }
-
-    /// Removes running sandboxes whose VM ended on its own (a guest kernel panic or
-    /// power-off, QEMU killed from outside), so the API stops calling them running.
-    /// A sandbox whose lock is held is mid-operation (a pause stops its VM on purpose)
-    /// and is looked at next time.
-    async fn remove_ended(&self) {
-        for (id, live) in self.running_lives() {
-            if live.owner.is_busy() {
-                continue;
-            }
-            let ended = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, Option<(String, String)>> {
-                Box::pin(async move {
-                    let sandbox = o.sandbox_mut()?;
-                    let ended = sandbox.vm_ended().map(|status| (status, sandbox.console_tail(5)))?;
-                    let _ = o.fail(format!("its VM ended ({})", ended.0));
-                    Some(ended)
-                })
-            });
-            let Ok(Some((status, console))) = ended.await else { continue };
-            tracing::warn!(sandbox = %id, "the VM ended on its own ({status}); removing the sandbox. Last console lines:\n{console}");
-            if let Err(e) = self.remove(&id, &live).await {
-                tracing::warn!(sandbox = %id, "removing a sandbox whose VM ended: {e}");
-            }
-        }
-    }
-
-    /// Resumes VMs QEMU paused on a full host disk once there is room again: a full
-    /// disk pauses every writing tenant at once, and nothing else would wake them.
-    async fn resume_disk_full(&self) {
-        for (id, live) in self.running_lives() {
-            if live.owner.is_busy() {
-                continue;
-            }
-            let resumed = live.owner.run(|o: &mut owner::Owned| -> futures::future::BoxFuture<'_, bool> {
-                Box::pin(async move {
-                    match o.sandbox_mut() {
-                        Some(sandbox) => sandbox.resume_after_io_error().await,
-                        None => false,
-                    }
-                })
-            });
-            if resumed.await.unwrap_or(false) {
-                tracing::warn!(sandbox = %id, "resumed the VM QEMU had paused when the host's disk was full (it is no longer)");
-            }
-        }
-    }
-
-    async fn kill_expired(&self) {
-        let now = Timestamp::now();
-        let expired: Vec<(String, Arc<Live>)> = self.live.lock()
-            .iter()
-            .filter(|(_, l)| l.holds_vm() && l.owner.end_at() <= now)
-            .map(|(id, l)| (id.clone(), l.clone()))
-            .collect();
-        for (id, live) in expired {
-            if live.row.auto_pause && live.is_running() {
-                tracing::info!(sandbox = %id, "timeout reached; pausing the sandbox (autoPause)");
-                let mode = if live.row.auto_pause_memory { PauseMode::Full } else { PauseMode::Filesystem };
-                let mut paused = self.pause_live(&id, &live, pause_kinds::PausedBy::AutoPause, mode).await;
-                if let Err(ManagerError::Pause(PauseError::Sync(why))) = &paused {
-                    // Its files are what the user asked to keep: with its memory, then.
-                    tracing::warn!(sandbox = %id, "the guest did not write its files out for a pause without memory ({why}); pausing with its memory");
-                    paused = self.pause_live(&id, &live, pause_kinds::PausedBy::AutoPause, PauseMode::Full).await;
-                }
-                match paused {
-                    // A client's pause got there first: paused is what was asked.
-                    Ok(()) | Err(ManagerError::AlreadyPaused(_)) => continue,
-                    Err(ManagerError::NoSpace(e)) => {
-                        // Killing it would lose what autoPause is for: keep it a minute, try again.
-                        tracing::warn!(sandbox = %id, "cannot pause the expired sandbox yet: {e}");
-                        let later = Timestamp::now().after(Duration::from_secs(60));
-                        let extended = self.in_owner(&live, move |_, _, o| Box::pin(async move { Ok(o.set_end_at(later).await?) }));
-                        if let Err(e) = extended.await {
-                            tracing::warn!(sandbox = %id, "keeping the expired sandbox a minute longer: {e}");
-                        }
-                        continue;
-                    }
-                    Err(e) => tracing::warn!(sandbox = %id, "pausing an expired sandbox failed, killing it: {e}"),
-                }
-            } else {
-                tracing::info!(sandbox = %id, "timeout reached; killing the sandbox");
-            }
-            if let Err(e) = self.remove_if(&id, &live, Removal::Expired).await {
-                tracing::warn!(sandbox = %id, "removing an expired sandbox: {e}");
-            }
-        }
-    }
-
     /// Server shutdown. Running sandboxes are let go with their VMs running, for the
     /// next server to adopt (or killed, with `kill_running`); paused ones stay as they
     /// are (their state is on disk and in the store). Pooled VMs, which nobody holds,
@@ -746,9 +556,6 @@ impl Drop for InFlight {
         self.0.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
-
-/// How long a sandbox resumed by traffic lives at least (E2B's 5 minutes).
-const AUTO_RESUME_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// How long shutdown waits for operations in flight (a create under TCG takes tens
 /// of seconds) before letting go of the sandboxes.
