@@ -120,6 +120,12 @@ impl Owned {
         self.record.store.set_end_at(&self.record.id, end_at).await
     }
 
+    /// Moves to `next` with a new end, both written to the row at once (`persist`).
+    pub async fn settle_until(&mut self, next: SandboxState, end_at: Timestamp) -> Result<SandboxState, ManagerError> {
+        self.end_at = end_at;
+        self.settle(next).await
+    }
+
     /// After a save that failed halfway (a pause or snapshot): back to running (its
     /// agent published again) if the VM runs and its agent answers, else failed with
     /// the reason, for the user to see and kill.

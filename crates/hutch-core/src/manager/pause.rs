@@ -212,9 +212,10 @@ impl SandboxManager {
         // The VM runs and its saved state is gone: it is running whatever the store says,
         // and dropping it now would lose it.
         o.put_sandbox(sandbox);
-        o.advance(SandboxState::Running)?;
-        if let Err(e) = o.set_end_at(end_at).await.and(o.persist().await) {
-            tracing::error!(sandbox = %id, "the sandbox was resumed, but its record still says paused: {e}");
+        match o.settle_until(SandboxState::Running, end_at).await {
+            Ok(_) => {}
+            Err(ManagerError::Store(e)) => tracing::error!(sandbox = %id, "the sandbox was resumed, but its record still says paused: {e}"),
+            Err(e) => return Err(e),
         }
         Ok(Connected::Resumed)
     }
