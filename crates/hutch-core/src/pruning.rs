@@ -87,3 +87,113 @@ pub(crate) fn prune_replaced(home: &HutchHome, current: &Path, prefix: &str) {
         dir_name != current && dir_name.strip_prefix(prefix).is_some_and(|rest| rest.starts_with('-') && !rest.contains('.'))
     });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::references::of_everything;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    fn qcow2_on(base: &Path, overlay: &Path) {
+        std::fs::create_dir_all(overlay.parent().expect("parent")).expect("dir");
+        let format = if base.extension().is_some_and(|e| e == "qcow2") { "qcow2" } else { "raw" };
+        let out = std::process::Command::new("qemu-img")
+            .args(["create", "-q", "-f", "qcow2", "-F", format, "-b"])
+            .arg(base)
+            .arg(overlay)
+            .output()
+            .expect("qemu-img");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    /// A build of template `t` at `builds/<id>/rootfs.ext4`.
+    fn build(home: &HutchHome, id: &str) -> PathBuf {
+        let image = home.template("t").join("builds").join(id).join("rootfs.ext4");
+        std::fs::create_dir_all(image.parent().expect("parent")).expect("dir");
+        std::fs::write(&image, vec![0u8; 1 << 16]).expect("image");
+        image
+    }
+
+    /// A home whose template `t` is the build `current` (its image returned).
+    fn home_with_template() -> (tempfile::TempDir, HutchHome, PathBuf) {
+        let root = tempfile::tempdir().expect("tempdir");
+        let home = HutchHome::at(root.path());
+        let current = build(&home, "current");
+        let manifest = serde_json::json!({
+            "name": "t", "suite": "bookworm", "packages": [], "built_at": "", "disk_size": 1,
+            "build_id": "current", "image": "builds/current/rootfs.ext4"
+        });
+        std::fs::write(home.template("t").join("template.json"), manifest.to_string()).expect("manifest");
+        (root, home, current)
+    }
+
+    /// A sandbox's overlay whose header a VM rewrote to name a FIFO (the open would
+    /// block) or a file outside hutch's directories: pruning goes on for everyone else.
+    #[test]
+    fn a_rewritten_header_neither_blocks_nor_stops_pruning() {
+        let (root, home, current) = home_with_template();
+        let unreferenced = build(&home, "replaced");
+        let fifo = root.path().join("fifo");
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("fifo");
+        let outside = root.path().join("secret");
+        std::fs::write(&outside, "key").expect("secret");
+        for (sandbox, named) in [("sb1", &fifo), ("sb2", &outside)] {
+            let disk = home.sandboxes().join(sandbox).join("disk.qcow2");
+            std::fs::create_dir_all(disk.parent().expect("parent")).expect("dir");
+            let name = named.to_str().expect("utf-8").as_bytes();
+            let mut header = b"QFI\xfb\0\0\0\x03".to_vec();
+            header.extend_from_slice(&100u64.to_be_bytes());
+            header.extend_from_slice(&(name.len() as u32).to_be_bytes());
+            header.resize(100, 0);
+            header.extend_from_slice(name);
+            std::fs::write(&disk, header).expect("disk");
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let home2 = home.clone();
+        std::thread::spawn(move || tx.send(of_everything(&home2).map(|files| files.len())));
+        let Ok(used) = rx.recv_timeout(std::time::Duration::from_secs(5)) else {
+            // A writer arriving lets the stuck open return, so the thread ends.
+            let _ = std::fs::OpenOptions::new().write(true).custom_flags(nix::libc::O_NONBLOCK).open(&fifo);
+            panic!("reading the references blocked on the FIFO a disk header names");
+        };
+        assert_eq!(used.expect("the rewritten headers are skipped"), 0);
+        prune_template_builds(&home);
+        assert!(current.is_file() && !unreferenced.exists(), "pruning stopped");
+    }
+
+    #[test]
+    fn template_builds_are_kept_for_every_kind_of_reference_and_only_then() {
+        let (_root, home, current) = home_with_template();
+        // A sandbox's disk (running, paused or pooled: all are a directory with a disk).
+        let by_sandbox = build(&home, "sandbox");
+        qcow2_on(&by_sandbox, &home.sandboxes().join("sb1").join("disk.qcow2"));
+        // A template snapshot that a sandbox's disk stacks on.
+        let by_template_snapshot = build(&home, "template-snapshot");
+        let snap_disk = home.template_snapshots().join("t-1cpu").join("disk.qcow2");
+        qcow2_on(&by_template_snapshot, &snap_disk);
+        qcow2_on(&snap_disk, &home.sandboxes().join("sb2").join("disk.qcow2"));
+        // A stored snapshot, and a fork of it stored in turn.
+        let by_stored = build(&home, "stored");
+        let stored = home.root().join("snapshots/sandboxes/snap_a/disk.qcow2");
+        qcow2_on(&by_stored, &stored);
+        qcow2_on(&stored, &home.root().join("snapshots/sandboxes/snap_b/disk.qcow2"));
+        // A template snapshot nothing else uses still needs its build.
+        let by_idle_template_snapshot = build(&home, "idle-template-snapshot");
+        qcow2_on(&by_idle_template_snapshot, &home.template_snapshots().join("t-2cpu").join("disk.qcow2"));
+        let unreferenced = build(&home, "replaced");
+
+        prune_template_builds(&home);
+        for kept in [&current, &by_sandbox, &by_template_snapshot, &by_stored, &by_idle_template_snapshot] {
+            assert!(kept.is_file(), "{} was pruned while something stacks on it", kept.display());
+        }
+        assert!(!unreferenced.parent().expect("build dir").exists(), "the unreferenced build was kept");
+
+        // Once the references go, so do the builds (the current one stays).
+        for dir in [home.sandboxes(), home.root().join("snapshots")] {
+            std::fs::remove_dir_all(dir).expect("remove");
+        }
+        prune_template_builds(&home);
+        let left: Vec<_> = std::fs::read_dir(home.template("t").join("builds")).into_iter().flatten().flatten().map(|e| e.path()).collect();
+        assert_eq!(left, vec![current.parent().expect("build dir").to_path_buf()]);
+    }
+}

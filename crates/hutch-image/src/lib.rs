@@ -5,6 +5,8 @@
 //! This crate builds and finds files; it never starts VMs and never installs anything
 //! into the host system (packages are downloaded and unpacked, not installed).
 
+#[cfg(test)]
+mod builds_tests;
 pub mod cpio;
 pub mod file_error;
 pub mod flock;
@@ -22,6 +24,8 @@ mod run;
 pub mod tags;
 pub mod template;
 pub mod template_store;
+#[cfg(test)]
+mod test_support;
 pub mod unprivileged;
 
 pub use home::HutchHome;

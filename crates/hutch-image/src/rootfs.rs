@@ -258,10 +258,9 @@ fn download_wheels(home: &HutchHome, recipe: &Recipe, stage: &Path, progress: &d
 #[cfg(test)]
 mod build_tests {
     use super::*;
-    use crate::prune::prune_builds;
     use crate::recipes::*;
-    use crate::template::IMAGE;
     use crate::template_store::*;
+    use crate::test_support::{built, manifest};
 
     /// A server's home holds every API key's templates: the error one key can read
     /// names none of them.
@@ -284,40 +283,6 @@ mod build_tests {
         assert_eq!(languages(512), ["python", "bash", "javascript"]);
         assert_eq!(languages(2048), ["python", "bash", "javascript", "r", "java"]);
         assert_eq!(manifest("base").warm_up(2048).count(), 0);
-    }
-
-    fn built(home: &HutchHome, bytes: &[u8]) -> PathBuf {
-        std::fs::create_dir_all(home.tmp()).expect("tmp");
-        let path = home.tmp().join("rootfs.ext4");
-        std::fs::write(&path, bytes).expect("image");
-        path
-    }
-
-    fn manifest(name: &str) -> Template {
-        Template { name: name.into(), suite: SUITE.into(), packages: vec![], built_at: String::new(), disk_size: 1, build_id: String::new(), image: String::new(), recipe: String::new(), source: None, api_build: None, shape: Shape::default(), tagged_at: None, dir: PathBuf::new(), tag: None }
-    }
-
-    #[test]
-    fn a_rebuild_is_a_new_image_and_the_old_one_goes_only_when_nothing_stacks_on_it() {
-        let root = tempfile::tempdir().expect("tempdir");
-        let home = HutchHome::at(root.path());
-        let first = install(&home, &built(&home, b"first build"), manifest("t")).expect("install");
-        let second = install(&home, &built(&home, b"second build"), manifest("t")).expect("install");
-        // Each build is its own content-addressed file; the first was not replaced.
-        assert_ne!(first.build_id, second.build_id);
-        assert_ne!(first.image(), second.image());
-        assert_eq!(std::fs::read(first.image()).expect("first"), b"first build");
-        assert_eq!(cached(&home, "t").expect("cached").expect("current").image(), second.image());
-        // The same bytes again: the same build, kept.
-        let again = install(&home, &built(&home, b"second build"), manifest("t")).expect("install");
-        assert_eq!(again.image(), second.image());
-        // A build from before builds were kept apart, at the template's top.
-        std::fs::write(home.template("t").join(IMAGE), b"legacy").expect("legacy");
-        let referenced: std::collections::HashSet<PathBuf> = [first.image()].into();
-        assert_eq!(prune_builds(&home, &referenced), vec![home.template("t").join(IMAGE)]);
-        assert!(first.image().is_file(), "a build an overlay stacks on was pruned");
-        assert!(prune_builds(&home, &Default::default()).contains(&first.image()));
-        assert!(!first.image().exists() && second.image().is_file(), "the current build must stay");
     }
 
     /// `template.json` is a versioned record: damaged, it is an error saying so (and a
