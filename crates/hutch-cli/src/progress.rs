@@ -2,7 +2,7 @@
 //! summary line per step with its duration. Without a terminal, plain step lines.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use std::time::Duration;
 
 pub struct TermProgress {
@@ -18,7 +18,7 @@ impl TermProgress {
 
 impl hutch_image::Progress for TermProgress {
     fn step(&self, what: &str) {
-        *self.step.lock().unwrap_or_else(|e| e.into_inner()) = what.to_string();
+        *self.step.lock() = what.to_string();
         let bar = ProgressBar::new_spinner();
         bar.set_style(
             ProgressStyle::with_template("{spinner} {prefix} [{elapsed}] {wide_msg}")
@@ -29,21 +29,21 @@ impl hutch_image::Progress for TermProgress {
         if bar.is_hidden() {
             eprintln!("hutch: {what} ...");
         }
-        *self.bar.lock().unwrap_or_else(|e| e.into_inner()) = Some(bar);
+        *self.bar.lock() = Some(bar);
     }
 
     fn detail(&self, line: &str) {
-        if let Some(bar) = &*self.bar.lock().unwrap_or_else(|e| e.into_inner()) {
+        if let Some(bar) = &*self.bar.lock() {
             let line: String = line.chars().take(120).collect();
             bar.set_message(line);
         }
     }
 
     fn done(&self, summary: &str, took: Duration) {
-        if let Some(bar) = self.bar.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        if let Some(bar) = self.bar.lock().take() {
             bar.finish_and_clear();
         }
-        let step = self.step.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let step = self.step.lock().clone();
         eprintln!("hutch: {step}: {summary} in {:.1} s", took.as_secs_f64());
     }
 }

@@ -12,9 +12,10 @@ use hutch_proto::agent::{find_host_line, hello_line, idle_reply, ClockReply, Hos
 use hutch_vmm::fake::{FakeGuest, RunningGuest};
 use hutch_vmm::VmSpec;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
@@ -42,10 +43,6 @@ struct Shared {
     guest: Mutex<Guest>,
     idle: tokio::sync::Notify,
     wedged: Arc<AtomicBool>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs a fake agent per fake VM.
@@ -88,7 +85,7 @@ struct Running {
 
 impl RunningGuest for Running {
     fn memory(&self) -> Vec<u8> {
-        let guest = lock(&self.shared.guest);
+        let guest = self.shared.guest.lock();
         serde_json::to_vec(&Memory { values: guest.values.clone(), token: guest.token.clone() }).unwrap_or_default()
     }
 }
@@ -119,7 +116,7 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
             Some((_, HostLine::IdleProbe(nonce))) => {
                 loop {
                     let idle = shared.idle.notified();
-                    if lock(&shared.guest).sessions == 0 {
+                    if shared.guest.lock().sessions == 0 {
                         break;
                     }
                     idle.await;
@@ -132,14 +129,14 @@ async fn serve(mut stream: UnixStream, shared: Arc<Shared>) {
         }
         line.clear();
     }
-    lock(&shared.guest).sessions += 1;
+    shared.guest.lock().sessions += 1;
     let handler = shared.clone();
     let service = hyper::service::service_fn(move |req| {
         let shared = handler.clone();
         async move { Ok::<_, std::convert::Infallible>(answer(req, &shared).await) }
     });
     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-    lock(&shared.guest).sessions -= 1;
+    shared.guest.lock().sessions -= 1;
     shared.idle.notify_waiters();
 }
 
@@ -164,7 +161,7 @@ async fn answer(req: http::Request<hyper::body::Incoming>, shared: &Shared) -> h
         ("GET", "/health") | ("POST", "/sync") => status(http::StatusCode::NO_CONTENT),
         ("POST", "/init") => match serde_json::from_slice::<InitRequest>(&body) {
             Ok(init) => {
-                let mut guest = lock(&shared.guest);
+                let mut guest = shared.guest.lock();
                 let given = parts.headers.get("x-access-token").and_then(|v| v.to_str().ok());
                 if guest.token.as_deref().is_some_and(|held| given.is_none_or(|g| !hutch_proto::access::secrets_equal(g, held))) {
                     return status(http::StatusCode::UNAUTHORIZED);
@@ -182,11 +179,11 @@ async fn answer(req: http::Request<hyper::body::Incoming>, shared: &Shared) -> h
         ("GET", "/metrics") => json(&Metrics::default()),
         // Never answers: a guest stuck on one request.
         ("GET", "/fake/hang") => std::future::pending().await,
-        ("GET", "/fake/envs") => json(&lock(&shared.guest).envs),
-        ("GET", "/fake/values") => json(&lock(&shared.guest).values),
+        ("GET", "/fake/envs") => json(&shared.guest.lock().envs),
+        ("GET", "/fake/values") => json(&shared.guest.lock().values),
         ("POST", "/fake/put") => match serde_json::from_slice::<BTreeMap<String, String>>(&body) {
             Ok(more) => {
-                lock(&shared.guest).values.extend(more);
+                shared.guest.lock().values.extend(more);
                 status(http::StatusCode::NO_CONTENT)
             }
             Err(_) => status(http::StatusCode::BAD_REQUEST),

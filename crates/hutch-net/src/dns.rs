@@ -10,9 +10,9 @@ use crate::rules::{normalize_name, DenyReason, Policy, Reach};
 use crate::seam::{LookupError, Seam};
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::{rdata::A, RData, Record, RecordType};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// The TTL of hutch's answers: short, so a policy change reaches names soon.
@@ -139,7 +139,7 @@ pub async fn answer(packet: &[u8], cx: &DnsContext<'_>) -> Option<Vec<u8>> {
     let now = Instant::now();
     let mut m = reply(&query, ResponseCode::NoError);
     {
-        let mut pins = cx.pins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pins = cx.pins.lock();
         for ip in &kept {
             pins.pin(&name, *ip, now);
             m.add_answer(Record::from_rdata(q.name().clone(), ANSWER_TTL, RData::A(A(*ip))));
@@ -194,8 +194,8 @@ mod tests {
         assert_eq!(addresses(&m), ["151.101.0.223", "151.101.64.223"]);
         assert_eq!(m.answers()[0].ttl(), ANSWER_TTL);
         let now = Instant::now();
-        assert_eq!(pins.lock().expect("pins").names("151.101.64.223".parse().expect("ip"), now), ["pypi.org"]);
-        assert!(pins.lock().expect("pins").names("151.101.64.223".parse().expect("ip"), now + PIN_LIFETIME).is_empty());
+        assert_eq!(pins.lock().names("151.101.64.223".parse().expect("ip"), now), ["pypi.org"]);
+        assert!(pins.lock().names("151.101.64.223".parse().expect("ip"), now + PIN_LIFETIME).is_empty());
         let aaaa = ask("allow@public", "pypi.org", RecordType::AAAA, &pins, &log).await;
         assert_eq!((aaaa.response_code(), aaaa.answers().len()), (ResponseCode::NoError, 0));
         assert_eq!(log.view().counters.names_resolved, 1);

@@ -3,8 +3,9 @@
 
 use crate::rules::{DenyReason, Proto};
 use serde::Serialize;
+use parking_lot::Mutex;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Denials kept per sandbox; older ones only count.
@@ -54,7 +55,7 @@ fn now_ms() -> u64 {
 
 impl NetLog {
     fn with<R>(&self, f: impl FnOnce(&mut LogView) -> R) -> R {
-        let mut view = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.0.lock();
         f(&mut view)
     }
 

@@ -1,5 +1,6 @@
 //! The one place where failures become HTTP: every error is JSON `{code, message}`
-//! (the body the E2B SDKs parse), with a 4xx for what the client got wrong.
+//! (the body the E2B SDKs parse), with a 4xx for what the client got wrong. The data
+//! proxy's also name the sandbox (and a closed port), as E2B's edge does.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -8,6 +9,7 @@ use hutch_core::manager::ManagerError;
 use hutch_core::sandbox::errors::PauseError;
 use hutch_core::snapshot::SaveError;
 use serde_json::json;
+use std::time::Duration;
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -41,6 +43,102 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// Why the data proxy did not pass a request on. The bodies are E2B's edge's, read by
+/// its SDKs (a 502 naming the sandbox means "not running"), so their shapes and texts
+/// must not change. Nothing is logged here: where each arises says whether it is worth
+/// a line.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("this request names no sandbox (no E2b-Sandbox-Id header, no <port>-<id> host) and carries no signature; use a signed URL (download_url/upload_url) or send the header")]
+    Unsigned,
+    #[error("signature_expiration must be a Unix time in seconds")]
+    BadExpiration,
+    #[error("invalid signature: no sandbox's access token signs this URL's path, operation, user and expiration")]
+    BadSignature,
+    #[error("The sandbox was not found")]
+    NotFound { sandbox: String },
+    /// E2B's edge answers a paused sandbox like a missing one (502), with its own message.
+    #[error("The sandbox is paused; resume it with Sandbox.connect()")]
+    Paused { sandbox: String },
+    /// It would resume for its traffic, but this request lacks the token it wants.
+    #[error("this sandbox can't be resumed with the credentials provided: send its token in {header} and try again")]
+    ResumeForbidden { sandbox: String, header: &'static str },
+    /// The client hears what `ApiError` tells of the cause (a server failure's kind
+    /// and incident, never its text).
+    #[error("the paused sandbox could not be resumed for this request: {}", .cause.message)]
+    ResumeFailed { sandbox: String, cause: ApiError },
+    /// Its VM or agent stopped answering: the proxy cannot reach it, as for a paused
+    /// one, and the message (`ManagerError::Failed`'s) says what to do.
+    #[error("{message}")]
+    Failed { sandbox: String, message: String },
+    #[error("{path} is internal to hutch and not reachable through the proxy")]
+    Internal { path: String },
+    #[error("this sandbox's ports are private (allowPublicTraffic: false): send its trafficAccessToken in the e2b-traffic-access-token header")]
+    PrivatePort { sandbox: String },
+    #[error("{0}")]
+    BadRequest(axum::http::Error),
+    #[error("the sandbox's agent did not answer within {} s of the request; the guest may be overloaded or stuck", .waited.as_secs())]
+    AgentTimeout { sandbox: String, waited: Duration },
+    #[error("The sandbox is running but port is not open")]
+    PortClosed { sandbox: String, port: u16 },
+    #[error("the server relays {max} upgraded connections at most; try again later")]
+    TooManySplices { max: usize },
+}
+
+impl ProxyError {
+    fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::Unsigned | ProxyError::BadExpiration | ProxyError::BadSignature => StatusCode::UNAUTHORIZED,
+            ProxyError::ResumeForbidden { .. } | ProxyError::Internal { .. } | ProxyError::PrivatePort { .. } => StatusCode::FORBIDDEN,
+            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::AgentTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::TooManySplices { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NotFound { .. }
+            | ProxyError::Paused { .. }
+            | ProxyError::ResumeFailed { .. }
+            | ProxyError::Failed { .. }
+            | ProxyError::PortClosed { .. } => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The sandbox the body names: not when the request named none, nor for what is
+    /// the same answer whichever sandbox it is for.
+    fn sandbox(&self) -> Option<&str> {
+        match self {
+            ProxyError::NotFound { sandbox }
+            | ProxyError::Paused { sandbox }
+            | ProxyError::ResumeForbidden { sandbox, .. }
+            | ProxyError::ResumeFailed { sandbox, .. }
+            | ProxyError::Failed { sandbox, .. }
+            | ProxyError::PrivatePort { sandbox }
+            | ProxyError::AgentTimeout { sandbox, .. }
+            | ProxyError::PortClosed { sandbox, .. } => Some(sandbox),
+            ProxyError::Unsigned
+            | ProxyError::BadExpiration
+            | ProxyError::BadSignature
+            | ProxyError::Internal { .. }
+            | ProxyError::BadRequest(_)
+            | ProxyError::TooManySplices { .. } => None,
+        }
+    }
+
+    fn body(&self) -> serde_json::Value {
+        let mut body = json!({ "code": self.status().as_u16(), "message": self.to_string() });
+        if let ProxyError::PortClosed { port, .. } = self {
+            body["port"] = json!(port);
+        }
+        if let Some(id) = self.sandbox() {
+            body["sandboxId"] = json!(id);
+        }
+        body
+    }
+}
+
+impl IntoResponse for ProxyError {
+    fn into_response(self) -> Response {
+        (self.status(), Json(self.body())).into_response()
+    }
+}
 
 /// What a client is told of a server-side failure: its kind, never its text (which
 /// may name host paths or carry QEMU's and qemu-img's output).
@@ -130,5 +228,21 @@ mod tests {
         let e = ApiError::from(ManagerError::Failed { id: "i1".into(), why: "its guest agent does not answer".into() });
         assert_eq!(e.status, StatusCode::CONFLICT);
         assert!(e.message.contains("has failed (its guest agent does not answer); kill it"), "{}", e.message);
+    }
+
+    #[test]
+    fn proxy_errors_keep_the_bodies_the_e2b_sdks_parse() {
+        let e = ProxyError::NotFound { sandbox: "i1".into() };
+        assert_eq!((e.status(), e.body()), (StatusCode::BAD_GATEWAY, json!({ "sandboxId": "i1", "message": "The sandbox was not found", "code": 502 })));
+        let e = ProxyError::PortClosed { sandbox: "i1".into(), port: 8080 };
+        let closed = json!({ "sandboxId": "i1", "message": "The sandbox is running but port is not open", "port": 8080, "code": 502 });
+        assert_eq!((e.status(), e.body()), (StatusCode::BAD_GATEWAY, closed));
+        // What is refused whichever sandbox it is for names none.
+        let e = ProxyError::Internal { path: "/init".into() };
+        let internal = json!({ "code": 403, "message": "/init is internal to hutch and not reachable through the proxy" });
+        assert_eq!((e.status(), e.body()), (StatusCode::FORBIDDEN, internal));
+        let e = ProxyError::AgentTimeout { sandbox: "i1".into(), waited: Duration::from_secs(120) };
+        assert_eq!(e.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(e.body()["message"], "the sandbox's agent did not answer within 120 s of the request; the guest may be overloaded or stuck");
     }
 }

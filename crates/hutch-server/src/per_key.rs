@@ -7,8 +7,9 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// In-flight REST requests per key at most.
 pub const MAX_IN_FLIGHT_PER_KEY: usize = 32;
@@ -24,7 +25,7 @@ struct Ticket {
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        let mut table = self.table.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = self.table.0.lock();
         if let Some(n) = table.get_mut(&self.key) {
             *n -= 1;
             if *n == 0 {
@@ -36,7 +37,7 @@ impl Drop for Ticket {
 
 impl InFlight {
     fn enter(&self, key: &str, max: usize) -> Option<Ticket> {
-        let mut table = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = self.0.lock();
         let n = table.entry(key.to_string()).or_insert(0);
         if *n >= max {
             return None;
@@ -75,6 +76,6 @@ mod tests {
         assert!(t.enter("b", 3).is_some());
         drop(held);
         assert!(t.enter("a", 3).is_some());
-        assert!(t.0.lock().expect("lock").is_empty());
+        assert!(t.0.lock().is_empty());
     }
 }

@@ -4,13 +4,12 @@
 //! WebSocket and other upgrades), so a server started in the sandbox is reachable.
 
 use crate::app::AppState;
+use crate::error::ProxyError;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use http_body_util::BodyExt;
-use serde_json::json;
 
 pub const ENVD_PORT: u16 = 49983;
 
@@ -63,14 +62,14 @@ pub fn signed_target(req: &Request, manager: &hutch_core::manager::SandboxManage
         _ => return None,
     };
     let params: std::collections::BTreeMap<String, String> = crate::query::pairs(req.uri().query()).into_iter().collect();
-    let refused = |message: &str| Some(Err((StatusCode::UNAUTHORIZED, Json(json!({ "code": 401, "message": message }))).into_response()));
+    let refused = |e: ProxyError| Some(Err(e.into_response()));
     let Some(signature) = params.get("signature") else {
-        return refused("this request names no sandbox (no E2b-Sandbox-Id header, no <port>-<id> host) and carries no signature; use a signed URL (download_url/upload_url) or send the header");
+        return refused(ProxyError::Unsigned);
     };
     let expiration = match params.get("signature_expiration").filter(|e| !e.is_empty()) {
         Some(e) => match e.parse::<u64>() {
             Ok(e) => Some(e),
-            Err(_) => return refused("signature_expiration must be a Unix time in seconds"),
+            Err(_) => return refused(ProxyError::BadExpiration),
         },
         None => None,
     };
@@ -84,19 +83,8 @@ pub fn signed_target(req: &Request, manager: &hutch_core::manager::SandboxManage
         .collect();
     match &signed[..] {
         [id] => Some(Ok(Target { sandbox: id.clone(), port: ENVD_PORT })),
-        _ => refused("invalid signature: no sandbox's access token signs this URL's path, operation, user and expiration"),
+        _ => refused(ProxyError::BadSignature),
     }
-}
-
-fn not_found(id: &str) -> Response {
-    let body = json!({ "sandboxId": id, "message": "The sandbox was not found", "code": 502 });
-    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
-}
-
-/// E2B's edge answers a paused sandbox like a missing one (502), with its own message.
-fn paused(id: &str) -> Response {
-    let body = json!({ "sandboxId": id, "message": "The sandbox is paused; resume it with Sandbox.connect()", "code": 502 });
-    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
 }
 
 /// Whether `headers` carry `expected` in `header` (compared in constant time).
@@ -108,34 +96,19 @@ fn carries(headers: &http::HeaderMap, header: &str, expected: &str) -> bool {
 /// once the request carries what the sandbox would want of it: the access token of a
 /// secure sandbox on the envd port, the traffic token of private ports on others. A
 /// request that cannot resume it gets the paused answer.
-async fn resume_for(state: &AppState, target: &Target, headers: &http::HeaderMap) -> Result<hutch_envd::AgentClient, Response> {
-    let Some((envd_token, traffic_token)) = state.manager.auto_resumes(&target.sandbox) else { return Err(paused(&target.sandbox)) };
+async fn resume_for(state: &AppState, target: &Target, headers: &http::HeaderMap) -> Result<hutch_envd::AgentClient, ProxyError> {
+    let Some((envd_token, traffic_token)) = state.manager.auto_resumes(&target.sandbox) else { return Err(ProxyError::Paused { sandbox: target.sandbox.clone() }) };
     let (header, expected) = if target.port == ENVD_PORT { ("x-access-token", envd_token) } else { ("e2b-traffic-access-token", traffic_token) };
     if let Some(expected) = expected {
         if !carries(headers, header, &expected) {
-            let body = json!({ "sandboxId": target.sandbox, "code": 403,
-                "message": format!("this sandbox can't be resumed with the credentials provided: send its token in {header} and try again") });
-            return Err((StatusCode::FORBIDDEN, Json(body)).into_response());
+            return Err(ProxyError::ResumeForbidden { sandbox: target.sandbox.clone(), header });
         }
     }
     if let Err(e) = state.manager.resume_for_traffic(&target.sandbox).await {
         tracing::warn!(sandbox = %target.sandbox, "resuming the sandbox for its traffic: {e}");
-        let body = json!({ "sandboxId": target.sandbox, "code": 502, "message": format!("the paused sandbox could not be resumed for this request: {}", crate::error::ApiError::from(e).message) });
-        return Err((StatusCode::BAD_GATEWAY, Json(body)).into_response());
+        return Err(ProxyError::ResumeFailed { sandbox: target.sandbox.clone(), cause: e.into() });
     }
-    state.manager.agent(&target.sandbox).map_err(|_| not_found(&target.sandbox))
-}
-
-/// A sandbox whose VM or agent stopped answering: the proxy cannot reach it, as for a
-/// paused one, and says what to do.
-fn failed(id: &str, message: String) -> Response {
-    let body = json!({ "sandboxId": id, "message": message, "code": 502 });
-    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
-}
-
-fn port_closed(id: &str, port: u16) -> Response {
-    let body = json!({ "sandboxId": id, "message": "The sandbox is running but port is not open", "port": port, "code": 502 });
-    (StatusCode::BAD_GATEWAY, Json(body)).into_response()
+    state.manager.agent(&target.sandbox).map_err(|_| ProxyError::NotFound { sandbox: target.sandbox.clone() })
 }
 
 const HOP_BY_HOP: &[&str] = &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "host"];
@@ -160,25 +133,23 @@ fn withheld_from_agent(name: &HeaderName, value: &http::HeaderValue) -> bool {
 }
 
 pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {
+    relay(state, target, req).await.into_response()
+}
+
+async fn relay(state: &AppState, target: Target, req: Request) -> Result<Response, ProxyError> {
     let agent = match state.manager.agent(&target.sandbox) {
         Ok(agent) => agent,
-        Err(hutch_core::manager::ManagerError::Paused(_)) => match resume_for(state, &target, req.headers()).await {
-            Ok(agent) => agent,
-            Err(refused) => return refused,
-        },
-        Err(e @ hutch_core::manager::ManagerError::Failed { .. }) => return failed(&target.sandbox, e.to_string()),
-        Err(_) => return not_found(&target.sandbox),
+        Err(hutch_core::manager::ManagerError::Paused(_)) => resume_for(state, &target, req.headers()).await?,
+        Err(e @ hutch_core::manager::ManagerError::Failed { .. }) => return Err(ProxyError::Failed { sandbox: target.sandbox, message: e.to_string() }),
+        Err(_) => return Err(ProxyError::NotFound { sandbox: target.sandbox }),
     };
     if target.port == ENVD_PORT && INTERNAL.contains(&req.uri().path().trim_end_matches('/')) {
-        let body = json!({ "code": 403, "message": format!("{} is internal to hutch and not reachable through the proxy", req.uri().path()) });
-        return (StatusCode::FORBIDDEN, Json(body)).into_response();
+        return Err(ProxyError::Internal { path: req.uri().path().to_string() });
     }
     if target.port != ENVD_PORT {
         if let Some(expected) = state.manager.traffic_token(&target.sandbox) {
             if !carries(req.headers(), "e2b-traffic-access-token", &expected) {
-                let body = json!({ "sandboxId": target.sandbox, "code": 403,
-                    "message": "this sandbox's ports are private (allowPublicTraffic: false): send its trafficAccessToken in the e2b-traffic-access-token header" });
-                return (StatusCode::FORBIDDEN, Json(body)).into_response();
+                return Err(ProxyError::PrivatePort { sandbox: target.sandbox });
             }
         }
         let host = state.manager.request_host(&target.sandbox, target.port);
@@ -191,26 +162,22 @@ pub async fn forward(state: &AppState, target: Target, req: Request) -> Response
         builder = builder.header(name, value);
     }
     let body = body.map_err(|e| Box::new(e) as hutch_envd::BoxError).boxed_unsync();
-    let upstream = match builder.body(body) {
-        Ok(r) => r,
-        Err(e) => return (StatusCode::BAD_REQUEST, Json(json!({"code": 400, "message": e.to_string()}))).into_response(),
-    };
+    let upstream = builder.body(body).map_err(ProxyError::BadRequest)?;
     match agent.send_answered_within(upstream, ANSWER_WAIT).await {
         Ok(resp) => {
             let (mut parts, body) = resp.into_parts();
             for name in HOP_BY_HOP {
                 parts.headers.remove(*name);
             }
-            Response::from_parts(parts, Body::new(body))
+            Ok(Response::from_parts(parts, Body::new(body)))
         }
         Err(e @ hutch_envd::AgentError::Timeout { .. }) => {
             tracing::warn!(sandbox = %target.sandbox, "proxying to the agent: {e}");
-            let message = format!("the sandbox's agent did not answer within {} s of the request; the guest may be overloaded or stuck", ANSWER_WAIT.as_secs());
-            (StatusCode::GATEWAY_TIMEOUT, Json(json!({ "sandboxId": target.sandbox, "code": 504, "message": message }))).into_response()
+            Err(ProxyError::AgentTimeout { sandbox: target.sandbox, waited: ANSWER_WAIT })
         }
         Err(e) => {
             tracing::warn!(sandbox = %target.sandbox, "proxying to the agent: {e}");
-            not_found(&target.sandbox)
+            Err(ProxyError::NotFound { sandbox: target.sandbox })
         }
     }
 }
@@ -222,15 +189,10 @@ const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// HTTP/1.1 over a tunnel to the guest port; upgrades (WebSocket) are spliced through.
 /// `host` replaces the client's Host header (E2B's `maskRequestHost`).
-async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request, host: Option<String>) -> Response {
-    let io = match agent.tunnel(target.port).await {
-        Ok(io) => io,
-        Err(_) => return port_closed(&target.sandbox, target.port),
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await {
-        Ok(pair) => pair,
-        Err(_) => return port_closed(&target.sandbox, target.port),
-    };
+async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request, host: Option<String>) -> Result<Response, ProxyError> {
+    let closed = || ProxyError::PortClosed { sandbox: target.sandbox.clone(), port: target.port };
+    let io = agent.tunnel(target.port).await.map_err(|_| closed())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await.map_err(|_| closed())?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
@@ -238,10 +200,7 @@ async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request
     // An upgraded connection leaves the listener's accounting once it is spliced, so
     // the splices have their own cap.
     let splice_slot = match wants_upgrade.then(|| SPLICES.clone().try_acquire_owned()) {
-        Some(Err(_)) => {
-            let body = json!({ "code": 503, "message": format!("the server relays {MAX_SPLICES} upgraded connections at most; try again later") });
-            return (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response();
-        }
+        Some(Err(_)) => return Err(ProxyError::TooManySplices { max: MAX_SPLICES }),
         Some(Ok(p)) => Some(p),
         None => None,
     };
@@ -265,7 +224,7 @@ async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request
         Ok(r) => r,
         Err(e) => {
             tracing::debug!(sandbox = %target.sandbox, port = target.port, "tunnelled request failed: {e}");
-            return port_closed(&target.sandbox, target.port);
+            return Err(closed());
         }
     };
     if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
@@ -282,5 +241,5 @@ async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request
         }
     }
     let (parts, body) = resp.into_parts();
-    Response::from_parts(parts, Body::new(body))
+    Ok(Response::from_parts(parts, Body::new(body)))
 }

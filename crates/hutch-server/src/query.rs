@@ -2,21 +2,16 @@
 
 use percent_encoding::percent_decode_str;
 
+/// One component decoded the way `application/x-www-form-urlencoded` decodes names and
+/// values (`+` is a space, then percent-decoding, lossy UTF-8), with no splitting on
+/// `&` or `=`.
 pub fn decode(s: &str) -> String {
     percent_decode_str(&s.replace('+', " ")).decode_utf8_lossy().into_owned()
 }
 
 /// All `key=value` pairs, decoded, in order.
 pub fn pairs(query: Option<&str>) -> Vec<(String, String)> {
-    query
-        .unwrap_or("")
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('=') {
-            Some((k, v)) => (decode(k), decode(v)),
-            None => (decode(p), String::new()),
-        })
-        .collect()
+    form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect()
 }
 
 #[cfg(test)]

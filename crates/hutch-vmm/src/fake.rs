@@ -9,7 +9,8 @@
 use crate::backend::{SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 /// Stands in for the guest of a fake VM.
 pub trait FakeGuest: Send + Sync {
@@ -67,10 +68,6 @@ pub struct FakeBackend {
     holds: Arc<Mutex<HashMap<Step, Arc<Hold>>>>,
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl FakeBackend {
     /// A backend whose VMs run `guest`.
     pub fn with_guest(guest: Arc<dyn FakeGuest>) -> FakeBackend {
@@ -80,18 +77,18 @@ impl FakeBackend {
     /// Holds the next VM that reaches `step` until the returned hold is released.
     pub fn hold(&self, step: Step) -> Arc<Hold> {
         let hold = Arc::new(Hold { reached: tokio::sync::Notify::new(), released: tokio::sync::Semaphore::new(0) });
-        lock(&self.holds).insert(step, hold.clone());
+        self.holds.lock().insert(step, hold.clone());
         hold
     }
 
     /// Ends the VM of sandbox `id` from outside, as a guest kernel panic would.
     pub fn crash(&self, id: &str) {
-        lock(&self.crashed).insert(id.to_string());
+        self.crashed.lock().insert(id.to_string());
     }
 
     /// VMs started and not yet ended.
     pub fn live(&self) -> usize {
-        lock(&self.started).len() - lock(&self.stopped).len()
+        self.started.lock().len() - self.stopped.lock().len()
     }
 }
 
@@ -131,10 +128,10 @@ impl VmBackend for FakeBackend {
 
     async fn start(&self, spec: &VmSpec) -> Result<Box<dyn VmHandle>, StartError> {
         pass(&self.holds, Step::Start).await;
-        if let Some(msg) = lock(&self.fail_start).clone() {
+        if let Some(msg) = self.fail_start.lock().clone() {
             return Err(StartError::Exited { status: "exit status: 1".into(), stderr: msg });
         }
-        lock(&self.started).push(spec.clone());
+        self.started.lock().push(spec.clone());
         let nic = match &spec.nic {
             Some(nic) if nic.listens() => {
                 let _ = std::fs::remove_file(spec.net_socket());
@@ -163,7 +160,7 @@ impl VmBackend for FakeBackend {
 
 /// Waits at `step` if a test holds it (once: the hold is used up).
 async fn pass(holds: &Mutex<HashMap<Step, Arc<Hold>>>, step: Step) {
-    let hold = lock(holds).remove(&step);
+    let hold = holds.lock().remove(&step);
     if let Some(hold) = hold {
         hold.reached.notify_one();
         let _ = hold.released.acquire().await.map(|p| p.forget());
@@ -176,12 +173,12 @@ impl FakeVm {
             self.run = Run::Ended;
             self.guest = None;
             self.nic = None;
-            lock(&self.stopped).push(self.spec.id.clone());
+            self.stopped.lock().push(self.spec.id.clone());
         }
     }
 
     fn notice_crash(&mut self) {
-        if lock(&self.crashed).contains(&self.spec.id) {
+        if self.crashed.lock().contains(&self.spec.id) {
             self.end();
         }
     }
@@ -226,7 +223,7 @@ impl VmHandle for FakeVm {
         }
         // A save stops the guest first, whether or not it then succeeds.
         self.run = Run::Paused;
-        if let Some(detail) = lock(&self.fail_save).take() {
+        if let Some(detail) = self.fail_save.lock().take() {
             return Err(Self::failed("save", detail));
         }
         let mut bytes = STATE_MAGIC.to_vec();

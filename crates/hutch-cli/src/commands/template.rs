@@ -8,8 +8,9 @@ use hutch_core::build::{Base, BuildLog, BuildSpec, Level};
 use hutch_oci::pull::{PullProgress, RegistryOptions};
 use hutch_oci::Digest;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 #[derive(Subcommand, Debug)]
 pub enum TemplateCommand {
@@ -263,17 +264,17 @@ impl PullProgress for LayerBars {
         if bar.is_hidden() {
             eprintln!("hutch: downloading layer {} ({})", digest.short(), hutch_image::progress::human_bytes(size));
         }
-        self.bars.lock().unwrap_or_else(|e| e.into_inner()).insert(digest.clone(), bar);
+        self.bars.lock().insert(digest.clone(), bar);
     }
 
     fn layer_bytes(&self, digest: &Digest, bytes: u64) {
-        if let Some(bar) = self.bars.lock().unwrap_or_else(|e| e.into_inner()).get(digest) {
+        if let Some(bar) = self.bars.lock().get(digest) {
             bar.inc(bytes);
         }
     }
 
     fn layer_done(&self, digest: &Digest) {
-        if let Some(bar) = self.bars.lock().unwrap_or_else(|e| e.into_inner()).remove(digest) {
+        if let Some(bar) = self.bars.lock().remove(digest) {
             bar.finish_and_clear();
             let _ = self.multi.println(format!("  {}: downloaded", digest.short()));
         }

@@ -5,13 +5,13 @@
 
 use super::build_ids::{build_uuid, new_build_uuid, BuildInfo};
 use super::build_records::{BuildRecord, BuildStatus, RecordLog};
+use super::build_plan::{BuildPlan, PlannedBase, PlannedKind, PlannedStep};
 use super::{ManagerError, SandboxManager};
 use crate::build::{context, Base, BuildLog, BuildSpec, Level, Step, StepKind};
 use hutch_formats::budget::{Budget, BudgetError};
 use hutch_formats::upload::{self, UnpackError};
 use hutch_oci::pull::RegistryOptions;
 pub use hutch_image::template::Shape;
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
 use std::sync::Arc;
@@ -58,91 +58,6 @@ pub struct TemplateInfo {
     pub memory_mib: u32,
     /// Its builds a tag names, the current one first.
     pub builds: Vec<BuildInfo>,
-}
-
-/// The steps of a build as the API received them (E2B's `TemplateBuildStartV2`).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase", default)]
-pub struct BuildRequest {
-    pub from_image: Option<String>,
-    pub from_template: Option<String>,
-    pub from_image_registry: Option<RegistryAuth>,
-    pub force: bool,
-    pub steps: Vec<ApiStep>,
-    pub start_cmd: Option<String>,
-    pub ready_cmd: Option<String>,
-}
-
-#[derive(Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RegistryAuth {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub username: Option<String>,
-    #[serde(default)]
-    pub password: Option<String>,
-    /// Type `gcp`: a service account's key file, JSON.
-    #[serde(default)]
-    pub service_account_json: Option<String>,
-    /// Type `aws`: an access key and the region of the ECR registry.
-    #[serde(default)]
-    pub aws_access_key_id: Option<String>,
-    #[serde(default)]
-    pub aws_secret_access_key: Option<String>,
-    #[serde(default)]
-    pub aws_region: Option<String>,
-}
-
-/// Shown without its secrets (a request may be logged with its fields).
-impl std::fmt::Debug for RegistryAuth {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryAuth")
-            .field("kind", &self.kind)
-            .field("username", &self.username)
-            .field("aws_access_key_id", &self.aws_access_key_id)
-            .field("aws_region", &self.aws_region)
-            .finish_non_exhaustive()
-    }
-}
-
-impl RegistryAuth {
-    /// How a pull logs in. `gcp` is Google's basic-auth login (`_json_key` and the key
-    /// file), which Artifact Registry and GCR take; `aws` asks ECR for a token with the
-    /// access key when the pull starts (`hutch_oci::ecr`), through the server's proxy.
-    pub fn set_login(&self, options: &mut RegistryOptions) -> Result<(), ManagerError> {
-        let missing = |what: &str| ManagerError::InvalidArgument(format!("fromImageRegistry of type '{}' needs {what}", self.kind));
-        let given = |v: &Option<String>, what: &str| v.clone().filter(|v| !v.is_empty()).ok_or_else(|| missing(what));
-        match self.kind.as_str() {
-            "registry" => options.credentials = Some((self.username.clone().ok_or_else(|| missing("username"))?, self.password.clone().ok_or_else(|| missing("password"))?)),
-            "gcp" => options.credentials = Some(("_json_key".into(), given(&self.service_account_json, "serviceAccountJson")?)),
-            "aws" => {
-                let login = hutch_oci::ecr::AwsLogin {
-                    access_key_id: given(&self.aws_access_key_id, "awsAccessKeyId")?,
-                    secret_access_key: given(&self.aws_secret_access_key, "awsSecretAccessKey")?,
-                    region: given(&self.aws_region, "awsRegion")?,
-                    endpoint: None,
-                };
-                login.check().map_err(|e| ManagerError::InvalidArgument(format!("fromImageRegistry: {e}")))?;
-                options.aws = Some(login);
-            }
-            other => return Err(ManagerError::InvalidArgument(format!("fromImageRegistry type '{other}' is not one of registry, aws, gcp"))),
-        }
-        Ok(())
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ApiStep {
-    #[serde(rename = "type")]
-    pub kind: String,
-    #[serde(default)]
-    pub args: Vec<String>,
-    #[serde(default)]
-    pub files_hash: Option<String>,
-    #[serde(default)]
-    pub force: bool,
 }
 
 /// What a finished API build becomes: its tags, its id, its sandboxes' shape.
@@ -388,33 +303,31 @@ impl SandboxManager {
 
     /// Starts build `build_id` (`POST /v2/templates/{id}/builds/{buildID}`). Checks what
     /// can be checked at once (a 4xx); the rest fails the build, as its status says.
-    pub fn start_template_build(&self, key_id: &str, template_id: &str, build_id: &str, req: BuildRequest) -> Result<(), ManagerError> {
+    pub fn start_template_build(&self, key_id: &str, template_id: &str, build_id: &str, plan: BuildPlan) -> Result<(), ManagerError> {
         let record = self.record(key_id, template_id, build_id)?;
         if record.lock().status != BuildStatus::Waiting {
             return Err(ManagerError::Conflict(format!("build '{build_id}' was already started")));
         }
-        let base = match (&req.from_image, &req.from_template) {
-            (Some(image), None) if image == "e2bdev/base" => Base::Template("base".into()),
-            (Some(image), None) => {
+        let base = match &plan.base {
+            PlannedBase::Image { reference, login } => {
                 // Registries on this machine or its private networks only as the operator
                 // listed them (`hutch serve --insecure-registry`): a tenant's image
                 // reference must not reach the host's own services.
                 let mut registry = RegistryOptions { insecure: self.config.insecure_registries.clone(), local: false, proxy: Some(self.public_proxy()?), ..Default::default() };
-                if let Some(auth) = &req.from_image_registry {
-                    auth.set_login(&mut registry)?;
+                if let Some(login) = login {
+                    login.apply(&mut registry)?;
                 }
-                Base::Image { reference: image.clone(), registry }
+                Base::Image { reference: reference.clone(), registry }
             }
-            (None, Some(template)) => {
+            PlannedBase::Template(template) => {
                 // A base this key may use: a built-in template or one of its own.
                 self.template_alias(key_id, template).map_err(|_| super::unknown_template(template))?;
                 Base::Template(template.clone())
             }
-            _ => return Err(ManagerError::InvalidArgument("give exactly one of fromImage and fromTemplate".into())),
         };
         // The name may have been claimed by another key since this record was made.
         self.claim(key_id, template_id)?;
-        check_steps(&req.steps, &self.files_dir(key_id))?;
+        check_steps(&plan.steps, &self.files_dir(key_id))?;
         let Some(me) = self.me.upgrade() else { return Err(ManagerError::Internal("the server is stopping".into())) };
         record.lock().status = BuildStatus::Building;
         let template_id = template_id.to_string();
@@ -433,7 +346,7 @@ impl SandboxManager {
             let (me2, record2) = (me.clone(), record.clone());
             let ran = tokio::task::spawn_blocking(move || {
                 let log: Arc<dyn BuildLog> = Arc::new(RecordLog(record2));
-                runtime.block_on(me2.run_api_build(&key_id, &template_id, target, base, req, log))
+                runtime.block_on(me2.run_api_build(&key_id, &template_id, target, base, plan, log))
             })
             .await;
             drop(turn);
@@ -454,10 +367,10 @@ impl SandboxManager {
         Ok(())
     }
 
-    async fn run_api_build(&self, key_id: &str, name: &str, target: BuildTarget, base: Base, req: BuildRequest, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
+    async fn run_api_build(&self, key_id: &str, name: &str, target: BuildTarget, base: Base, plan: BuildPlan, log: Arc<dyn BuildLog>) -> Result<(), crate::build::BuildError> {
         use crate::build::{BuildError, FailedAt};
         let scratch = crate::build::cache::BuildCache::new(&self.home).scratch().map_err(|e| BuildError { at: FailedAt::Base, message: e.to_string(), caller_fault: false })?;
-        let steps = api_steps(&req.steps, &self.files_dir(key_id), &scratch, COPY_LIMITS);
+        let steps = api_steps(&plan.steps, &self.files_dir(key_id), &scratch, COPY_LIMITS);
         let result = match steps {
             Ok(steps) => {
                 let spec = BuildSpec {
@@ -467,9 +380,9 @@ impl SandboxManager {
                     shape: target.shape,
                     base,
                     steps,
-                    start_cmd: req.start_cmd.filter(|c| !c.is_empty()),
-                    ready_cmd: req.ready_cmd.filter(|c| !c.is_empty()),
-                    force: req.force,
+                    start_cmd: plan.start_cmd.filter(|c| !c.is_empty()),
+                    ready_cmd: plan.ready_cmd.filter(|c| !c.is_empty()),
+                    force: plan.force,
                     docker_rules: false,
                     network: hutch_net::Settings::native(if self.config.internet_by_default { hutch_net::Policy::public() } else { hutch_net::Policy::none() }),
                     net_env: self.config.net_env.clone(),
@@ -490,73 +403,57 @@ impl SandboxManager {
     }
 }
 
-/// Every step of a build, checked before anything runs.
-fn check_steps(steps: &[ApiStep], files: &Path) -> Result<(), ManagerError> {
-    let copies = steps.iter().filter(|s| s.kind == "COPY").count();
+/// What the steps need of this server: at most `MAX_COPY_STEPS` COPYs, each of files
+/// this key uploaded. (Their shape was checked where the request was read.)
+fn check_steps(steps: &[PlannedStep], files: &Path) -> Result<(), ManagerError> {
+    let copies = steps.iter().filter(|s| matches!(s.kind, PlannedKind::Copy { .. })).count();
     if copies > MAX_COPY_STEPS {
         return Err(ManagerError::InvalidArgument(format!(
             "the template has {copies} COPY steps, more than the {MAX_COPY_STEPS} one template may have; copy whole directories in fewer steps"
         )));
     }
     for (i, step) in steps.iter().enumerate() {
-        check_step(i + 1, step, files)?;
+        let PlannedKind::Copy { files_hash, .. } = &step.kind else { continue };
+        let bad = |why: &str| ManagerError::InvalidArgument(format!("step {} ({}): {why}", i + 1, step.text));
+        // The hash names a file: nothing but a hash may.
+        if !is_files_hash(files_hash) {
+            return Err(bad("filesHash is missing or not 64 lowercase hex digits"));
+        }
+        if !files.join(files_hash).is_file() {
+            return Err(bad("its files were never uploaded; upload them first (GET /templates/{id}/files/{hash})"));
+        }
     }
     Ok(())
 }
 
-fn check_step(n: usize, step: &ApiStep, files: &Path) -> Result<(), ManagerError> {
-    let bad = |why: String| ManagerError::InvalidArgument(format!("step {n} ({} {}): {why}", step.kind, step.args.join(" ")));
-    match step.kind.as_str() {
-        "RUN" if !step.args.is_empty() => Ok(()),
-        "ENV" if !step.args.is_empty() && step.args.len().is_multiple_of(2) => Ok(()),
-        "WORKDIR" | "USER" if step.args.len() == 1 && !step.args[0].is_empty() => Ok(()),
-        "COPY" if step.args.len() >= 2 => {
-            let hash = step.files_hash.as_deref().unwrap_or("");
-            if !is_files_hash(hash) {
-                return Err(bad("filesHash is missing or not 64 lowercase hex digits".into()));
-            }
-            if !files.join(hash).is_file() {
-                return Err(bad("its files were never uploaded; upload them first (GET /templates/{id}/files/{hash})".into()));
-            }
-            Ok(())
-        }
-        "RUN" | "ENV" | "WORKDIR" | "USER" | "COPY" => Err(bad("wrong number of arguments".into())),
-        other => Err(bad(format!("'{other}' is not a step type (RUN, COPY, ENV, WORKDIR, USER)"))),
-    }
-}
-
-/// E2B's steps as the build engine's. A COPY's uploaded tar (gzip or plain, names
+/// The plan's steps as the build engine's. A COPY's uploaded tar (gzip or plain, names
 /// relative to the SDK's context) is unpacked into a scratch context, collected into
 /// the step's tar, and the context removed, all within `limits`.
-fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path, limits: CopyLimits) -> Result<Vec<Step>, crate::build::BuildError> {
+fn api_steps(steps: &[PlannedStep], files: &Path, scratch: &Path, limits: CopyLimits) -> Result<Vec<Step>, crate::build::BuildError> {
     use crate::build::{BuildError, FailedAt};
     let mut budget = Budget::new(scratch, limits.per_build, limits.reserve);
     let mut out = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         let n = i + 1;
-        let fail = |message: String| BuildError { at: FailedAt::Step(n), message, caller_fault: true };
-        let text = format!("{} {}", step.kind, step.args.join(" "));
+        let text = step.text.clone();
         // A host short of disk is not the caller's fault; the rest is its files'.
         let refused = |e: &dyn std::fmt::Display, short: bool| BuildError { at: FailedAt::Step(n), message: format!("step {n} `{text}`: {e}"), caller_fault: !short };
-        let kind = match step.kind.as_str() {
-            "ENV" => StepKind::Env(step.args.chunks(2).map(|p| (p[0].clone(), p.get(1).cloned().unwrap_or_default())).collect()),
-            "WORKDIR" => StepKind::Workdir(step.args[0].clone()),
-            "USER" => StepKind::User(step.args[0].clone()),
-            "RUN" => StepKind::Run { cmd: step.args[0].clone(), user: step.args.get(1).filter(|u| !u.is_empty()).cloned(), build_args: Default::default() },
-            "COPY" => {
-                let hash = step.files_hash.clone().unwrap_or_default();
+        let kind = match &step.kind {
+            PlannedKind::Env(pairs) => StepKind::Env(pairs.clone()),
+            PlannedKind::Workdir(dir) => StepKind::Workdir(dir.clone()),
+            PlannedKind::User(user) => StepKind::User(user.clone()),
+            PlannedKind::Run { cmd, user } => StepKind::Run { cmd: cmd.clone(), user: user.clone(), build_args: Default::default() },
+            PlannedKind::Copy { files_hash, src, dest, owner, mode } => {
                 let ctx = scratch.join(format!("context-{n}"));
                 budget.begin(limits.per_copy);
-                upload::unpack(&files.join(&hash), &ctx, &mut budget).map_err(|e| refused(&e, matches!(e, UnpackError::Budget(BudgetError::NoSpace { .. }))))?;
-                let (src, dest) = (step.args[0].clone(), step.args[1].clone());
+                upload::unpack(&files.join(files_hash), &ctx, &mut budget).map_err(|e| refused(&e, matches!(e, UnpackError::Budget(BudgetError::NoSpace { .. }))))?;
                 budget.begin(limits.per_copy);
-                let copy = context::collect_within(&ctx, std::slice::from_ref(&src), &dest, &context::Ignore::default(), &scratch.join(format!("copy-{n}.tar")), &mut budget);
+                let copy = context::collect_within(&ctx, std::slice::from_ref(src), dest, &context::Ignore::default(), &scratch.join(format!("copy-{n}.tar")), &mut budget);
                 // The tar holds what the step needs: the unpacked files would only take disk.
                 let _ = std::fs::remove_dir_all(&ctx);
                 let copy = copy.map_err(|e| refused(&e, matches!(e, context::ContextError::Budget(BudgetError::NoSpace { .. }))))?;
-                StepKind::Copy { files: copy, dest, owner: step.args.get(2).filter(|o| !o.is_empty()).cloned(), mode: step.args.get(3).filter(|m| !m.is_empty()).cloned() }
+                StepKind::Copy { files: copy, dest: dest.clone(), owner: owner.clone(), mode: mode.clone() }
             }
-            other => return Err(fail(format!("'{other}' is not a step type"))),
         };
         out.push(Step { kind, force: step.force, text });
     }
@@ -565,12 +462,13 @@ fn api_steps(steps: &[ApiStep], files: &Path, scratch: &Path, limits: CopyLimits
 
 #[cfg(test)]
 mod tests {
-    use super::{api_steps, check_steps, ApiStep, CopyLimits, RegistryAuth, MAX_COPY_STEPS};
+    use super::{api_steps, check_steps, CopyLimits, PlannedKind, PlannedStep, MAX_COPY_STEPS};
     use crate::build::StepKind;
     use std::path::Path;
 
-    fn copy(hash: &str) -> ApiStep {
-        ApiStep { kind: "COPY".into(), args: vec!["app".into(), "/srv/".into()], files_hash: Some(hash.into()), force: false }
+    fn copy(hash: &str) -> PlannedStep {
+        let kind = PlannedKind::Copy { files_hash: hash.into(), src: "app".into(), dest: "/srv/".into(), owner: None, mode: None };
+        PlannedStep { kind, force: false, text: "COPY app /srv/".into() }
     }
 
     /// An upload stored under `hash` in `files`, a tar.gz whose entries `fill` makes.
@@ -644,31 +542,5 @@ mod tests {
         let e = api_steps(&[copy(&hash)], files.path(), scratch.path(), short).expect_err("short of disk");
         assert!(!e.caller_fault && e.message.contains("the server is short of disk"), "{e:?}");
         assert!(left_in(scratch.path()).is_empty());
-    }
-
-    #[test]
-    fn registry_logins_are_the_users_and_passwords_registries_take() {
-        let auth = |json: serde_json::Value| {
-            let mut options = hutch_oci::pull::RegistryOptions::default();
-            serde_json::from_value::<RegistryAuth>(json).expect("a registry login").set_login(&mut options).map(|()| options)
-        };
-        let plain = auth(serde_json::json!({"type": "registry", "username": "me", "password": "pw"})).expect("registry");
-        assert_eq!(plain.credentials, Some(("me".into(), "pw".into())));
-        let gcp = auth(serde_json::json!({"type": "gcp", "serviceAccountJson": "{\"type\":\"service_account\"}"})).expect("gcp");
-        assert_eq!(gcp.credentials, Some(("_json_key".into(), "{\"type\":\"service_account\"}".into())));
-        let aws = auth(serde_json::json!({"type": "aws", "awsAccessKeyId": "AKIAHUTCHTEST0000001", "awsSecretAccessKey": "s3cret", "awsRegion": "eu-west-1"})).expect("aws");
-        let login = aws.aws.expect("an ECR login");
-        assert_eq!((login.access_key_id.as_str(), login.secret_access_key.as_str(), login.region.as_str()), ("AKIAHUTCHTEST0000001", "s3cret", "eu-west-1"));
-        assert!(aws.credentials.is_none() && !format!("{login:?}").contains("s3cret"));
-        for (json, says) in [
-            (serde_json::json!({"type": "registry", "username": "me"}), "needs password"),
-            (serde_json::json!({"type": "gcp"}), "needs serviceAccountJson"),
-            (serde_json::json!({"type": "aws", "awsAccessKeyId": "a", "awsRegion": "r"}), "needs awsSecretAccessKey"),
-            (serde_json::json!({"type": "aws", "awsAccessKeyId": "a", "awsSecretAccessKey": "b", "awsRegion": "x.example.com/"}), "is not an AWS region"),
-            (serde_json::json!({"type": "azure"}), "is not one of registry, aws, gcp"),
-        ] {
-            let e = auth(json).expect_err("refused").to_string();
-            assert!(e.contains(says), "{e}");
-        }
     }
 }

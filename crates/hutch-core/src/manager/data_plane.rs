@@ -35,27 +35,27 @@ impl SandboxManager {
     /// The Host header the data proxy sends to the sandbox's `port` (E2B's
     /// `maskRequestHost`), read from its record; None keeps the client's.
     pub fn request_host(&self, id: &str, port: u16) -> Option<String> {
-        let dir = self.live.lock().get(id).map(|l| l.row.dir.clone())?;
+        let dir = self.shown(id).map(|l| l.row.dir.clone())?;
         let settings = crate::sandbox::layout::recorded_network(Path::new(&dir)).ok()?;
         settings.e2b?.network?.request_host(port)
     }
 
     pub fn traffic_token(&self, id: &str) -> Option<String> {
-        self.live.lock().get(id).and_then(|l| l.row.traffic_token.clone())
+        self.shown(id).and_then(|l| l.row.traffic_token.clone())
     }
 
     /// Every sandbox (running or paused) with an envd access token, and the token: the
     /// data proxy finds the sandbox a signed file URL without a sandbox id is for by
     /// its signature.
     pub fn access_tokens(&self) -> Vec<(String, String)> {
-        let live: Vec<Arc<Live>> = self.live.lock().values().cloned().collect();
+        let live: Vec<Arc<Live>> = self.live.lock().values().filter(|l| !l.is_creating()).cloned().collect();
         live.iter().filter_map(|l| l.row.envd_token.clone().map(|t| (l.row.id.clone(), t))).collect()
     }
 
     /// Whether traffic to sandbox `id` resumes it while it is paused, and the tokens
     /// the traffic must then carry: (envd access token, traffic token).
     pub fn auto_resumes(&self, id: &str) -> Option<(Option<String>, Option<String>)> {
-        let live = self.live.lock().get(id).cloned()?;
+        let live = self.shown(id)?;
         let row = &live.row;
         row.auto_resume.then(|| (row.envd_token.clone(), row.traffic_token.clone()))
     }
@@ -63,7 +63,7 @@ impl SandboxManager {
     /// Resumes paused sandbox `id` for data-plane traffic (E2B's autoResume), with
     /// E2B's 5 minutes to live from now; a running one is left as it is.
     pub async fn resume_for_traffic(&self, id: &str) -> Result<(), ManagerError> {
-        let live = self.live.lock().get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        let live = self.shown(id).ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
         let (key_id, auto) = (live.row.key_id.clone(), live.row.auto_resume);
         // Without memory it boots rather than resumes: the request that woke it would
         // meet a guest that forgot everything (E2B resumes those only by an explicit
@@ -83,7 +83,7 @@ impl SandboxManager {
     /// The agent of a running sandbox, for the data proxy (which has no API key: the
     /// agent itself checks the access token of secure sandboxes).
     pub fn agent(&self, id: &str) -> Result<AgentClient, ManagerError> {
-        let live = self.live.lock().get(id).cloned().ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
+        let live = self.shown(id).ok_or_else(|| ManagerError::NotFound(id.to_string()))?;
         if matches!(live.owner.state(), state::SandboxState::Stopping | state::SandboxState::Stopped) {
             return Err(ManagerError::NotFound(id.to_string()));
         }

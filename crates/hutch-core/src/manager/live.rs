@@ -13,10 +13,17 @@ use std::sync::Arc;
 pub(super) struct Live {
     /// What does not change while it lives (its state, QEMU and end are its owner's).
     pub row: SandboxRow,
-    pub owner: owner::Owner,
+    /// Shared by the entries it has had: the one made when it was admitted, and the
+    /// one with its row once created.
+    pub owner: Arc<owner::Owner>,
 }
 
 impl Live {
+    /// A sandbox being created (`create.rs`): no VM yet, and hidden from clients.
+    pub(super) fn creating(row: SandboxRow, store: &Store) -> Arc<Live> {
+        Self::owned(row, state::SandboxState::Creating, None, store)
+    }
+
     pub(super) fn running(row: SandboxRow, sandbox: Sandbox, store: &Store) -> Arc<Live> {
         Self::owned(row, state::SandboxState::Running, Some(sandbox), store)
     }
@@ -28,20 +35,27 @@ impl Live {
     pub(super) fn owned(row: SandboxRow, state: state::SandboxState, sandbox: Option<Sandbox>, store: &Store) -> Arc<Live> {
         let record = owner::Record { store: store.clone(), id: row.id.clone() };
         let owner = owner::Owner::spawn(state, sandbox, row.end_at, record);
-        Arc::new(Live { row, owner })
+        Arc::new(Live { row, owner: Arc::new(owner) })
     }
 
     /// Whether it runs a VM the reaper looks after (ended VMs, expiry, full disks).
     pub(super) fn is_running(&self) -> bool {
         use state::SandboxState::*;
-        matches!(self.owner.state(), Creating | Running | Pausing | Snapshotting)
+        matches!(self.owner.state(), Running | Pausing | Snapshotting)
+    }
+
+    /// Whether it is still being created: no client has been told its id, so no
+    /// lookup finds it.
+    pub(super) fn is_creating(&self) -> bool {
+        self.owner.state() == state::SandboxState::Creating
     }
 
     /// Whether it may hold a VM: what the server's limit and the running quota count.
-    /// A failed sandbox's VM may still run (a wedged guest) until it is killed, and one
-    /// being killed holds its VM until it is gone.
+    /// One being created will; a failed sandbox's VM may still run (a wedged guest)
+    /// until it is killed, and one being killed holds its VM until it is gone.
     pub(super) fn holds_vm(&self) -> bool {
-        self.is_running() || matches!(self.owner.state(), state::SandboxState::Failed | state::SandboxState::Stopping)
+        use state::SandboxState::*;
+        self.is_running() || matches!(self.owner.state(), Creating | Failed | Stopping)
     }
 
     /// Whether it is paused (its files hold it; no VM): what the paused quota counts.

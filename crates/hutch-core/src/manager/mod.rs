@@ -3,9 +3,11 @@
 //! (HTTP, CLI, tests) call it with plain values; it never sees HTTP types.
 
 pub mod build_ids;
+pub mod build_plan;
 pub mod build_records;
 pub mod builds;
 mod config;
+mod create;
 mod data_plane;
 mod error;
 mod key_quota;
@@ -271,114 +273,13 @@ impl SandboxManager {
         }
     }
 
-    pub async fn create(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
-        let key_id = key_id.to_string();
-        self.detached(move |m| async move { m.create_now(&key_id, spec).await }).await
-    }
-
-    async fn create_now(&self, key_id: &str, spec: CreateSpec) -> Result<SandboxRow, ManagerError> {
-        let asked = if spec.template.is_empty() { "base" } else { spec.template.as_str() };
-        // `name:tag` starts the build the tag names. Normal form (`NAME:V1` is
-        // `name:v1`... for the tag; `name:default` is `name`), so one template is one key
-        // for prepared artifacts, pools and shapes.
-        let (name, tag) = hutch_image::tags::split(asked);
-        names::validate_identifier("templateID", name)?;
-        let tag = tag.map(hutch_image::tags::check).transpose().map_err(error::tag_error)?;
-        let name = name.to_string();
-        let template = match &tag {
-            Some(tag) => format!("{name}:{tag}"),
-            None => name.clone(),
-        };
-        let timeout = Duration::from_secs(spec.timeout.unwrap_or(self.config.default_timeout.as_secs()));
-        let token = spec.secure.then(crate::ids::random_token);
-        let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
-        opts.cold = spec.cold;
-        opts.network = spec.network.clone().unwrap_or_default();
-        let named = self.store.snapshot(key_id, &template).await?;
-        // A template another API key built is not this one's to start (nor to learn of).
-        if named.is_none() && self.template_owner(&name).is_some_and(|o| o != key_id) {
-            return Err(unknown_template(&template));
-        }
-        self.quota_running(key_id, 1)?;
-        if named.is_none() && !spec.cold {
-            if let Some((mut sandbox, artifacts, slot)) = self.take_pooled(&canonical(&template), &opts).await {
-                // Pooled sandboxes wait with no egress; this one's settings apply now.
-                if let Err(e) = sandbox.set_network(opts.network.clone()) {
-                    let _ = sandbox.destroy().await;
-                    return Err(ManagerError::Create(e));
-                }
-                let row = self.register(key_id, &name, &artifacts, sandbox, spec, token, timeout).await;
-                drop(slot);
-                self.refill(&canonical(&template));
-                return row;
-            }
-        }
-        let _slot = self.reserve_slot()?;
-        let (sandbox, base_template) = match named {
-            Some(snap) => self.start_from_named_snapshot(&snap, &opts).await?,
-            None => {
-                let artifacts = self.prepare(&template).await?;
-                let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(ManagerError::Create)?;
-                (sandbox, artifacts)
-            }
-        };
-        // The row names the template, not the tag: what happens to the sandbox later
-        // (pause, fork, snapshots, export) needs its kernel and disk, never the tag again,
-        // which may be gone by then.
-        self.register(key_id, &name, &base_template, sandbox, spec, token, timeout).await
-    }
-
-    /// Records a freshly started sandbox and starts serving it.
-    #[allow(clippy::too_many_arguments)]
-    async fn register(
-        &self,
-        key_id: &str,
-        template: &str,
-        artifacts: &Artifacts,
-        sandbox: Sandbox,
-        spec: CreateSpec,
-        token: Option<String>,
-        timeout: Duration,
-    ) -> Result<SandboxRow, ManagerError> {
-        let started = Timestamp::now();
-        let row = SandboxRow {
-            id: sandbox.id().to_string(),
-            key_id: key_id.to_string(),
-            template: template.to_string(),
-            state: "running".into(),
-            cpu_count: i64::from(sandbox.cpus()),
-            memory_mb: i64::from(sandbox.memory_mib()),
-            disk_mb: (artifacts.template.disk_size >> 20) as i64,
-            metadata: spec.metadata,
-            env_vars: spec.env_vars,
-            envd_token: token,
-            traffic_token: spec.private_ports.then(crate::ids::random_token),
-            started_at: started,
-            end_at: self.end_at(started, timeout),
-            qemu_pid: sandbox.pid().map(i64::from),
-            dir: sandbox.dir().display().to_string(),
-            auto_pause: spec.auto_pause,
-            auto_resume: spec.auto_resume,
-            auto_pause_memory: spec.auto_pause_mode == PauseMode::Full,
-            pause_mode: None,
-            failure: None,
-        };
-        if let Err(e) = self.store.insert_sandbox(&row).await {
-            let _ = sandbox.destroy().await;
-            return Err(e.into());
-        }
-        if let Err(e) = sandbox.mark_server_owned() {
-            tracing::warn!(sandbox = %row.id, "marking the sandbox as the server's (a local command's sweep may end it while no server runs): {e}");
-        }
-        let live = Live::running(row, sandbox, &self.store);
-        let shown = live.row();
-        self.live.lock().insert(shown.id.clone(), live);
-        Ok(shown)
+    /// A sandbox clients may see (one being created is not yet).
+    fn shown(&self, id: &str) -> Option<Arc<Live>> {
+        self.live.lock().get(id).filter(|l| !l.is_creating()).cloned()
     }
 
     fn find(&self, key_id: &str, id: &str) -> Result<Arc<Live>, ManagerError> {
-        let live = self.live.lock().get(id).cloned();
-        match live {
+        match self.shown(id) {
             Some(l) if l.row.key_id == key_id => Ok(l),
             _ => Err(ManagerError::NotFound(id.to_string())),
         }
@@ -389,7 +290,7 @@ impl SandboxManager {
     }
 
     pub fn list(&self, key_id: &str, filter: &ListFilter) -> Vec<SandboxRow> {
-        let live: Vec<_> = self.live.lock().values().cloned().collect();
+        let live: Vec<_> = self.live.lock().values().filter(|l| !l.is_creating()).cloned().collect();
         let mut rows: Vec<SandboxRow> = live
             .iter()
             .map(|l| l.row())

@@ -90,6 +90,17 @@ impl Owned {
         Ok(previous)
     }
 
+    /// Ends creation (`Creating`): holds `sandbox`, ending at `end_at`, and runs. Its
+    /// row was just written whole, so nothing is written here.
+    pub fn start_running(&mut self, sandbox: Sandbox, end_at: Timestamp) -> Result<(), TransitionError> {
+        if !self.state.can_become(SandboxState::Running) || self.state != SandboxState::Creating {
+            return Err(TransitionError { from: self.state, to: SandboxState::Running });
+        }
+        self.sandbox = Some(sandbox);
+        self.end_at = end_at;
+        self.advance(SandboxState::Running).map(drop)
+    }
+
     /// Moves to an intermediate state (`Pausing`, `Resuming`, `Snapshotting`) for the
     /// guard's life: if the operation returns early (a `?`, a missing VM) without
     /// moving on, the guard moves it back where it began. Moving on is the operation's.

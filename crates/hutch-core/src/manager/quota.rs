@@ -10,6 +10,12 @@ fn over(what: &str, limit: usize, fix: &str) -> ManagerError {
     ManagerError::Quota(format!("this API key already has {limit} {what}, its quota; {fix}"))
 }
 
+/// The refusal of one more running sandbox for a key that has `limit` (`create.rs`
+/// counts it as it admits a sandbox).
+pub(super) fn over_running(limit: usize) -> ManagerError {
+    over("running sandboxes", limit, "kill or pause one first")
+}
+
 impl SandboxManager {
     /// (running, paused) sandboxes of `key_id`.
     fn held_by(&self, key_id: &str) -> (usize, usize) {
@@ -22,7 +28,7 @@ impl SandboxManager {
     pub(super) fn quota_running(&self, key_id: &str, more: usize) -> Result<(), ManagerError> {
         let limit = self.config.quota.running;
         if self.held_by(key_id).0 + more > limit {
-            return Err(over("running sandboxes", limit, "kill or pause one first"));
+            return Err(over_running(limit));
         }
         Ok(())
     }

@@ -93,7 +93,7 @@ impl SandboxManager {
         let now = Timestamp::now();
         let expired: Vec<(String, Arc<Live>)> = self.live.lock()
             .iter()
-            .filter(|(_, l)| l.holds_vm() && l.owner.end_at() <= now)
+            .filter(|(_, l)| l.holds_vm() && !l.is_creating() && l.owner.end_at() <= now)
             .map(|(id, l)| (id.clone(), l.clone()))
             .collect();
         for (id, live) in expired {

@@ -302,13 +302,11 @@ impl SandboxManager {
     }
 
     async fn start_fork(&self, key_id: &str, source: &SandboxRow, artifacts: &Artifacts, snap: &MemorySnapshot, timeout: Option<u64>) -> Result<SandboxRow, ManagerError> {
-        let _slot = self.reserve_slot()?;
         let token = source.envd_token.as_ref().map(|_| crate::ids::random_token());
         let mut opts = self.options(&source.template, &source.env_vars, &source.metadata, token.clone());
         // A fork may reach what its parent may.
         let network = crate::sandbox::layout::recorded_network(std::path::Path::new(&source.dir)).map_err(|e| ManagerError::Create(e.into()))?;
         opts.network = network.clone();
-        let sandbox = Sandbox::from_snapshot(&self.home, artifacts, self.backend.as_ref(), snap, &opts).await.map_err(ManagerError::Create)?;
         let spec = CreateSpec {
             template: source.template.clone(),
             timeout,
@@ -323,7 +321,9 @@ impl SandboxManager {
             network: Some(network),
         };
         let timeout = Duration::from_secs(timeout.unwrap_or(self.config.default_timeout.as_secs()));
-        self.register(key_id, &source.template, artifacts, sandbox, spec, token, timeout).await
+        let origin = super::create::Origin::Fork { snapshot: snap.clone(), artifacts: artifacts.clone() };
+        let new = super::create::NewSandbox { key_id: key_id.to_string(), template: source.template.clone(), spec, token, timeout, opts, origin };
+        self.create_sandbox(new, None).await
     }
 
     /// Removes sandbox snapshot directories nothing needs: not a stored snapshot, not

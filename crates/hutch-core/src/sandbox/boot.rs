@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct SandboxOptions {
+    /// The id it takes (the manager names it before the VM starts); a new one if None.
+    pub id: Option<crate::ids::SandboxId>,
     pub cpus: u32,
     pub memory: MemMib,
     pub accel: Accel,
@@ -36,6 +38,7 @@ pub struct SandboxOptions {
 impl Default for SandboxOptions {
     fn default() -> Self {
         SandboxOptions {
+            id: None,
             cpus: 1,
             memory: MemMib::DEFAULT,
             accel: Accel::Tcg,

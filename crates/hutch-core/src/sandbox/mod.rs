@@ -89,9 +89,11 @@ impl Sandbox {
 
     async fn launch(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions, launch: Launch<'_>) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
-        let id = SandboxId::generate();
+        let id = opts.id.clone().unwrap_or_else(SandboxId::generate);
         let dir = home.sandboxes().join(id.as_str());
-        std::fs::create_dir_all(&dir).map_err(|e| CreateError::Dir(dir.clone(), e))?;
+        // Its own directory, never one that exists (an id given twice): the guard
+        // below removes only what this call made.
+        std::fs::create_dir_all(home.sandboxes()).and_then(|()| std::fs::create_dir(&dir)).map_err(|e| CreateError::Dir(dir.clone(), e))?;
         let guard = DirGuard(Some(dir.clone()));
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.clone(), e))?;
         let disk = dir.join("disk.qcow2");
@@ -562,7 +564,7 @@ mod tests {
     async fn a_backend_failure_leaves_no_directory() {
         let (_tmp, home, artifacts) = setup();
         let backend = FakeBackend::default();
-        *backend.fail_start.lock().expect("lock") = Some("no luck".into());
+        *backend.fail_start.lock() = Some("no luck".into());
         let cold = SandboxOptions { cold: true, ..SandboxOptions::default() };
         let err = Sandbox::create(&home, &artifacts, &backend, &cold).await.err();
         assert!(matches!(err, Some(CreateError::Start(_))), "{err:?}");
@@ -583,8 +585,8 @@ mod tests {
         let opts = SandboxOptions { boot_timeout: Duration::from_millis(300), cold: true, ..SandboxOptions::default() };
         let err = Sandbox::create(&home, &artifacts, &backend, &opts).await.err();
         assert!(matches!(&err, Some(CreateError::BootTimeout { console, .. }) if console.contains("empty")), "{err:?}");
-        assert_eq!(backend.started.lock().expect("lock").len(), 1);
-        assert_eq!(backend.stopped.lock().expect("lock").len(), 1, "the VM was not stopped");
+        assert_eq!(backend.started.lock().len(), 1);
+        assert_eq!(backend.stopped.lock().len(), 1, "the VM was not stopped");
         assert_eq!(std::fs::read_dir(home.sandboxes()).expect("dir").count(), 0);
     }
 }

@@ -7,8 +7,9 @@ use hutch_image::HutchHome;
 use hutch_proto::process::{DataEvent, EndEvent, ProcessConfig, ProcessEvent, StartRequest};
 use hutch_vmm::qemu::QemuBackend;
 use libtest_mimic::{Failed, Trial};
+use parking_lot::Mutex;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::runtime::Runtime;
 
 pub struct Env {
@@ -58,12 +59,12 @@ impl Env {
             }
         };
         let shared = Arc::new(SharedSandbox { agent: sandbox.agent().clone() });
-        self.shared.lock().unwrap_or_else(|e| e.into_inner()).push(sandbox);
+        self.shared.lock().push(sandbox);
         shared
     }
 
     pub fn destroy(&self, _shared: Shared) {
-        let all = std::mem::take(&mut *self.shared.lock().unwrap_or_else(|e| e.into_inner()));
+        let all = std::mem::take(&mut *self.shared.lock());
         for s in all {
             if let Err(e) = self.rt.block_on(s.destroy()) {
                 eprintln!("destroying the shared sandbox: {e}");

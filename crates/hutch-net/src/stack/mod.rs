@@ -25,11 +25,12 @@ use crate::log::{LogView, NetLog};
 use crate::rules::{DenyReason, Dest, Policy, Proto, Reach};
 use crate::seam::Seam;
 use packets::Inbound;
+use parking_lot::{Mutex, RwLock};
 use smoltcp::iface::{Config, Interface, SocketSet};
 use smoltcp::wire::{EthernetAddress, HardwareAddress, Icmpv4DstUnreachable, IpAddress, IpCidr, IpListenEndpoint};
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, SocketAddrV4};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, Notify};
@@ -86,7 +87,7 @@ pub enum LinkState {
 
 impl Shared {
     pub fn policy(&self) -> Arc<Policy> {
-        self.policy.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.policy.read().clone()
     }
 
     async fn answer_dns(&self, query: &[u8]) -> Option<Vec<u8>> {
@@ -136,7 +137,7 @@ impl NetHandle {
 
     /// Replaces the policy: new flows and names follow it; open flows stay.
     pub fn set_policy(&self, policy: Policy) {
-        *self.shared.policy.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
+        *self.shared.policy.write() = Arc::new(policy);
     }
 
     pub fn policy(&self) -> Arc<Policy> {
@@ -258,7 +259,7 @@ impl Stack {
     }
 
     fn names_for(&self, ip: Ipv4Addr) -> Vec<String> {
-        self.shared.pins.lock().unwrap_or_else(|p| p.into_inner()).names(ip, Instant::now())
+        self.shared.pins.lock().names(ip, Instant::now())
     }
 
     /// The policy's answer for a new flow, logged when it is no.

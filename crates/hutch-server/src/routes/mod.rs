@@ -2,6 +2,7 @@
 
 mod archives;
 mod body;
+mod build_request;
 mod listing;
 mod sandboxes;
 mod template_tags;

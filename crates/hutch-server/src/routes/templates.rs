@@ -14,7 +14,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use futures::StreamExt;
 use hutch_core::manager::build_records::BuildStatus;
-use hutch_core::manager::builds::{BuildRequest, TemplateInfo, MAX_UPLOAD};
+use super::build_request::BuildRequest;
+use hutch_core::manager::builds::{TemplateInfo, MAX_UPLOAD};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
@@ -116,7 +117,7 @@ impl Drop for PartialFile {
 }
 
 pub async fn start(State(state): State<AppState>, key: KeyId, Path((template_id, build_id)): Path<(String, String)>, JsonBody(req): JsonBody<BuildRequest>) -> Result<StatusCode, ApiError> {
-    state.manager.start_template_build(&key.0, &template_id, &build_id, req)?;
+    state.manager.start_template_build(&key.0, &template_id, &build_id, req.into_plan()?)?;
     Ok(StatusCode::ACCEPTED)
 }
 

@@ -50,17 +50,18 @@ async fn slots_and_quotas_are_counted_and_given_back() {
 async fn failed_starts_give_their_slot_back() {
     let env = Env::new(config(1, 0)).await;
     let key = env.key().to_string();
-    *env.backend.fail_start.lock().expect("lock") = Some("no QEMU today".into());
+    *env.backend.fail_start.lock() = Some("no QEMU today".into());
     for _ in 0..3 {
         assert!(matches!(env.manager.create(&key, base()).await, Err(ManagerError::Create(_))));
     }
-    *env.backend.fail_start.lock().expect("lock") = None;
+    assert!(env.manager.live.lock().is_empty(), "a failed create leaves nothing admitted");
+    *env.backend.fail_start.lock() = None;
     env.settled().await;
     let id = env.create().await.id;
     env.manager.pause(&key, &id, PauseMode::Full).await.expect("pause");
-    *env.backend.fail_start.lock().expect("lock") = Some("no QEMU today".into());
+    *env.backend.fail_start.lock() = Some("no QEMU today".into());
     assert!(matches!(env.manager.connect(&key, &id, None, OnResume::Restore).await, Err(ManagerError::Resume(_))));
-    *env.backend.fail_start.lock().expect("lock") = None;
+    *env.backend.fail_start.lock() = None;
     env.manager.connect(&key, &id, None, OnResume::Restore).await.expect("the one slot is free again");
     env.kill_all().await;
 }
@@ -111,6 +112,31 @@ async fn pooled_sandboxes_count_against_the_limit_and_never_take_its_last_slot()
     env.manager.create(&env.keys[1], base()).await.expect("the last slot");
     assert_eq!(env.backend.live(), 3);
     assert!(matches!(env.manager.create(&env.keys[1], base()).await, Err(ManagerError::AtCapacity { max: 3 })));
+    env.settled().await;
+    env.kill_all().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_being_created_is_counted_from_admission_and_hidden_until_it_runs() {
+    let env = Env::new(config(1, 0)).await;
+    let [a, b] = env.keys.clone();
+    let m = &env.manager;
+    let hold = env.backend.hold(hutch_vmm::fake::Step::Start);
+    let creating = env.spawn(|m, key| async move { m.create(&key, base()).await });
+    hold.reached().await;
+    let id = m.live.lock().keys().next().cloned().expect("admitted before its VM starts");
+    assert_eq!(env.state(&id), SandboxState::Creating);
+    assert_eq!(m.counts(), (1, 0), "it holds the server's one slot");
+    assert!(matches!(m.create(&b, base()).await, Err(ManagerError::AtCapacity { max: 1 })), "so another create is refused at once");
+    assert!(m.list(&a, &ListFilter::default()).is_empty(), "no client has its id yet");
+    assert!(matches!(m.get(&a, &id), Err(ManagerError::NotFound(_))));
+    assert!(matches!(m.kill(&a, &id).await, Err(ManagerError::NotFound(_))));
+    assert!(matches!(m.agent(&id), Err(ManagerError::NotFound(_))));
+    hold.release();
+    let row = creating.await.expect("task").expect("created");
+    assert_eq!(row.id, id, "it runs under the id it was admitted with");
+    assert_eq!((env.state(&id), row.state.as_str()), (SandboxState::Running, "running"));
+    assert_eq!(m.list(&a, &ListFilter::default()).len(), 1);
     env.settled().await;
     env.kill_all().await;
 }

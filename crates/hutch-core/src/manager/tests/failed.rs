@@ -51,7 +51,7 @@ async fn a_guest_whose_agent_stops_answering_after_a_failed_snapshot_fails() {
         async move { m.create_snapshot(&key, &id, None, true).await }
     });
     hold.reached().await;
-    *env.backend.fail_save.lock().expect("lock") = Some("the disk is gone".into());
+    *env.backend.fail_save.lock() = Some("the disk is gone".into());
     env.guest.wedge(true);
     hold.release();
     assert!(snapshot.await.expect("task").is_err());

@@ -144,7 +144,7 @@ async fn failed_saves_and_starts_roll_back_to_where_they_began() {
     env.put(&id, "x", "1").await;
 
     // A failed pause leaves it running, with its memory and a working agent.
-    *env.backend.fail_save.lock().expect("lock") = Some("the disk is gone".into());
+    *env.backend.fail_save.lock() = Some("the disk is gone".into());
     let failed = env.manager.pause(key, &id, PauseMode::Full).await;
     assert!(matches!(failed, Err(ManagerError::Pause(_))), "{failed:?}");
     assert_eq!(env.state(&id), Running);
@@ -152,21 +152,21 @@ async fn failed_saves_and_starts_roll_back_to_where_they_began() {
     env.settled().await;
 
     // A failed snapshot leaves it running and no snapshot behind.
-    *env.backend.fail_save.lock().expect("lock") = Some("the disk is gone".into());
+    *env.backend.fail_save.lock() = Some("the disk is gone".into());
     assert!(env.manager.create_snapshot(key, &id, Some("broken".into()), true).await.is_err());
     assert_eq!(env.state(&id), Running);
     assert!(env.manager.list_snapshots(key).await.expect("list").is_empty());
     env.settled().await;
 
     // A failed fork starts nothing.
-    *env.backend.fail_save.lock().expect("lock") = Some("the disk is gone".into());
+    *env.backend.fail_save.lock() = Some("the disk is gone".into());
     assert!(env.manager.fork(key, &id, 2, None).await.is_err());
     assert_eq!(env.manager.list(key, &ListFilter::default()).len(), 1);
     env.settled().await;
 
     // A failed resume leaves it paused with its saved state, and it resumes later.
     env.manager.pause(key, &id, PauseMode::Full).await.expect("pause");
-    *env.backend.fail_start.lock().expect("lock") = Some("no QEMU today".into());
+    *env.backend.fail_start.lock() = Some("no QEMU today".into());
     let failed = env.manager.connect(key, &id, None, OnResume::Restore).await;
     assert!(matches!(failed, Err(ManagerError::Resume(_))), "{failed:?}");
     assert_eq!(env.state(&id), Paused);
@@ -174,7 +174,7 @@ async fn failed_saves_and_starts_roll_back_to_where_they_began() {
     // A failed create leaves nothing.
     assert!(matches!(env.manager.create(key, base()).await, Err(ManagerError::Create(_))));
     env.settled().await;
-    *env.backend.fail_start.lock().expect("lock") = None;
+    *env.backend.fail_start.lock() = None;
     env.manager.connect(key, &id, None, OnResume::Restore).await.expect("connect");
     assert_eq!(env.values(&id).await["x"], "1");
     env.kill_all().await;
