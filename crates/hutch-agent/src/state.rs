@@ -5,10 +5,11 @@ use crate::http::connect::ConnectError;
 use crate::process::reaper::Reaper;
 use crate::process::user::GuestUser;
 use crate::process::ProcessTable;
-use base64_lite::decode_basic_user;
+use headers::{authorization::Basic, Authorization, HeaderMapExt};
 use hutch_proto::connect::Code;
 use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use parking_lot::RwLock;
+use std::sync::Arc;
 
 pub struct Config {
     /// Sandbox-wide environment, visible to every process.
@@ -35,8 +36,8 @@ pub struct AgentState {
 }
 
 impl AgentState {
-    pub fn config(&self) -> std::sync::RwLockReadGuard<'_, Config> {
-        self.config.read().unwrap_or_else(|e| e.into_inner())
+    pub fn config(&self) -> parking_lot::RwLockReadGuard<'_, Config> {
+        self.config.read()
     }
 
     /// The user a request acts as: the named one, else the default user, else root
@@ -53,19 +54,7 @@ impl AgentState {
 
     /// The user named by `Authorization: Basic base64("<user>:")`, as envd reads it.
     pub fn rpc_user(&self, headers: &axum::http::HeaderMap) -> Result<GuestUser, ConnectError> {
-        let name = headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(decode_basic_user);
+        let name = headers.typed_get::<Authorization<Basic>>().map(|auth| auth.username().to_string());
         self.user(name.as_deref())
-    }
-}
-
-mod base64_lite {
-    pub fn decode_basic_user(header: &str) -> Option<String> {
-        let encoded = header.strip_prefix("Basic ")?.trim();
-        let raw = hutch_proto::b64::decode(encoded).ok()?;
-        let text = String::from_utf8(raw).ok()?;
-        Some(text.split(':').next().unwrap_or_default().to_string())
     }
 }

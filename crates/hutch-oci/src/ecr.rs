@@ -4,9 +4,12 @@
 //!
 //! The signer is written here rather than taken from `aws-sigv4`: it signs one fixed
 //! request shape (a JSON POST to `/`, no query, four headers), which is a dozen lines of
-//! HMAC over `hmac` + `sha2`, while `aws-sigv4` brings the Smithy runtime's types (eight
-//! crates more to build on two cores). It is checked against AWS's own SigV4 test suite
-//! (`post-vanilla`) and against curl's independent `--aws-sigv4` signer.
+//! HMAC over `hmac` + `sha2`, while `aws-sigv4` (with `aws-credential-types`, its
+//! `sign-http` feature only) brings the Smithy runtime's types: 17 crates hutch does not
+//! build today (`cargo tree`, 2026-12-06), five of them `aws-smithy-*`. It is checked
+//! against AWS's own SigV4 test suite (`post-vanilla`) and against curl's independent
+//! `--aws-sigv4` signer. It does not percent-encode the path (SigV4 encodes each
+//! segment): it signs only paths that need none, which ECR's `/` is.
 
 use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
@@ -182,9 +185,11 @@ fn hmac(key: &[u8], data: &str) -> Vec<u8> {
     mac.finalize().into_bytes().to_vec()
 }
 
-/// The `Authorization` header for a request with no query string. The date comes from
-/// its `x-amz-date` header.
+/// The `Authorization` header for a request with no query string and a path that needs
+/// no percent-encoding. The date comes from its `x-amz-date` header.
 fn sign(r: &Signing) -> String {
+    // The canonical URI is the path as given: right only where encoding changes nothing.
+    assert!(r.path.bytes().all(|b| b.is_ascii_alphanumeric() || b"/-_.~".contains(&b)), "a path SigV4 would encode: {}", r.path);
     let amz_date = r.headers.iter().find(|(k, _)| *k == "x-amz-date").map(|(_, v)| *v).unwrap_or_default();
     let day = &amz_date[..amz_date.len().min(8)];
     let canonical_headers: String = r.headers.iter().map(|(k, v)| format!("{k}:{}\n", v.trim())).collect();

@@ -20,7 +20,8 @@ use inotify::{EventMask, Inotify, WatchDescriptor, WatchMask};
 use serde_json::{json, Value};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// Events a polled watcher keeps until the next GetWatcherEvents.
@@ -186,7 +187,7 @@ pub async fn create_watcher(State(st): State<AgentState>, headers: HeaderMap, bo
     let sink = events.clone();
     let task = tokio::spawn(async move {
         while let Some(ev) = rx.recv().await {
-            let mut buf = sink.lock().unwrap_or_else(|e| e.into_inner());
+            let mut buf = sink.lock();
             if buf.len() < MAX_BUFFERED {
                 buf.push(ev);
             }

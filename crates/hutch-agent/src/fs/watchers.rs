@@ -3,7 +3,8 @@
 
 use hutch_proto::filesystem::FilesystemEvent;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::task::JoinHandle;
 
 pub struct Polled {
@@ -20,7 +21,7 @@ impl Watchers {
     fn polled(&self) -> MutexGuard<'_, HashMap<String, Polled>> {
         // A panic while holding the map leaves it consistent (every write is one insert
         // or remove), so a poisoned lock is still good to use.
-        self.polled.lock().unwrap_or_else(|e| e.into_inner())
+        self.polled.lock()
     }
 
     pub fn add(&self, id: String, watcher: Polled) {
@@ -30,7 +31,7 @@ impl Watchers {
     /// The events buffered since the last call; None if no watcher has this id.
     pub fn take_events(&self, id: &str) -> Option<Vec<FilesystemEvent>> {
         let events = self.polled().get(id)?.events.clone();
-        let taken = std::mem::take(&mut *events.lock().unwrap_or_else(|e| e.into_inner()));
+        let taken = std::mem::take(&mut *events.lock());
         Some(taken)
     }
 

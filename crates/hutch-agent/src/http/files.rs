@@ -15,7 +15,8 @@ use hutch_proto::filesystem::WrittenFile;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 
 #[derive(Debug, Deserialize)]
@@ -183,7 +184,7 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
         let seen2 = seen.clone();
         let data: Upload = Box::pin(data.inspect(move |chunk| {
             if let Ok(bytes) = chunk {
-                let mut s = seen2.lock().unwrap_or_else(|e| e.into_inner());
+                let mut s = seen2.lock();
                 s.bytes += bytes.len() as u64;
                 s.chunks += 1;
                 let room = SEEN_HEAD.saturating_sub(s.head.len());
@@ -195,7 +196,7 @@ pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, he
                 Refusal::Reply(response) => return response,
                 Refusal::Plain(status, message) => (status, message),
             };
-            let s = seen.lock().unwrap_or_else(|e| e.into_inner());
+            let s = seen.lock();
             // What arrived, so a body cut short says where it was cut (and a whole one
             // that the parser still refuses shows as whole: how multer's first-boundary
             // race, now worked around in `multipart`, was found).

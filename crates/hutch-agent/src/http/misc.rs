@@ -42,7 +42,7 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
         env_vars.insert("HUTCH_SANDBOX_ID".into(), id.clone());
         crate::guest::write_identity(id, &req.metadata, &env_vars);
     }
-    let mut cfg = st.config.write().unwrap_or_else(|e| e.into_inner());
+    let mut cfg = st.config.write();
     cfg.env_vars = env_vars;
     cfg.access_token = req.access_token.filter(|t| !t.is_empty());
     if let Some(user) = req.default_user.or(image.user) {

@@ -17,7 +17,8 @@ use hutch_proto::process::{DataEvent, EndEvent, ProcessConfig, ProcessEvent, Pro
 use pty::PtyMaster;
 use spawn::{ProcessIo, Spawned};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
@@ -66,7 +67,7 @@ pub struct ProcessTable {
 
 impl ProcessTable {
     fn find(&self, sel: &ProcessSelector) -> Result<Arc<Entry>, ProcessError> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self.entries.lock();
         let found = match sel {
             ProcessSelector::Pid(pid) => entries.get(pid).cloned(),
             ProcessSelector::Tag(tag) => entries.values().find(|e| e.tag.as_deref() == Some(tag)).cloned(),
@@ -95,12 +96,12 @@ impl ProcessTable {
             pty,
             subscribers: Mutex::new(vec![tx]),
         });
-        self.entries.lock().unwrap_or_else(|e| e.into_inner()).insert(spawned.pid, entry.clone());
+        self.entries.lock().insert(spawned.pid, entry.clone());
         let table = self.clone();
         tokio::spawn(async move {
             let end = pump(&entry, outputs, spawned.exit).await;
-            table.entries.lock().unwrap_or_else(|e| e.into_inner()).remove(&entry.pid);
-            let subs = std::mem::take(&mut *entry.subscribers.lock().unwrap_or_else(|e| e.into_inner()));
+            table.entries.lock().remove(&entry.pid);
+            let subs = std::mem::take(&mut *entry.subscribers.lock());
             for s in subs {
                 let _ = s.send(ProcessEvent::End(end.clone())).await;
             }
@@ -111,12 +112,12 @@ impl ProcessTable {
     pub fn subscribe(&self, sel: &ProcessSelector) -> Result<(u32, mpsc::Receiver<ProcessEvent>), ProcessError> {
         let entry = self.find(sel)?;
         let (tx, rx) = mpsc::channel(SUBSCRIBER_QUEUE);
-        entry.subscribers.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+        entry.subscribers.lock().push(tx);
         Ok((entry.pid, rx))
     }
 
     pub fn list(&self) -> Vec<ProcessInfo> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self.entries.lock();
         let mut list: Vec<ProcessInfo> = entries
             .values()
             .map(|e| ProcessInfo { config: e.config.clone(), pid: e.pid, tag: e.tag.clone() })
@@ -178,10 +179,10 @@ enum Outputs {
 
 /// Sends one event to every live subscriber, dropping those that went away.
 async fn publish(entry: &Entry, event: ProcessEvent) {
-    let subs: Vec<_> = entry.subscribers.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let subs: Vec<_> = entry.subscribers.lock().clone();
     for s in subs {
         if s.send(event.clone()).await.is_err() {
-            entry.subscribers.lock().unwrap_or_else(|e| e.into_inner()).retain(|x| !x.same_channel(&s));
+            entry.subscribers.lock().retain(|x| !x.same_channel(&s));
         }
     }
 }

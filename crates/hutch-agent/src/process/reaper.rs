@@ -10,7 +10,8 @@ use hutch_proto::signal::{status_for_exit, status_for_signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use parking_lot::{Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::sync::oneshot;
 
 #[derive(Default, Clone)]
@@ -21,7 +22,7 @@ pub struct Reaper {
 impl Reaper {
     /// Lock the table; spawn while holding the guard, then `register` the new pid.
     pub fn lock(&self) -> MutexGuard<'_, HashMap<i32, oneshot::Sender<EndEvent>>> {
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner())
+        self.waiters.lock()
     }
 
     pub fn register(
