@@ -53,8 +53,16 @@ impl AgentState {
     }
 
     /// The user named by `Authorization: Basic base64("<user>:")`, as envd reads it.
+    /// A header that is there but not that is refused, never read as no user (which
+    /// would run as the default user).
     pub fn rpc_user(&self, headers: &axum::http::HeaderMap) -> Result<GuestUser, ConnectError> {
-        let name = headers.typed_get::<Authorization<Basic>>().map(|auth| auth.username().to_string());
+        let name = match headers.contains_key(axum::http::header::AUTHORIZATION) {
+            false => None,
+            true => match headers.typed_get::<Authorization<Basic>>() {
+                Some(auth) => Some(auth.username().to_string()),
+                None => return Err(ConnectError::new(Code::Unauthenticated, "the Authorization header is not Basic base64(\"<user>:\"); send that, or none for the default user")),
+            },
+        };
         self.user(name.as_deref())
     }
 }

@@ -19,7 +19,7 @@ const PARALLEL_LAYERS: usize = 4;
 const MAX_CONFIG_BYTES: i64 = 8 << 20;
 
 /// How hutch reaches registries.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct RegistryOptions {
     /// `user:password` for basic auth (or a token exchange the registry asks for).
     pub credentials: Option<(String, String)>,
@@ -36,6 +36,19 @@ pub struct RegistryOptions {
     /// dials public addresses and `insecure` ones only), so neither a registry's name
     /// nor its redirects reach the server's own network. Set for the server's builds.
     pub proxy: Option<String>,
+}
+
+/// Shown without the password (a build's spec may be logged): the user name only.
+impl std::fmt::Debug for RegistryOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryOptions")
+            .field("user", &self.credentials.as_ref().map(|(user, _)| user))
+            .field("aws", &self.aws)
+            .field("insecure", &self.insecure)
+            .field("local", &self.local)
+            .field("proxy", &self.proxy)
+            .finish()
+    }
 }
 
 /// What is pulled, and what is only found in the cache.
@@ -337,6 +350,13 @@ fn classify(reference: &str, e: OciDistributionError) -> PullError {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn registry_options_never_show_the_password() {
+        let options = super::RegistryOptions { credentials: Some(("_json_key".into(), "{\"private_key\":\"s3cret\"}".into())), ..Default::default() };
+        let shown = format!("{options:?}");
+        assert!(shown.contains("_json_key") && !shown.contains("s3cret"), "{shown}");
+    }
+
     #[test]
     fn only_this_machine_counts_as_loopback() {
         for r in ["127.0.0.1:5000", "localhost:5000", "[::1]:5000", "127.1.2.3"] {

@@ -162,6 +162,7 @@ impl From<ManagerError> for ApiError {
             ManagerError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
             ManagerError::Agent(_) => StatusCode::BAD_GATEWAY,
             ManagerError::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
+            ManagerError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ManagerError::Paused(_) | ManagerError::AlreadyPaused(_) | ManagerError::Failed { .. } | ManagerError::Conflict(_) | ManagerError::Transition(_) => {
                 StatusCode::CONFLICT
             }

@@ -61,9 +61,44 @@ pub fn names_dir(pid: u32, dir: &Path) -> bool {
     String::from_utf8_lossy(&cmdline).contains(&dir.display().to_string())
 }
 
+/// QEMU processes whose command line names a file in `dir`: that sandbox directory's
+/// VMs, whether or not one's pid was recorded (a server killed between spawning QEMU
+/// and writing `qemu.pid` leaves one nobody else knows of).
+pub fn vms_naming(dir: &Path) -> Vec<u32> {
+    let inside = format!("{}/", dir.display());
+    let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
+    pids.filter(|pid| {
+        // comm is the program's file name, at most 15 bytes: "qemu-system-x86".
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        comm.starts_with("qemu") && String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()).contains(&inside)
+    })
+    .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_vm_of_a_directory_is_found_by_its_command_line_alone() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let (dir, other) = (tmp.path().join("i1"), tmp.path().join("i10"));
+        // A stand-in QEMU: a shell under a QEMU-like name whose command line names a
+        // file in `dir` (its `$0`), as QEMU's names its disk and sockets.
+        let fake = tmp.path().join("qemu-fake");
+        std::fs::copy("/bin/sh", &fake).expect("copy sh");
+        let mut child = Command::new(&fake).args(["-c", "sleep 30; true"]).arg(dir.join("disk.qcow2")).spawn().expect("spawn");
+        let pid = child.id();
+        let found = (0..200).find_map(|_| {
+            let found = vms_naming(&dir);
+            std::thread::sleep(Duration::from_millis(10));
+            found.contains(&pid).then_some(found)
+        });
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(found, Some(vec![pid]), "found by its command line");
+        assert!(vms_naming(&other).is_empty(), "a directory whose name starts the same is another's");
+    }
 
     #[test]
     fn a_tool_that_finishes_gives_its_output() {

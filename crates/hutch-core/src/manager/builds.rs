@@ -305,8 +305,9 @@ impl SandboxManager {
     /// can be checked at once (a 4xx); the rest fails the build, as its status says.
     pub fn start_template_build(&self, key_id: &str, template_id: &str, build_id: &str, plan: BuildPlan) -> Result<(), ManagerError> {
         let record = self.record(key_id, template_id, build_id)?;
+        let started_already = || ManagerError::Conflict(format!("build '{build_id}' was already started"));
         if record.lock().status != BuildStatus::Waiting {
-            return Err(ManagerError::Conflict(format!("build '{build_id}' was already started")));
+            return Err(started_already());
         }
         let base = match &plan.base {
             PlannedBase::Image { reference, login } => {
@@ -329,7 +330,14 @@ impl SandboxManager {
         self.claim(key_id, template_id)?;
         check_steps(&plan.steps, &self.files_dir(key_id))?;
         let Some(me) = self.me.upgrade() else { return Err(ManagerError::Internal("the server is stopping".into())) };
-        record.lock().status = BuildStatus::Building;
+        {
+            // Checked again and moved on in one lock: of two starts racing, one builds.
+            let mut r = record.lock();
+            if r.status != BuildStatus::Waiting {
+                return Err(started_already());
+            }
+            r.status = BuildStatus::Building;
+        }
         let template_id = template_id.to_string();
         let key_id = key_id.to_string();
         let target = {

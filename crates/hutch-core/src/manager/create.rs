@@ -10,7 +10,7 @@ use super::error::ManagerError;
 use super::live::Live;
 use super::owner::{Owned, Owner};
 use super::state::SandboxState;
-use super::{SandboxManager, SlotGuard};
+use super::SandboxManager;
 use crate::artifacts::Artifacts;
 use crate::ids::SandboxId;
 use crate::sandbox::boot::SandboxOptions;
@@ -25,14 +25,13 @@ use std::time::Duration;
 
 /// Where a new sandbox's VM comes from.
 pub(super) enum Origin {
-    /// A warm pool's VM, running already under its own id.
-    Pooled { sandbox: Box<Sandbox>, artifacts: Artifacts },
     /// A stored snapshot (a create from a snapshot's name).
     Named(SnapshotRow),
-    /// The template's memory snapshot, or a boot (`opts.cold`).
-    Template(String),
+    /// The template: a sandbox waiting in its pool when `pooled` and there is one, else
+    /// its memory snapshot, or a boot (`opts.cold`).
+    Template { template: String, pooled: bool },
     /// A fork: the source's memory as it was just now.
-    Fork { snapshot: MemorySnapshot, artifacts: Artifacts },
+    Fork(Box<(MemorySnapshot, Artifacts)>),
 }
 
 /// Everything a new sandbox is made from.
@@ -46,28 +45,6 @@ pub(super) struct NewSandbox {
     pub timeout: Duration,
     pub opts: SandboxOptions,
     pub origin: Origin,
-}
-
-/// A `Creating` sandbox in the manager's map: taken out again when this drops, unless
-/// its creation succeeded (`keep`).
-struct Admitted<'a> {
-    manager: &'a SandboxManager,
-    id: String,
-    kept: bool,
-}
-
-impl Admitted<'_> {
-    fn keep(mut self) {
-        self.kept = true;
-    }
-}
-
-impl Drop for Admitted<'_> {
-    fn drop(&mut self) {
-        if !self.kept {
-            self.manager.live.lock().remove(&self.id);
-        }
-    }
 }
 
 impl SandboxManager {
@@ -101,95 +78,81 @@ impl SandboxManager {
         if named.is_none() && self.template_owner(&name).is_some_and(|o| o != key_id) {
             return Err(super::unknown_template(&template));
         }
-        // Before a pooled VM is taken for it (admission counts again, exactly).
-        self.quota_running(key_id, 1)?;
-        let pooled = match named.is_none() && !spec.cold {
-            true => self.take_pooled(&super::canonical(&template), &opts).await,
-            false => None,
+        let origin = match named {
+            Some(snap) => Origin::Named(snap),
+            None => Origin::Template { template, pooled: !spec.cold },
         };
-        let (origin, reserved) = match (named, pooled) {
-            (_, Some((sandbox, artifacts, slot))) => (Origin::Pooled { sandbox: Box::new(sandbox), artifacts }, Some(slot)),
-            (Some(snap), None) => (Origin::Named(snap), None),
-            (None, None) => (Origin::Template(template.clone()), None),
-        };
-        let from_pool = reserved.is_some();
         let new = NewSandbox { key_id: key_id.to_string(), template: name, spec, token, timeout, opts, origin };
-        let created = self.create_sandbox(new, reserved).await;
-        if from_pool {
-            self.refill(&super::canonical(&template));
-        }
-        created
+        self.create_sandbox(new).await
     }
 
-    /// Makes `new` a sandbox, in its own owner (`reserved`: a slot held for its VM
-    /// already, which the sandbox takes over once admitted).
-    pub(super) async fn create_sandbox(&self, new: NewSandbox, reserved: Option<SlotGuard<'_>>) -> Result<SandboxRow, ManagerError> {
+    /// Makes `new` a sandbox, in its own owner.
+    pub(super) async fn create_sandbox(&self, new: NewSandbox) -> Result<SandboxRow, ManagerError> {
+        if self.shutting_down() {
+            return Err(ManagerError::ShuttingDown);
+        }
         let NewSandbox { key_id, template, spec, token, timeout, mut opts, origin } = new;
-        let id = match &origin {
-            Origin::Pooled { sandbox, .. } => sandbox.id().to_string(),
-            _ => SandboxId::generate().to_string(),
+        let pool = match &origin {
+            Origin::Template { template, pooled: true } => Some(super::canonical(template)),
+            _ => None,
         };
+        let row = |id: &str| self.creating_row(id, &key_id, &template, &spec, token.clone(), &opts);
+        let (admitted, creating, pooled) = self.admit(&key_id, pool.as_deref(), |id| Live::creating(row(id), &self.store))?;
+        let id = admitted.id().to_string();
         opts.id = SandboxId::parse(&id);
-        let creating = Live::creating(self.creating_row(&id, &key_id, &template, &spec, token.clone(), &opts), &self.store);
-        let admitted = self.admit(&creating, reserved.is_none())?;
-        drop(reserved);
-        let (m, owner) = (self.arc()?, creating.owner.clone());
-        let created = creating
+        let (m, owner, pool) = (self.arc()?, creating.owner.clone(), pool.unwrap_or_default());
+        let ran = creating
             .owner
             .run(move |o: &mut Owned| -> BoxFuture<'_, Result<SandboxRow, ManagerError>> {
                 Box::pin(async move {
-                    let started = m.start_origin(origin, &opts).await;
-                    match started {
+                    let handed = match pooled {
+                        Some(pooled) => m.hand_over(&pool, pooled, &opts).await,
+                        None => None,
+                    };
+                    let started = match handed {
+                        Some((sandbox, artifacts)) => start_pooled(sandbox, artifacts, &opts).await,
+                        None => m.start_origin(origin, &opts).await,
+                    };
+                    let created = match started {
                         Ok((sandbox, artifacts)) => m.register(o, owner, &key_id, &template, &artifacts, sandbox, spec, token, timeout).await,
-                        Err(e) => {
-                            // Never seen by a client: it ends as a kill would.
-                            let _ = o.advance(SandboxState::Stopping).and_then(|_| o.advance(SandboxState::Stopped));
-                            Err(e)
-                        }
+                        Err(e) => Err(e),
+                    };
+                    if created.is_err() {
+                        // Never seen by a client: out of every lookup first, then it ends
+                        // as a kill would.
+                        m.live.lock().remove(&id);
+                        let _ = o.advance(SandboxState::Stopping).and_then(|_| o.advance(SandboxState::Stopped));
                     }
+                    created
                 })
             })
-            .await??;
-        admitted.keep();
-        Ok(created)
+            .await;
+        match ran {
+            Ok(Ok(created)) => {
+                admitted.keep();
+                Ok(created)
+            }
+            Ok(Err(e)) | Err(e) => {
+                // Its owner may have ended after recording it (a panic): no row outlives it.
+                if let Err(store) = self.store.delete_sandbox(admitted.id()).await {
+                    tracing::warn!(sandbox = %admitted.id(), "removing the record of a create that failed: {store}");
+                }
+                Err(e)
+            }
+        }
     }
 
-    /// Puts `creating` in the map if the server has room for one more VM (when `check`)
-    /// and its key has quota: both counted in the one lock that inserts it, so creates
-    /// racing each other never pass a limit together.
-    fn admit(&self, creating: &Arc<Live>, check: bool) -> Result<Admitted<'_>, ManagerError> {
-        // Lock order as `reserve_slot`'s: starting, then live.
-        let starting = self.starting.lock();
-        let mut live = self.live.lock();
-        if check && live.values().filter(|l| l.holds_vm()).count() + self.pooled_count() + *starting >= self.config.max_sandboxes {
-            return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
-        }
-        let key = &creating.row.key_id;
-        if live.values().filter(|l| l.row.key_id == *key && l.holds_vm()).count() >= self.config.quota.running {
-            return Err(super::quota::over_running(self.config.quota.running));
-        }
-        live.insert(creating.row.id.clone(), creating.clone());
-        Ok(Admitted { manager: self, id: creating.row.id.clone(), kept: false })
-    }
-
-    /// Starts the VM `origin` names.
+    /// Starts the VM `origin` names (a pool's is handed over before this).
     async fn start_origin(&self, origin: Origin, opts: &SandboxOptions) -> Result<(Sandbox, Artifacts), ManagerError> {
         match origin {
-            Origin::Pooled { mut sandbox, artifacts } => {
-                // Pooled sandboxes wait with no egress; this one's settings apply now.
-                if let Err(e) = sandbox.set_network(opts.network.clone()) {
-                    let _ = sandbox.destroy().await;
-                    return Err(ManagerError::Create(e));
-                }
-                Ok((*sandbox, artifacts))
-            }
             Origin::Named(snap) => self.start_from_named_snapshot(&snap, opts).await,
-            Origin::Template(template) => {
+            Origin::Template { template, .. } => {
                 let artifacts = self.prepare(&template).await?;
                 let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), opts).await.map_err(ManagerError::Create)?;
                 Ok((sandbox, artifacts))
             }
-            Origin::Fork { snapshot, artifacts } => {
+            Origin::Fork(fork) => {
+                let (snapshot, artifacts) = *fork;
                 let sandbox = Sandbox::from_snapshot(&self.home, &artifacts, self.backend.as_ref(), &snapshot, opts).await.map_err(ManagerError::Create)?;
                 Ok((sandbox, artifacts))
             }
@@ -238,10 +201,18 @@ impl SandboxManager {
         token: Option<String>,
         timeout: Duration,
     ) -> Result<SandboxRow, ManagerError> {
+        let id = o.id().to_string();
+        if sandbox.id().as_str() != id {
+            // Every start takes the admitted id (`SandboxOptions::id`); one that did not
+            // would leave its admission behind, counted and reachable under the other.
+            let started_as = sandbox.id().to_string();
+            let _ = sandbox.destroy().await;
+            return Err(ManagerError::Internal(format!("a sandbox admitted as {id} started as {started_as}")));
+        }
         let started = Timestamp::now();
         let end_at = self.end_at(started, timeout);
         let row = SandboxRow {
-            id: sandbox.id().to_string(),
+            id,
             key_id: key_id.to_string(),
             template: template.to_string(),
             state: SandboxState::Running.api_name().into(),
@@ -264,7 +235,6 @@ impl SandboxManager {
         };
         if let Err(e) = self.store.insert_sandbox(&row).await {
             let _ = sandbox.destroy().await;
-            let _ = o.advance(SandboxState::Stopping).and_then(|_| o.advance(SandboxState::Stopped));
             return Err(e.into());
         }
         if let Err(e) = sandbox.mark_server_owned() {
@@ -277,4 +247,14 @@ impl SandboxManager {
         o.start_running(sandbox, end_at)?;
         Ok(live.row())
     }
+}
+
+/// A pooled sandbox handed over (`hand_over`), with this create's network settings:
+/// pooled sandboxes wait with no egress.
+async fn start_pooled(mut sandbox: Sandbox, artifacts: Artifacts, opts: &SandboxOptions) -> Result<(Sandbox, Artifacts), ManagerError> {
+    if let Err(e) = sandbox.set_network(opts.network.clone()) {
+        let _ = sandbox.destroy().await;
+        return Err(ManagerError::Create(e));
+    }
+    Ok((sandbox, artifacts))
 }

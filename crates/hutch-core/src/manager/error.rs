@@ -44,6 +44,9 @@ pub enum ManagerError {
     Store(#[from] StoreError),
     #[error("internal error: {0}")]
     Internal(String),
+    /// The server is stopping: it starts no new sandbox (503).
+    #[error("the server is shutting down and starts no new sandboxes; try again when it is back")]
+    ShuttingDown,
     /// The key holds all its quota allows of something.
     #[error("{0}")]
     Quota(String),

@@ -21,6 +21,8 @@ mod pool;
 mod pools;
 mod quota;
 mod reaper;
+mod slots;
+mod admission;
 mod snapshots;
 pub mod state;
 pub mod tags;
@@ -71,8 +73,8 @@ pub struct SandboxManager {
     backend: Arc<dyn VmBackend>,
     config: ManagerConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
-    /// Sandboxes being created, counted against the limit.
-    starting: Mutex<usize>,
+    /// VMs being started that `live` does not count yet (`slots.rs`).
+    starting: Mutex<slots::Starting>,
     /// Each template's artifacts, prepared once: a build holds only its own cell, so
     /// creates of other templates never wait behind it.
     artifacts: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<Artifacts>>>>,
@@ -114,7 +116,7 @@ impl SandboxManager {
             backend,
             config,
             live: Mutex::new(HashMap::new()),
-            starting: Mutex::new(0),
+            starting: Mutex::new(slots::Starting::default()),
             artifacts: Mutex::new(HashMap::new()),
             builder,
             pinned: Mutex::new(Default::default()),
@@ -231,17 +233,6 @@ impl SandboxManager {
 
     fn shutting_down(&self) -> bool {
         self.shutting_down.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// Reserves a slot for a VM about to start; the slot is released when the
-    /// returned guard drops.
-    fn reserve_slot(&self) -> Result<SlotGuard<'_>, ManagerError> {
-        let mut starting = self.starting.lock();
-        if self.running_count() + *starting >= self.config.max_sandboxes {
-            return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
-        }
-        *starting += 1;
-        Ok(SlotGuard(&self.starting))
     }
 
     /// A sandbox's options. `template` sets its memory when the server sets none (a
@@ -461,12 +452,3 @@ impl Drop for InFlight {
 /// How long shutdown waits for operations in flight (a create under TCG takes tens
 /// of seconds) before letting go of the sandboxes.
 const SHUTDOWN_WAIT: Duration = Duration::from_secs(30);
-
-/// A reserved start slot (see `reserve_slot`).
-struct SlotGuard<'a>(&'a Mutex<usize>);
-
-impl Drop for SlotGuard<'_> {
-    fn drop(&mut self) {
-        *self.0.lock() -= 1;
-    }
-}

@@ -52,6 +52,11 @@ impl Owned {
         self.state
     }
 
+    /// The sandbox's id (its row's).
+    pub fn id(&self) -> &str {
+        &self.record.id
+    }
+
     pub fn sandbox(&self) -> Option<&Sandbox> {
         self.sandbox.as_ref()
     }

@@ -51,6 +51,9 @@ impl SandboxManager {
                     (Live::running(row, sandbox, &self.store), true)
                 }
                 Err(e) if is_paused_dir(&dir) => {
+                    // Paused means no VM: one started by a resume the earlier server
+                    // did not finish (its pid perhaps never written) goes now.
+                    crate::sweep::kill_qemu(&dir);
                     if !was_paused {
                         // Its pause finished but the store did not hear of it.
                         tracing::info!(sandbox = %row.id, "its pause finished as the earlier server stopped ({e}); paused");
@@ -61,6 +64,7 @@ impl SandboxManager {
                 }
                 Err(e) => {
                     tracing::warn!(sandbox = %row.id, state = %row.state, "sandbox from an earlier server run cannot be taken over ({e}); removing its record and files");
+                    crate::sweep::kill_qemu(&dir);
                     let _ = std::fs::remove_dir_all(&row.dir);
                     self.store.delete_sandbox(&row.id).await?;
                     continue;
@@ -159,8 +163,7 @@ impl SandboxManager {
             return Err(super::state::TransitionError { from: o.state(), to: SandboxState::Resuming }.into());
         }
         let row = &live.row;
-        self.quota_running(&row.key_id, 1)?;
-        let _reserved = self.reserve_slot()?;
+        let _reserved = self.reserve_slot(Some(&row.key_id))?;
         let mut opts = self.options(&row.template, &row.env_vars, &row.metadata, row.envd_token.clone());
         // A reboot keeps the sandbox's own size, whatever the server's (or the
         // template's current build's) is now.

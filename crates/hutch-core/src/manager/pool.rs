@@ -4,7 +4,8 @@
 //! VMs count against the server's sandbox limit; they belong to no key until taken.
 
 use super::pools::Pooled;
-use super::{SandboxManager, SlotGuard};
+use super::slots::SlotGuard;
+use super::SandboxManager;
 use crate::artifacts::Artifacts;
 use crate::sandbox::Sandbox;
 use crate::sandbox::boot::SandboxOptions;
@@ -12,7 +13,7 @@ use crate::sandbox::boot::SandboxOptions;
 impl SandboxManager {
     /// Sandboxes waiting in pools (they count against the limit).
     pub(super) fn pooled_count(&self) -> usize {
-        self.pools.lock().ready.values().map(Vec::len).sum()
+        self.pools.lock().waiting()
     }
 
     /// Whether a refill task runs now (tests wait for it).
@@ -39,30 +40,21 @@ impl SandboxManager {
         self.config.pool.iter().map(|(t, n)| (t.clone(), self.pool_size(t), *n)).collect()
     }
 
-    fn pool_target(&self, template: &str) -> usize {
+    pub(super) fn pool_target(&self, template: &str) -> usize {
         self.config.pool.get(template).copied().unwrap_or(0)
     }
 
-    /// A waiting sandbox of `template`, made this request's: same guest, its own
-    /// identity from here on, with the artifacts of the build it runs. None when the
-    /// pool is empty (or there is none). The slot guard keeps the sandbox counted
-    /// until the caller registers it.
-    pub(super) async fn take_pooled(&self, template: &str, opts: &SandboxOptions) -> Option<(Sandbox, Artifacts, SlotGuard<'_>)> {
-        if self.pool_target(template) == 0 {
-            return None;
-        }
-        // The caller refills once the sandbox counts as running.
-        // Counted as starting before it leaves the pool (never both locks at once:
-        // reserve_slot takes them in the other order).
-        *self.starting.lock() += 1;
-        let slot = SlotGuard(&self.starting);
-        let Pooled { mut sandbox, artifacts, .. } = self.pools.lock().take_current(template)?;
+    /// Makes `pooled`, taken from the pool at admission, this request's: same guest,
+    /// its own identity from here on, with the artifacts of the build it runs. None if
+    /// it did not take its identity (it is stopped; the pool refills).
+    pub(super) async fn hand_over(&self, template: &str, pooled: Pooled, opts: &SandboxOptions) -> Option<(Sandbox, Artifacts)> {
+        let Pooled { mut sandbox, artifacts, .. } = pooled;
+        self.refill(template);
         match sandbox.reinit(opts).await {
-            Ok(()) => Some((sandbox, artifacts, slot)),
+            Ok(()) => Some((sandbox, artifacts)),
             Err(e) => {
                 tracing::warn!(template, "a pooled sandbox did not take its identity, discarding it: {e}");
                 let _ = sandbox.destroy().await;
-                self.refill(template);
                 None
             }
         }
@@ -96,11 +88,11 @@ impl SandboxManager {
     /// A refill never takes the last free slot: requests come first. Pools fill up
     /// again when sandboxes end.
     fn room_for_pool(&self) -> bool {
-        self.running_count() + *self.starting.lock() + 1 < self.config.max_sandboxes
+        self.running_count() + self.starting.lock().total() + 1 < self.config.max_sandboxes
     }
 
     async fn add_to_pool(&self, template: &str) -> Result<(), super::ManagerError> {
-        let _slot = self.reserve_slot()?;
+        let _slot = self.reserve_slot(None)?;
         // Read before preparing: a change of builds forgets the prepared artifacts
         // first and then moves the generation on, so a sandbox of the old build always
         // carries the old generation.
@@ -135,9 +127,10 @@ impl SandboxManager {
         tokio::spawn(async move {
             let Some(m) = me.upgrade() else { return };
             loop {
-                // Counted as starting before it leaves the pool, as in take_pooled.
-                *m.starting.lock() += 1;
-                let _slot = SlotGuard(&m.starting);
+                // Counted as starting before it leaves the pool, so the limit holds
+                // until its VM is gone.
+                m.starting.lock().take(None);
+                let _slot = SlotGuard::new(&m.starting, None);
                 let Some(stale) = m.pools.lock().take_stale(&name) else { break };
                 tracing::info!(template = %name, sandbox = %stale.sandbox.id(), "stopping a pooled sandbox of a replaced build");
                 let _ = stale.sandbox.destroy().await;

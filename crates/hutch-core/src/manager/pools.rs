@@ -26,6 +26,11 @@ pub(super) struct Pools {
 }
 
 impl Pools {
+    /// Sandboxes waiting, all templates (they count against the limit).
+    pub fn waiting(&self) -> usize {
+        self.ready.values().map(Vec::len).sum()
+    }
+
     pub fn generation(&self, reference: &str) -> u64 {
         self.generation.get(tags::split(reference).0).copied().unwrap_or(0)
     }

@@ -321,9 +321,9 @@ impl SandboxManager {
             network: Some(network),
         };
         let timeout = Duration::from_secs(timeout.unwrap_or(self.config.default_timeout.as_secs()));
-        let origin = super::create::Origin::Fork { snapshot: snap.clone(), artifacts: artifacts.clone() };
+        let origin = super::create::Origin::Fork(Box::new((snap.clone(), artifacts.clone())));
         let new = super::create::NewSandbox { key_id: key_id.to_string(), template: source.template.clone(), spec, token, timeout, opts, origin };
-        self.create_sandbox(new, None).await
+        self.create_sandbox(new).await
     }
 
     /// Removes sandbox snapshot directories nothing needs: not a stored snapshot, not

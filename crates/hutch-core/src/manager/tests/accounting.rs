@@ -140,3 +140,30 @@ async fn a_sandbox_being_created_is_counted_from_admission_and_hidden_until_it_r
     env.settled().await;
     env.kill_all().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resumes_racing_each_other_never_pass_the_running_quota() {
+    let config = ManagerConfig { max_sandboxes: 4, quota: KeyQuota { running: 1, paused: 2, snapshots: 1, ..KeyQuota::default() }, ..ManagerConfig::default() };
+    let env = Env::new(config).await;
+    let key = env.key().to_string();
+    let m = &env.manager;
+    let mut paused = Vec::new();
+    for _ in 0..2 {
+        let id = env.create().await.id;
+        m.pause(&key, &id, PauseMode::Full).await.expect("pause");
+        paused.push(id);
+    }
+    env.settled().await;
+    let hold = env.backend.hold(hutch_vmm::fake::Step::Start);
+    let first = paused[0].clone();
+    let resuming = env.spawn(move |m, key| async move { m.connect(&key, &first, None, OnResume::Restore).await });
+    hold.reached().await;
+    // The first resume holds the key's one running slot while its VM starts.
+    assert!(matches!(m.connect(&key, &paused[1], None, OnResume::Restore).await, Err(ManagerError::Quota(_))), "the second is refused");
+    assert!(matches!(m.create(&key, base()).await, Err(ManagerError::Quota(_))), "so is a create");
+    hold.release();
+    resuming.await.expect("task").expect("the first resumes");
+    assert_eq!(env.state(&paused[1]), SandboxState::Paused, "a refused resume changes nothing");
+    env.settled().await;
+    env.kill_all().await;
+}

@@ -118,7 +118,7 @@ impl Env {
         let quiet = until(SETTLE, || {
             let live = self.manager.live.lock();
             self.manager.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0
-                && *self.manager.starting.lock() == 0
+                && self.manager.starting.lock().total() == 0
                 && live.values().all(|l| !l.owner.is_busy())
                 && !self.manager.pools_filling()
         })

@@ -1,0 +1,84 @@
+//! Admission: whether the server and the key have room for one more VM, decided and
+//! recorded in one lock (starting, then live, then pools: the one order every holder
+//! of more than one of them takes), so requests racing each other never pass a limit
+//! together. A create is admitted into the map as `Creating`; a resume or a pool fill
+//! takes a start slot (`slots.rs`).
+
+use super::error::ManagerError;
+use super::live::Live;
+use super::pools::Pooled;
+use super::slots::SlotGuard;
+use super::SandboxManager;
+use std::sync::Arc;
+
+/// A `Creating` sandbox in the manager's map: taken out again when this drops, unless
+/// its creation succeeded (`keep`).
+pub(super) struct Admitted<'a> {
+    manager: &'a SandboxManager,
+    id: String,
+    kept: bool,
+}
+
+impl Admitted<'_> {
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn keep(mut self) {
+        self.kept = true;
+    }
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if !self.kept {
+            self.manager.live.lock().remove(&self.id);
+        }
+    }
+}
+
+impl SandboxManager {
+    /// Admits a sandbox of `key_id` as `make(id)` makes it. With `pool`, a waiting
+    /// sandbox of that template is taken in the same lock when there is one (it moves
+    /// from the pool's count to the map's, so it needs no room) and the new sandbox
+    /// takes its id; otherwise the id is new and the server must have room.
+    pub(super) fn admit(&self, key_id: &str, pool: Option<&str>, make: impl FnOnce(&str) -> Arc<Live>) -> Result<(Admitted<'_>, Arc<Live>, Option<Pooled>), ManagerError> {
+        let starting = self.starting.lock();
+        let mut live = self.live.lock();
+        let mut pools = self.pools.lock();
+        let mine = live.values().filter(|l| l.row.key_id == key_id && l.holds_vm()).count() + starting.of_key(key_id);
+        if mine >= self.config.quota.running {
+            return Err(super::quota::over_running(self.config.quota.running));
+        }
+        let pooled = pool.filter(|t| self.pool_target(t) > 0).and_then(|t| pools.take_current(t));
+        if pooled.is_none() {
+            let held = live.values().filter(|l| l.holds_vm()).count() + pools.waiting() + starting.total();
+            if held >= self.config.max_sandboxes {
+                return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
+            }
+        }
+        let id = pooled.as_ref().map_or_else(|| crate::ids::SandboxId::generate().to_string(), |p| p.sandbox.id().to_string());
+        let creating = make(&id);
+        live.insert(id.clone(), creating.clone());
+        Ok((Admitted { manager: self, id, kept: false }, creating, pooled))
+    }
+
+    /// Reserves a slot for a VM about to start, for `key`'s running quota too when it is
+    /// a key's (a resume); the slot is released when the returned guard drops.
+    pub(super) fn reserve_slot(&self, key: Option<&str>) -> Result<SlotGuard<'_>, ManagerError> {
+        let mut starting = self.starting.lock();
+        let live = self.live.lock();
+        let held = live.values().filter(|l| l.holds_vm()).count() + self.pools.lock().waiting() + starting.total();
+        if held >= self.config.max_sandboxes {
+            return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
+        }
+        if let Some(key) = key {
+            if live.values().filter(|l| l.row.key_id == key && l.holds_vm()).count() + starting.of_key(key) >= self.config.quota.running {
+                return Err(super::quota::over_running(self.config.quota.running));
+            }
+        }
+        drop(live);
+        starting.take(key);
+        Ok(SlotGuard::new(&self.starting, key))
+    }
+}
