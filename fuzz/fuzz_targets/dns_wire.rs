@@ -7,7 +7,8 @@ use hutch_net::dns::{answer, DnsContext, Pins};
 use hutch_net::seam::{TestMap, TestMapFile};
 use hutch_net::{HostAddrs, NetLog, Policy, Reach};
 use libfuzzer_sys::fuzz_target;
-use std::sync::{Mutex, OnceLock};
+use parking_lot::Mutex;
+use std::sync::OnceLock;
 
 struct World {
     runtime: tokio::runtime::Runtime,

@@ -33,17 +33,14 @@ pub(crate) fn running_qemu(dir: &Path) -> Option<i32> {
     hutch_vmm::process::names_dir(pid as u32, dir).then_some(pid)
 }
 
-/// Kills the sandbox's QEMU if it is still running: the one its `qemu.pid` names, and
-/// any other naming the directory (one started as its server died, before the pid
-/// was written).
+/// Kills the sandbox's QEMU if it is still running, and waits (a few seconds at most)
+/// for it to go: the one its `qemu.pid` names, and any other naming the directory (one
+/// started as its server died, before the pid was written).
 pub(crate) fn kill_qemu(dir: &Path) {
-    let recorded = running_qemu(dir).into_iter().map(|pid| pid as u32);
-    let mut pids: Vec<u32> = recorded.chain(hutch_vmm::process::vms_naming(dir)).collect();
-    pids.sort_unstable();
-    pids.dedup();
-    for pid in pids {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+    if let Some(pid) = running_qemu(dir) {
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
     }
+    hutch_vmm::process::kill_vms_naming(dir, std::time::Duration::from_secs(5));
 }
 
 /// Who sweeps.

@@ -129,7 +129,7 @@ fn withheld_from_agent(name: &HeaderName, value: &http::HeaderValue) -> bool {
     hop_by_hop(name)
         || HUTCH_CREDENTIALS.contains(&name.as_str())
         || name == http::header::COOKIE
-        || (name == http::header::AUTHORIZATION && !value.as_bytes().starts_with(b"Basic "))
+        || (name == http::header::AUTHORIZATION && !value.as_bytes().get(..6).is_some_and(|scheme| scheme.eq_ignore_ascii_case(b"basic ")))
 }
 
 pub async fn forward(state: &AppState, target: Target, req: Request) -> Response {

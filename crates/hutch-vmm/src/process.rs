@@ -63,16 +63,37 @@ pub fn names_dir(pid: u32, dir: &Path) -> bool {
 
 /// QEMU processes whose command line names a file in `dir`: that sandbox directory's
 /// VMs, whether or not one's pid was recorded (a server killed between spawning QEMU
-/// and writing `qemu.pid` leaves one nobody else knows of).
+/// and writing `qemu.pid` leaves one nobody else knows of). Only `qemu-system-*`
+/// (never qemu-img or qemu-nbd reading a sandbox's files), and none for a `dir` that
+/// is not a directory's path of its own (`/`, empty).
 pub fn vms_naming(dir: &Path) -> Vec<u32> {
+    if dir.file_name().is_none() {
+        return Vec::new();
+    }
     let inside = format!("{}/", dir.display());
     let pids = std::fs::read_dir("/proc").into_iter().flatten().flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok());
     pids.filter(|pid| {
         // comm is the program's file name, at most 15 bytes: "qemu-system-x86".
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
-        comm.starts_with("qemu") && String::from_utf8_lossy(&std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default()).contains(&inside)
+        comm.starts_with("qemu-system") && names_dir(*pid, Path::new(&inside))
     })
     .collect()
+}
+
+/// Kills the VMs naming `dir` (`vms_naming`) and waits up to `limit` for them to go,
+/// so their files (the disk's lock) are free when this returns. Each is held by a
+/// pidfd and checked again before the signal: a pid recycled since the scan is spared.
+pub fn kill_vms_naming(dir: &Path, limit: Duration) -> usize {
+    use std::os::fd::AsFd;
+    let held: Vec<std::os::fd::OwnedFd> = vms_naming(dir)
+        .into_iter()
+        .filter_map(|pid| crate::pidfd::open_fd(pid, 0).ok().filter(|_| names_dir(pid, &dir.join(""))))
+        .filter(|fd| crate::pidfd::kill(fd.as_fd()).is_ok())
+        .collect();
+    for fd in &held {
+        crate::pidfd::wait_within(fd.as_fd(), limit);
+    }
+    held.len()
 }
 
 #[cfg(test)]
@@ -85,7 +106,7 @@ mod tests {
         let (dir, other) = (tmp.path().join("i1"), tmp.path().join("i10"));
         // A stand-in QEMU: a shell under a QEMU-like name whose command line names a
         // file in `dir` (its `$0`), as QEMU's names its disk and sockets.
-        let fake = tmp.path().join("qemu-fake");
+        let fake = tmp.path().join("qemu-system-fake");
         std::fs::copy("/bin/sh", &fake).expect("copy sh");
         let mut child = Command::new(&fake).args(["-c", "sleep 30; true"]).arg(dir.join("disk.qcow2")).spawn().expect("spawn");
         let pid = child.id();
@@ -94,10 +115,15 @@ mod tests {
             std::thread::sleep(Duration::from_millis(10));
             found.contains(&pid).then_some(found)
         });
-        let _ = child.kill();
-        let _ = child.wait();
         assert_eq!(found, Some(vec![pid]), "found by its command line");
         assert!(vms_naming(&other).is_empty(), "a directory whose name starts the same is another's");
+        assert!(vms_naming(Path::new("/")).is_empty(), "never every VM at once");
+        assert_eq!(kill_vms_naming(&other, Duration::from_secs(5)), 0);
+        assert_eq!(kill_vms_naming(&dir, Duration::from_secs(5)), 1);
+        // Waited for until it was gone (and, as this process's child, reaped).
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "killed and gone");
+        // Already reaped by the wait above: this only tells std so.
+        let _ = child.wait();
     }
 
     #[test]

@@ -78,7 +78,6 @@ impl SandboxManager {
             }
         }
         drop(live);
-        starting.take(key);
-        Ok(SlotGuard::new(&self.starting, key))
+        Ok(SlotGuard::take(&self.starting, &mut starting, key))
     }
 }

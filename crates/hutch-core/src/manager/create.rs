@@ -107,11 +107,12 @@ impl SandboxManager {
                 Box::pin(async move {
                     let handed = match pooled {
                         Some(pooled) => m.hand_over(&pool, pooled, &opts).await,
-                        None => None,
+                        None => Ok(None),
                     };
                     let started = match handed {
-                        Some((sandbox, artifacts)) => start_pooled(sandbox, artifacts, &opts).await,
-                        None => m.start_origin(origin, &opts).await,
+                        Ok(Some((sandbox, artifacts))) => start_pooled(sandbox, artifacts, &opts).await,
+                        Ok(None) => m.start_origin(origin, &opts).await,
+                        Err(e) => Err(e),
                     };
                     let created = match started {
                         Ok((sandbox, artifacts)) => m.register(o, owner, &key_id, &template, &artifacts, sandbox, spec, token, timeout).await,

@@ -46,16 +46,18 @@ impl SandboxManager {
 
     /// Makes `pooled`, taken from the pool at admission, this request's: same guest,
     /// its own identity from here on, with the artifacts of the build it runs. None if
-    /// it did not take its identity (it is stopped; the pool refills).
-    pub(super) async fn hand_over(&self, template: &str, pooled: Pooled, opts: &SandboxOptions) -> Option<(Sandbox, Artifacts)> {
+    /// it did not take its identity and was stopped (the caller starts another under
+    /// the same id); an error if it could not even be stopped, so no second VM starts
+    /// beside it.
+    pub(super) async fn hand_over(&self, template: &str, pooled: Pooled, opts: &SandboxOptions) -> Result<Option<(Sandbox, Artifacts)>, super::ManagerError> {
         let Pooled { mut sandbox, artifacts, .. } = pooled;
         self.refill(template);
         match sandbox.reinit(opts).await {
-            Ok(()) => Some((sandbox, artifacts)),
+            Ok(()) => Ok(Some((sandbox, artifacts))),
             Err(e) => {
                 tracing::warn!(template, "a pooled sandbox did not take its identity, discarding it: {e}");
-                let _ = sandbox.destroy().await;
-                None
+                sandbox.destroy().await.map_err(|e| super::ManagerError::Internal(format!("stopping a pooled sandbox that did not take its identity: {e}")))?;
+                Ok(None)
             }
         }
     }
@@ -129,8 +131,7 @@ impl SandboxManager {
             loop {
                 // Counted as starting before it leaves the pool, so the limit holds
                 // until its VM is gone.
-                m.starting.lock().take(None);
-                let _slot = SlotGuard::new(&m.starting, None);
+                let _slot = SlotGuard::take(&m.starting, &mut m.starting.lock(), None);
                 let Some(stale) = m.pools.lock().take_stale(&name) else { break };
                 tracing::info!(template = %name, sandbox = %stale.sandbox.id(), "stopping a pooled sandbox of a replaced build");
                 let _ = stale.sandbox.destroy().await;

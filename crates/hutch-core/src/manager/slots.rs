@@ -23,15 +23,6 @@ impl Starting {
         self.by_key.get(key).copied().unwrap_or(0)
     }
 
-    /// Counts one more, for `key` if a key's. The caller holds the lock it checked the
-    /// limits in, and wraps the slot in a `SlotGuard` at once.
-    pub fn take(&mut self, key: Option<&str>) {
-        self.total += 1;
-        if let Some(key) = key {
-            *self.by_key.entry(key.to_string()).or_default() += 1;
-        }
-    }
-
     fn give_back(&mut self, key: Option<&str>) {
         self.total -= 1;
         if let Some(key) = key {
@@ -52,7 +43,14 @@ pub(super) struct SlotGuard<'a> {
 }
 
 impl<'a> SlotGuard<'a> {
-    pub fn new(starting: &'a Mutex<Starting>, key: Option<&str>) -> SlotGuard<'a> {
+    /// Counts one more in `held` (the locked `starting`, in which the caller checked
+    /// the limits), for `key` if a key's: the one way a slot is taken, so every slot
+    /// is given back exactly once.
+    pub fn take(starting: &'a Mutex<Starting>, held: &mut Starting, key: Option<&str>) -> SlotGuard<'a> {
+        held.total += 1;
+        if let Some(key) = key {
+            *held.by_key.entry(key.to_string()).or_default() += 1;
+        }
         SlotGuard { starting, key: key.map(str::to_string) }
     }
 }

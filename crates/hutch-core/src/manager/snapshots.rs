@@ -278,6 +278,10 @@ impl SandboxManager {
     }
 
     async fn fork_now(&self, key_id: &str, id: &str, count: u32, timeout: Option<u64>) -> Result<Vec<Result<SandboxRow, ManagerError>>, ManagerError> {
+        // Before the source is snapshotted (its guest stops for that): no fork would start.
+        if self.shutting_down() {
+            return Err(ManagerError::ShuttingDown);
+        }
         if !(1..=MAX_FORKS).contains(&count) {
             return Err(ManagerError::InvalidArgument(format!("count must be between 1 and {MAX_FORKS}, got {count}")));
         }

@@ -201,7 +201,15 @@ impl Sandbox {
         match state.as_str() {
             "running" | "io-error" => {}
             // Stopped by a save (`paused`, then `postmigrate` once written).
-            "paused" | "postmigrate" | "finish-migrate" if resume_stopped => vm.resume().await.map_err(AdoptError::Resume)?,
+            "paused" | "postmigrate" | "finish-migrate" if resume_stopped => {
+                vm.resume().await.map_err(AdoptError::Resume)?;
+                // The guest runs on from here and its disk moves: a saved state is stale
+                // at once, and must not be kept for a resume if the adoption fails below
+                // (its memory over the changed disk would corrupt the guest's files).
+                for stale in [PAUSED_STATE, SAVING_STATE, PAUSED_DISK] {
+                    let _ = std::fs::remove_file(dir.join(stale));
+                }
+            }
             _ => return Err(AdoptError::NeverRan { state }),
         }
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| AdoptError::Agent(CreateError::Dir(dir.to_path_buf(), e)))?;

@@ -116,9 +116,11 @@ impl Env {
     /// owners, the rows, the store, the VMs and the disk all tell the same story.
     pub async fn settled(&self) {
         let quiet = until(SETTLE, || {
+            // The manager's lock order: starting before live.
+            let starting = self.manager.starting.lock().total();
             let live = self.manager.live.lock();
             self.manager.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 0
-                && self.manager.starting.lock().total() == 0
+                && starting == 0
                 && live.values().all(|l| !l.owner.is_busy())
                 && !self.manager.pools_filling()
         })
