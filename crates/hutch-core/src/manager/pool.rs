@@ -102,6 +102,8 @@ impl SandboxManager {
         let artifacts = self.prepare(template).await?;
         let opts = self.options(template, &Default::default(), &Default::default(), None);
         let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(super::ManagerError::Create)?;
+        let user = artifacts.template.source.as_ref().and_then(|s| s.defaults.user.clone());
+        prewarm(&sandbox, user.as_deref()).await;
         let unwanted = {
             let mut pools = self.pools.lock();
             if self.shutting_down() || pools.generation(template) != generation {
@@ -154,5 +156,34 @@ impl SandboxManager {
         for pooled in all {
             let _ = pooled.sandbox.destroy().await;
         }
+    }
+}
+
+/// How long a pooled sandbox's warm-up may take before it is pooled as it is.
+const PREWARM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs what SDKs run first in a pooled sandbox before anyone takes it: every
+/// `commands.run` starts `/bin/bash -l -c CMD` as the template's user. Under TCG a fresh
+/// QEMU translates that start-up on its first run, and the translation stays with the
+/// QEMU: measured through the official SDK, a pooled sandbox's first command took
+/// 245-270 ms and the next 52 (docs/BENCHMARKS.md). Best effort: a guest without bash
+/// or that user is pooled all the same.
+async fn prewarm(sandbox: &Sandbox, user: Option<&str>) {
+    let request = hutch_proto::process::StartRequest {
+        process: hutch_proto::process::ProcessConfig { cmd: "/bin/bash".into(), args: vec!["-l".into(), "-c".into(), "true".into()], envs: Default::default(), cwd: None },
+        pty: None,
+        tag: None,
+        stdin: Some(false),
+    };
+    let agent = sandbox.agent().as_user(Some(user.unwrap_or("user")));
+    let run = async {
+        let mut stream = agent.start(&request).await?;
+        while stream.next().await.is_some() {}
+        Ok::<_, hutch_envd::AgentError>(())
+    };
+    match tokio::time::timeout(PREWARM_WAIT, run).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox up: {e}"),
+        Err(_) => tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox up took more than {} s", PREWARM_WAIT.as_secs()),
     }
 }
