@@ -34,12 +34,9 @@ pub(crate) fn running_qemu(dir: &Path) -> Option<i32> {
 }
 
 /// Kills the sandbox's QEMU if it is still running, and waits (a few seconds at most)
-/// for it to go: the one its `qemu.pid` names, and any other naming the directory (one
-/// started as its server died, before the pid was written).
+/// for it to go. Found by its command line, which names the directory: the one
+/// `qemu.pid` records, and one started as its server died, before the pid was written.
 pub(crate) fn kill_qemu(dir: &Path) {
-    if let Some(pid) = running_qemu(dir) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
-    }
     hutch_vmm::process::kill_vms_naming(dir, std::time::Duration::from_secs(5));
 }
 

@@ -7,9 +7,13 @@
 use super::error::ManagerError;
 use super::live::Live;
 use super::pools::Pooled;
-use super::slots::SlotGuard;
+use super::slots::{SlotGuard, Starting};
 use super::SandboxManager;
+use std::collections::HashMap;
 use std::sync::Arc;
+
+/// The manager's map of sandboxes, as its lock gives it.
+type Lives = HashMap<String, Arc<Live>>;
 
 /// A `Creating` sandbox in the manager's map: taken out again when this drops, unless
 /// its creation succeeded (`keep`).
@@ -46,16 +50,10 @@ impl SandboxManager {
         let starting = self.starting.lock();
         let mut live = self.live.lock();
         let mut pools = self.pools.lock();
-        let mine = live.values().filter(|l| l.row.key_id == key_id && l.holds_vm()).count() + starting.of_key(key_id);
-        if mine >= self.config.quota.running {
-            return Err(super::quota::over_running(self.config.quota.running));
-        }
+        self.room_for_key(&live, &starting, key_id)?;
         let pooled = pool.filter(|t| self.pool_target(t) > 0).and_then(|t| pools.take_current(t));
         if pooled.is_none() {
-            let held = live.values().filter(|l| l.holds_vm()).count() + pools.waiting() + starting.total();
-            if held >= self.config.max_sandboxes {
-                return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
-            }
+            self.room_for_vm(&live, &starting, pools.waiting())?;
         }
         let id = pooled.as_ref().map_or_else(|| crate::ids::SandboxId::generate().to_string(), |p| p.sandbox.id().to_string());
         let creating = make(&id);
@@ -68,16 +66,31 @@ impl SandboxManager {
     pub(super) fn reserve_slot(&self, key: Option<&str>) -> Result<SlotGuard<'_>, ManagerError> {
         let mut starting = self.starting.lock();
         let live = self.live.lock();
-        let held = live.values().filter(|l| l.holds_vm()).count() + self.pools.lock().waiting() + starting.total();
-        if held >= self.config.max_sandboxes {
-            return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
-        }
+        self.room_for_vm(&live, &starting, self.pools.lock().waiting())?;
         if let Some(key) = key {
-            if live.values().filter(|l| l.row.key_id == key && l.holds_vm()).count() + starting.of_key(key) >= self.config.quota.running {
-                return Err(super::quota::over_running(self.config.quota.running));
-            }
+            self.room_for_key(&live, &starting, key)?;
         }
         drop(live);
         Ok(SlotGuard::take(&self.starting, &mut starting, key))
+    }
+
+    /// Room under `--max-sandboxes` for one more VM: the map's VMs, the pools' and
+    /// those starting (read under the caller's locks).
+    fn room_for_vm(&self, live: &Lives, starting: &Starting, waiting: usize) -> Result<(), ManagerError> {
+        let held = live.values().filter(|l| l.holds_vm()).count() + waiting + starting.total();
+        match held < self.config.max_sandboxes {
+            true => Ok(()),
+            false => Err(ManagerError::AtCapacity { max: self.config.max_sandboxes }),
+        }
+    }
+
+    /// Room in `key`'s running quota for one more: its VMs in the map and those it is
+    /// starting (read under the caller's locks).
+    fn room_for_key(&self, live: &Lives, starting: &Starting, key: &str) -> Result<(), ManagerError> {
+        let held = live.values().filter(|l| l.row.key_id == key && l.holds_vm()).count() + starting.of_key(key);
+        match held < self.config.quota.running {
+            true => Ok(()),
+            false => Err(super::quota::over_running(self.config.quota.running)),
+        }
     }
 }

@@ -101,6 +101,7 @@ impl SandboxManager {
         let id = admitted.id().to_string();
         opts.id = SandboxId::parse(&id);
         let (m, owner, pool) = (self.arc()?, creating.owner.clone(), pool.unwrap_or_default());
+        let admitted_row = creating.row.clone();
         let ran = creating
             .owner
             .run(move |o: &mut Owned| -> BoxFuture<'_, Result<SandboxRow, ManagerError>> {
@@ -115,7 +116,7 @@ impl SandboxManager {
                         Err(e) => Err(e),
                     };
                     let created = match started {
-                        Ok((sandbox, artifacts)) => m.register(o, owner, &key_id, &template, &artifacts, sandbox, spec, token, timeout).await,
+                        Ok((sandbox, artifacts)) => m.register(o, owner, admitted_row, &artifacts, sandbox, timeout).await,
                         Err(e) => Err(e),
                     };
                     if created.is_err() {
@@ -160,8 +161,9 @@ impl SandboxManager {
         }
     }
 
-    /// The row of a sandbox about to start: what it will be once its VM runs, but for
-    /// what only the VM tells (its size from a snapshot, its disk, its QEMU, its times).
+    /// The row of a sandbox about to start: what it will be once its VM runs (its
+    /// tokens too), but for what only the VM tells (its size from a snapshot, its disk,
+    /// its QEMU, its times).
     fn creating_row(&self, id: &str, key_id: &str, template: &str, spec: &CreateSpec, token: Option<String>, opts: &SandboxOptions) -> SandboxRow {
         let now = Timestamp::now();
         SandboxRow {
@@ -175,7 +177,7 @@ impl SandboxManager {
             metadata: spec.metadata.clone(),
             env_vars: spec.env_vars.clone(),
             envd_token: token,
-            traffic_token: None,
+            traffic_token: spec.private_ports.then(crate::ids::random_token),
             started_at: now,
             end_at: now,
             qemu_pid: None,
@@ -188,51 +190,36 @@ impl SandboxManager {
         }
     }
 
-    /// Records a freshly started sandbox and moves it to `Running` (in its owner, `o`).
-    #[allow(clippy::too_many_arguments)]
+    /// Records a freshly started sandbox and moves it to `Running` (in its owner, `o`):
+    /// its row is the one it was admitted with, completed by what only its VM tells.
     async fn register(
         &self,
         o: &mut Owned,
         owner: Arc<Owner>,
-        key_id: &str,
-        template: &str,
+        admitted: SandboxRow,
         artifacts: &Artifacts,
         sandbox: Sandbox,
-        spec: CreateSpec,
-        token: Option<String>,
         timeout: Duration,
     ) -> Result<SandboxRow, ManagerError> {
-        let id = o.id().to_string();
-        if sandbox.id().as_str() != id {
+        if sandbox.id().as_str() != admitted.id {
             // Every start takes the admitted id (`SandboxOptions::id`); one that did not
             // would leave its admission behind, counted and reachable under the other.
             let started_as = sandbox.id().to_string();
             let _ = sandbox.destroy().await;
-            return Err(ManagerError::Internal(format!("a sandbox admitted as {id} started as {started_as}")));
+            return Err(ManagerError::Internal(format!("a sandbox admitted as {} started as {started_as}", admitted.id)));
         }
         let started = Timestamp::now();
         let end_at = self.end_at(started, timeout);
         let row = SandboxRow {
-            id,
-            key_id: key_id.to_string(),
-            template: template.to_string(),
             state: SandboxState::Running.api_name().into(),
             cpu_count: i64::from(sandbox.cpus()),
             memory_mb: i64::from(sandbox.memory_mib()),
             disk_mb: (artifacts.template.disk_size >> 20) as i64,
-            metadata: spec.metadata,
-            env_vars: spec.env_vars,
-            envd_token: token,
-            traffic_token: spec.private_ports.then(crate::ids::random_token),
             started_at: started,
             end_at,
             qemu_pid: sandbox.pid().map(i64::from),
             dir: sandbox.dir().display().to_string(),
-            auto_pause: spec.auto_pause,
-            auto_resume: spec.auto_resume,
-            auto_pause_memory: spec.auto_pause_mode == PauseMode::Full,
-            pause_mode: None,
-            failure: None,
+            ..admitted
         };
         if let Err(e) = self.store.insert_sandbox(&row).await {
             let _ = sandbox.destroy().await;

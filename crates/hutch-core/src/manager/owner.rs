@@ -52,11 +52,6 @@ impl Owned {
         self.state
     }
 
-    /// The sandbox's id (its row's).
-    pub fn id(&self) -> &str {
-        &self.record.id
-    }
-
     pub fn sandbox(&self) -> Option<&Sandbox> {
         self.sandbox.as_ref()
     }
@@ -98,7 +93,7 @@ impl Owned {
     /// Ends creation (`Creating`): holds `sandbox`, ending at `end_at`, and runs. Its
     /// row was just written whole, so nothing is written here.
     pub fn start_running(&mut self, sandbox: Sandbox, end_at: Timestamp) -> Result<(), TransitionError> {
-        if !self.state.can_become(SandboxState::Running) || self.state != SandboxState::Creating {
+        if self.state != SandboxState::Creating {
             return Err(TransitionError { from: self.state, to: SandboxState::Running });
         }
         self.sandbox = Some(sandbox);
