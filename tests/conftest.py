@@ -112,6 +112,24 @@ def qemus_under(home: Path) -> list[int]:
     return pids
 
 
+def pooled_ready(url: str) -> int:
+    """Sandboxes waiting in the server's warm pools (GET /status)."""
+    pools = httpx.get(url + "/status", headers={"X-API-Key": API_KEY}, timeout=30).json()["pools"]
+    return sum(p["ready"] for p in pools.values())
+
+
+def only_pools_left(server: "Server") -> None:
+    """Waits until what runs under the server's home is its warm pools' sandboxes and
+    nothing else: one directory and one QEMU per waiting sandbox (a refill may still be
+    starting one when a test ends)."""
+    def dirs() -> int:
+        return len(list((server.home / "sandboxes").glob("*"))) if (server.home / "sandboxes").exists() else 0
+
+    wait_until(lambda: dirs() == len(qemus_under(server.home)) == pooled_ready(server.url),
+               "only the warm pools' sandboxes to be left", timeout=60,
+               detail=lambda: f"{dirs()} directories, QEMUs {qemus_under(server.home)}, {pooled_ready(server.url)} pooled")
+
+
 def link_shared_artifacts(home: Path) -> None:
     """Kernel, initramfs, templates and template snapshots come from the shared cache
     (built once by `hutch setup`); everything else under `home` is the test's own. So do
@@ -135,12 +153,15 @@ class Server:
         return httpx.Client(base_url=self.url, headers=headers, timeout=120)
 
 
-def launch(home: Path, port: int, *extra: str, env_extra: dict | None = None) -> subprocess.Popen:
-    """Starts `hutch serve` on `home` and waits until it answers."""
+def launch(home: Path, port: int, *extra: str, env_extra: dict | None = None, pools: bool = False) -> subprocess.Popen:
+    """Starts `hutch serve` on `home` and waits until it answers. Without `pools` it runs
+    with `--no-pool` (pools pinned in `extra` only): tests that count QEMUs count the
+    sandboxes they made."""
     env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY, **(env_extra or {}))
     log = open(home / "serve.log", "a")
+    no_pool = [] if pools else ["--no-pool"]
     proc = subprocess.Popen(
-        [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", os.environ.get("HUTCH_TEST_MAX", "3"), "--accel", "tcg", *extra],
+        [str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--max-sandboxes", os.environ.get("HUTCH_TEST_MAX", "3"), "--accel", "tcg", *no_pool, *extra],
         env=env, stdout=log, stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
@@ -184,7 +205,8 @@ def net_world(tmp_path_factory):
 def server(net_world):
     home = new_home("hutch-serve-")
     port = free_port()
-    proc = launch(home, port, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map)})
+    # As a user runs it: warm pools sized by demand, so the suite's creates go through them.
+    proc = launch(home, port, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map)}, pools=True)
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, HUTCH_API_URL=url, HUTCH_API_KEY=API_KEY)
     yield Server(url, home, proc)

@@ -211,7 +211,8 @@ def test_hutch_serve_without_root_jails_each_vm_as_an_id_of_the_users_range():
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     moves = "; ".join(f"echo $$ > {d}/cgroup.procs" for d in delegated)
-    serve = f"{bin_dir}/hutch serve --listen 127.0.0.1:{port} --accel tcg --max-sandboxes 2"
+    # No pools: the test follows its one sandbox's VM and cgroups.
+    serve = f"{bin_dir}/hutch serve --listen 127.0.0.1:{port} --accel tcg --max-sandboxes 2 --no-pool"
     log = open(home / "serve.log", "w")
     # setpriv execs: the server is this process, as the user, with its own groups only.
     proc = subprocess.Popen(

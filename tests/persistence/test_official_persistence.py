@@ -148,11 +148,11 @@ def test_fifty_snapshot_create_kill_cycles_leave_nothing(server):
             assert sbx.commands.run("echo $E2B_SANDBOX_ID").stdout.strip() == sbx.sandbox_id
         assert sbx.kill() is True
     assert [s for s in Sandbox.list().next_items()] == []
-    assert not list((server.home / "sandboxes").glob("*")), "sandbox directories left"
+    # The server keeps warm pools (its default): their sandboxes are all that may run.
+    from conftest import only_pools_left
+    only_pools_left(server)
     with sqlite3.connect(server.home / "hutch.db") as db:
         assert db.execute("SELECT COUNT(*) FROM sandboxes").fetchone()[0] == 0, "sandbox rows left"
-    from conftest import qemus_under
-    assert not qemus_under(server.home), "QEMU processes left"
 
 
 def test_a_sandbox_started_from_a_snapshot_can_be_snapshotted_and_forked(server):

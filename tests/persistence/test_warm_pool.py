@@ -1,14 +1,18 @@
-"""`hutch serve --pool`: creates take a waiting sandbox, which gets its own identity,
-envs and clock; the pool refills, counts against the limit, and leaves nothing behind."""
+"""Warm pools: by default `hutch serve` keeps one base sandbox waiting. Creates take a
+waiting sandbox, which gets its own identity, envs and clock; the pool refills, counts
+against the limit, and leaves nothing behind. `--no-pool` keeps none."""
 
 import shutil
 import signal
 import time
 
+import os
+import subprocess
+
 import httpx
 
 from hutch import Sandbox
-from conftest import API_KEY, free_port, launch, new_home, qemus_under, wait_until
+from conftest import API_KEY, HUTCH, free_port, launch, new_home, qemus_under, wait_until
 
 
 def status(url):
@@ -20,12 +24,19 @@ def wait_ready(url, template, n):
                timeout=120, interval=0.2, detail=lambda: f"status {status(url)}")
 
 
+def ls_pool(url):
+    env = dict(os.environ, HUTCH_API_URL=url, HUTCH_API_KEY=API_KEY)
+    return subprocess.run([str(HUTCH), "ls", "--pool"], env=env, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
 def test_creates_take_pooled_sandboxes_and_the_pool_refills():
     home, port = new_home("hutch-pool-"), free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = launch(home, port, "--pool", "base=1")
+    proc = launch(home, port, pools=True)
     try:
         wait_ready(url, "base", 1)
+        assert status(url)["pools"] == {"base": {"ready": 1, "size": 1, "pinned": False}}, "the default pool is one base, by demand"
+        assert ls_pool(url).split("\n")[1].split() == ["base", "1", "1", "demand"], ls_pool(url)
         asked = time.time()
         sbx = Sandbox.create(envs={"WHO": "pooled"}, metadata={"m": "1"}, api_url=url, api_key=API_KEY)
         # The sandbox came out of the pool: restored before it was asked for.
@@ -64,4 +75,22 @@ def test_creates_take_pooled_sandboxes_and_the_pool_refills():
         proc.wait(timeout=60)
     assert not list((home / "sandboxes").glob("*")), "pooled sandboxes left behind"
     assert not qemus_under(home)
+    shutil.rmtree(home)
+
+
+def test_no_pool_keeps_none_and_a_pinned_size_is_kept():
+    home, port = new_home("hutch-nopool-"), free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = launch(home, port, "--pool", "code-interpreter=0")
+    try:
+        assert status(url)["pools"] == {}, "--no-pool kept a pool"
+        assert "no warm pools" in ls_pool(url)
+        sbx = Sandbox.create(api_url=url, api_key=API_KEY)
+        assert sbx.commands.run("echo fresh").stdout == "fresh\n"
+        sbx.kill()
+        assert status(url)["pools"] == {}, "a create under --no-pool sized a pool"
+        assert not qemus_under(home), "a VM is left after the only sandbox was killed"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
     shutil.rmtree(home)

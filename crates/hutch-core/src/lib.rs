@@ -7,6 +7,7 @@
 pub mod artifacts;
 pub mod build;
 pub mod clock_sync;
+pub mod host_memory;
 #[cfg(test)]
 mod fake_guest;
 pub mod ids;

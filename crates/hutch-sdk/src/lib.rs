@@ -17,4 +17,4 @@ mod remote;
 pub use code::{CodeContext, CodeEvent, CodeResult, Execution, ExecutionError};
 pub use commands::{CommandOutput, RunOptions, SdkError};
 pub use lifecycle::{PauseMode, SnapshotInfo};
-pub use remote::{Api, ApiError, CreateOptions, Sandbox, SandboxInfo};
+pub use remote::{Api, ApiError, CreateOptions, PoolInfo, Sandbox, SandboxInfo, ServerStatus};

@@ -53,6 +53,30 @@ pub struct SandboxInfo {
     pub memory_mb: i64,
 }
 
+/// What the server holds now, all keys together (`GET /status`, hutch's own).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerStatus {
+    pub running: usize,
+    pub paused: usize,
+    pub max_sandboxes: usize,
+    /// The warm pools of templates this key may use, by template.
+    #[serde(default)]
+    pub pools: BTreeMap<String, PoolInfo>,
+}
+
+/// One warm pool: sandboxes restored and waiting for a create to take them.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PoolInfo {
+    /// Waiting now.
+    pub ready: usize,
+    /// What the pool keeps now.
+    pub size: usize,
+    /// Whether the operator pinned that size (`--pool`); else demand set it.
+    #[serde(default)]
+    pub pinned: bool,
+}
+
 #[derive(Debug, Clone)]
 pub struct CreateOptions {
     pub template: Option<String>,
@@ -266,6 +290,12 @@ impl Api {
     pub async fn set_timeout(&self, id: &str, secs: u64) -> Result<(), ApiError> {
         self.call(Method::POST, &format!("/sandboxes/{}/timeout", enc(id)), Some(serde_json::json!({ "timeout": secs }))).await?;
         Ok(())
+    }
+
+    /// The server's counts and warm pools.
+    pub async fn status(&self) -> Result<ServerStatus, ApiError> {
+        let (_, _, bytes) = self.call(Method::GET, "/status", None).await?;
+        Self::json(&bytes)
     }
 
     pub async fn info(&self, id: &str) -> Result<SandboxInfo, ApiError> {

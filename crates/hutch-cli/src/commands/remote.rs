@@ -82,6 +82,9 @@ pub enum RemoteCommand {
         /// List only sandboxes whose metadata has this entry (repeatable: all must match).
         #[arg(long = "metadata", value_name = "K=V", value_parser = parse_env)]
         metadata: Vec<(String, String)>,
+        /// List the server's warm pools instead: sandboxes restored and waiting, by template.
+        #[arg(long, conflicts_with = "metadata")]
+        pool: bool,
     },
     /// Run a command in a sandbox (streams output, exits with its code).
     Exec {
@@ -209,7 +212,8 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
         RemoteCommand::Resume { id, timeout } => return super::snapshot::resume(&api, &id, timeout).await,
         RemoteCommand::Fork { id, count, timeout } => return super::snapshot::fork(&api, &id, count, timeout).await,
         RemoteCommand::Snapshot(cmd) => return super::snapshot::run(&api, cmd).await,
-        RemoteCommand::Ls { json, metadata } => {
+        RemoteCommand::Ls { json, pool: true, .. } => print_pools(&api.status().await?, json)?,
+        RemoteCommand::Ls { json, metadata, pool: false } => {
             let list = api.list(&metadata.into_iter().collect::<BTreeMap<_, _>>()).await?;
             if json {
                 crate::output::outln!("{}", serde_json::to_string_pretty(&list)?);
@@ -254,6 +258,23 @@ pub async fn run(server: Server, cmd: RemoteCommand) -> anyhow::Result<i32> {
         RemoteCommand::Timeout { id, secs } => api.set_timeout(&id, secs).await?,
     }
     Ok(0)
+}
+
+/// `hutch ls --pool`: each warm pool's waiting sandboxes and size.
+fn print_pools(status: &hutch_sdk::ServerStatus, json: bool) -> anyhow::Result<()> {
+    if json {
+        crate::output::outln!("{}", serde_json::to_string_pretty(&status.pools)?);
+        return Ok(());
+    }
+    crate::output::outln!("{:<28} {:>5} {:>5}  SIZED BY", "TEMPLATE", "READY", "SIZE");
+    for (template, pool) in &status.pools {
+        let by = if pool.pinned { "--pool" } else { "demand" };
+        crate::output::outln!("{:<28} {:>5} {:>5}  {by}", template, pool.ready, pool.size);
+    }
+    if status.pools.is_empty() {
+        crate::output::outln!("(no warm pools: the server runs with --no-pool, or none is kept now)");
+    }
+    Ok(())
 }
 
 /// `ID:/path` names a path in a sandbox; anything else is local (`-` is stdin/stdout).

@@ -3,7 +3,7 @@
 use crate::local::Local;
 use anyhow::Context;
 use clap::Args;
-use hutch_core::manager::{KeyQuota, ManagerConfig, SandboxManager};
+use hutch_core::manager::{KeyQuota, ManagerConfig, PoolPolicy, SandboxManager};
 use hutch_core::store::Store;
 use hutch_core::MemMib;
 use hutch_vmm::AccelChoice;
@@ -75,11 +75,20 @@ pub struct ServeArgs {
     /// else 512 MiB].
     #[arg(long)]
     pub memory: Option<MemMib>,
-    /// Keep N sandboxes of TEMPLATE restored and waiting, so creates take one at once
-    /// (repeatable: --pool base=2 --pool code-interpreter=1). They count against
-    /// --max-sandboxes.
+    /// Pin TEMPLATE's warm pool at N sandboxes restored and waiting (repeatable:
+    /// --pool base=2 --pool code-interpreter=0). Other templates' pools are sized by
+    /// demand: one for base, and for a template created from in the last 10 minutes as
+    /// many as its creates came at once, up to --pool-max. Pools count against
+    /// --max-sandboxes, never take its last slot, and give way to creates.
     #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = parse_pool)]
     pub pool: Vec<(String, usize)>,
+    /// The most sandboxes demand makes one template's pool keep.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub pool_max: u64,
+    /// Keep no warm pools except those pinned with --pool: every create restores its
+    /// own sandbox.
+    #[arg(long)]
+    pub no_pool: bool,
     /// Kill running sandboxes when the server stops. Without it they run on, and the
     /// next `hutch serve` on this home adopts them with their processes.
     #[arg(long)]
@@ -131,7 +140,10 @@ pub async fn run(args: ServeArgs, key: Option<String>) -> anyhow::Result<i32> {
         accel: local.accel.accel,
         cpus: args.cpus,
         memory: args.memory,
-        pool: args.pool.iter().cloned().collect(),
+        pool: PoolPolicy {
+            pinned: args.pool.iter().cloned().collect(),
+            ..if args.no_pool { PoolPolicy::off() } else { PoolPolicy::by_demand(args.pool_max as usize) }
+        },
         quota: KeyQuota {
             running: args.key_max_running,
             paused: args.key_max_paused,
@@ -144,10 +156,10 @@ pub async fn run(args: ServeArgs, key: Option<String>) -> anyhow::Result<i32> {
         internet_by_default: args.egress_default == "public",
         insecure_registries: args.insecure_registries.clone(),
     };
-    let pooled: usize = config.pool.values().sum();
+    let pinned: usize = config.pool.pinned.values().sum();
     anyhow::ensure!(
-        pooled < args.max_sandboxes,
-        "the warm pools ({pooled} sandboxes) must leave room under --max-sandboxes ({}) for sandboxes in use",
+        pinned < args.max_sandboxes,
+        "the pinned warm pools ({pinned} sandboxes) must leave room under --max-sandboxes ({}) for sandboxes in use; pin smaller pools or raise --max-sandboxes",
         args.max_sandboxes
     );
     let backend = Arc::new(local.backend());

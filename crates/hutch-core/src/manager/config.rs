@@ -19,8 +19,8 @@ pub struct ManagerConfig {
     pub cpus: u32,
     /// Memory per sandbox; `None`: each template's own (`MemMib::of_template`).
     pub memory: Option<MemMib>,
-    /// Warm pool size per template (canonical name).
-    pub pool: BTreeMap<String, usize>,
+    /// The warm pools: pinned sizes, sizing by demand, the memory they leave free.
+    pub pool: super::pool_sizing::PoolPolicy,
     /// What one API key may hold.
     pub quota: KeyQuota,
     /// The operator's network settings every sandbox's stack shares.
@@ -42,7 +42,7 @@ impl Default for ManagerConfig {
             accel: Accel::Tcg,
             cpus: 1,
             memory: None,
-            pool: BTreeMap::new(),
+            pool: super::pool_sizing::PoolPolicy::off(),
             quota: KeyQuota::default(),
             net_env: Arc::new(hutch_net::Environment::default()),
             internet_by_default: true,

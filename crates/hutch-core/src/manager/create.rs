@@ -97,18 +97,20 @@ impl SandboxManager {
             _ => None,
         };
         let row = |id: &str| self.creating_row(id, &key_id, &template, &spec, token.clone(), &opts);
-        let (admitted, creating, pooled) = self.admit(&key_id, pool.as_deref(), |id| Live::creating(row(id), &self.store))?;
+        let super::admission::Admission { admitted, creating, pooled, displaced } = self.admit_waiting_for_pools(&key_id, pool.as_deref(), |id| Live::creating(row(id), &self.store)).await?;
         let id = admitted.id().to_string();
         opts.id = SandboxId::parse(&id);
-        let (m, owner, pool) = (self.arc()?, creating.owner.clone(), pool.unwrap_or_default());
+        let (m, owner, demand) = (self.arc()?, creating.owner.clone(), pool.clone());
+        let pool = pool.unwrap_or_default();
         let admitted_row = creating.row.clone();
         let ran = creating
             .owner
             .run(move |o: &mut Owned| -> BoxFuture<'_, Result<SandboxRow, ManagerError>> {
                 Box::pin(async move {
-                    let handed = match pooled {
-                        Some(pooled) => m.hand_over(&pool, pooled, &opts).await,
-                        None => Ok(None),
+                    let handed = match (pooled, displaced) {
+                        (Some(pooled), _) => m.hand_over(&pool, pooled, &opts).await,
+                        (None, Some(displaced)) => make_room(displaced).await.map(|()| None),
+                        (None, None) => Ok(None),
                     };
                     let started = match handed {
                         Ok(Some((sandbox, artifacts))) => start_pooled(sandbox, artifacts, &opts).await,
@@ -132,6 +134,9 @@ impl SandboxManager {
         match ran {
             Ok(Ok(created)) => {
                 admitted.keep();
+                if let Some(template) = demand {
+                    self.record_demand(&template);
+                }
                 Ok(created)
             }
             Ok(Err(e)) | Err(e) => {
@@ -140,6 +145,24 @@ impl SandboxManager {
                     tracing::warn!(sandbox = %admitted.id(), "removing the record of a create that failed: {store}");
                 }
                 Err(e)
+            }
+        }
+    }
+
+    /// `admit`; when the server is full while a pool VM starts, waits for that VM (it
+    /// will be waiting to be taken or to make room) and tries again: a pool never makes
+    /// a create fail.
+    async fn admit_waiting_for_pools<'a>(&'a self, key_id: &str, pool: Option<&str>, make: impl Fn(&str) -> Arc<Live>) -> Result<super::admission::Admission<'a>, ManagerError> {
+        let deadline = tokio::time::Instant::now() + POOL_START_WAIT;
+        loop {
+            let started = self.pool_started.notified();
+            match self.admit(key_id, pool, &make) {
+                Err(ManagerError::AtCapacity { .. }) if self.pools.lock().starting > 0 && tokio::time::Instant::now() < deadline => {
+                    // Woken when it is pooled (or stopped again); the deadline bounds a
+                    // start that hangs.
+                    let _ = tokio::time::timeout_at(deadline, started).await;
+                }
+                admitted => return admitted,
             }
         }
     }
@@ -235,6 +258,16 @@ impl SandboxManager {
         o.start_running(sandbox, end_at)?;
         Ok(live.row())
     }
+}
+
+/// How long a create at the server's limit waits for pool VMs being started.
+const POOL_START_WAIT: Duration = Duration::from_secs(60);
+
+/// Stops `displaced`, taken out of a pool at admission for this create's VM to take
+/// its place; an error if it could not be, so that no VM starts beside it.
+async fn make_room(displaced: super::pools::Pooled) -> Result<(), ManagerError> {
+    tracing::info!(sandbox = %displaced.sandbox.id(), "stopping a pooled sandbox to make room for a create");
+    displaced.sandbox.destroy().await.map_err(|e| ManagerError::Internal(format!("stopping a pooled sandbox to make room for a create: {e}")))
 }
 
 /// A pooled sandbox handed over (`hand_over`), with this create's network settings:

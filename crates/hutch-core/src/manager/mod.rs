@@ -18,6 +18,7 @@ mod owner;
 mod pause;
 mod pause_kinds;
 mod pool;
+mod pool_sizing;
 mod pools;
 mod quota;
 mod reaper;
@@ -30,6 +31,7 @@ pub mod tags;
 mod tests;
 
 pub use config::{CreateSpec, ManagerConfig};
+pub use pool_sizing::{DemandPolicy, PoolPolicy, PoolStatus};
 pub use error::ManagerError;
 pub(crate) use error::unknown_template;
 pub use listing::{started, ListFilter, ListOrder};
@@ -83,6 +85,8 @@ pub struct SandboxManager {
     /// Snapshot directories being made or used right now, which pruning must skip.
     pinned: Mutex<std::collections::HashSet<std::path::PathBuf>>,
     pools: Mutex<pools::Pools>,
+    /// Woken when a pool VM has started (pooled, or stopped again).
+    pool_started: tokio::sync::Notify,
     shutting_down: std::sync::atomic::AtomicBool,
     /// Operations running as tasks of their own (`detached`): shutdown lets them end.
     in_flight: std::sync::atomic::AtomicUsize,
@@ -109,7 +113,10 @@ impl SandboxManager {
     /// boots no real image).
     pub(crate) async fn start_with(home: HutchHome, store: Store, backend: Arc<dyn VmBackend>, config: ManagerConfig, builder: Builder) -> Result<Arc<SandboxManager>, ManagerError> {
         let mut config = config;
-        config.pool = config.pool.into_iter().filter(|(_, n)| *n > 0).map(|(t, n)| (canonical(&t), n)).collect();
+        config.pool.pinned = std::mem::take(&mut config.pool.pinned).into_iter().map(|(t, n)| (canonical(&t), n)).collect();
+        if let Some(demand) = &mut config.pool.demand {
+            demand.default_template = canonical(&demand.default_template);
+        }
         let manager = Arc::new_cyclic(|me| SandboxManager {
             home,
             store,
@@ -121,6 +128,7 @@ impl SandboxManager {
             builder,
             pinned: Mutex::new(Default::default()),
             pools: Mutex::new(Default::default()),
+            pool_started: tokio::sync::Notify::new(),
             shutting_down: Default::default(),
             in_flight: Default::default(),
             builds: build_records::Builds::default(),
@@ -132,6 +140,7 @@ impl SandboxManager {
         manager.prune_snapshot_files().await;
         manager.fill_pools();
         manager.start_reaper();
+        manager.start_pool_upkeep();
         Ok(manager)
     }
 
@@ -216,7 +225,12 @@ impl SandboxManager {
     /// Running and pooled sandboxes (plus those being started): what the limit
     /// counts. Paused sandboxes hold no VM and do not count.
     fn running_count(&self) -> usize {
-        self.live.lock().values().filter(|l| l.holds_vm()).count() + self.pooled_count()
+        self.in_use_count() + self.pooled_count()
+    }
+
+    /// Sandboxes holding a VM, pools not included (they give way to creates).
+    fn in_use_count(&self) -> usize {
+        self.live.lock().values().filter(|l| l.holds_vm()).count()
     }
 
     /// (running, paused) sandboxes of all keys, pools not included.

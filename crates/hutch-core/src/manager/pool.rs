@@ -3,6 +3,7 @@
 //! entropy) instead of starting a VM, and a background task refills the pool. Pool
 //! VMs count against the server's sandbox limit; they belong to no key until taken.
 
+use super::pool_sizing::PoolStatus;
 use super::pools::Pooled;
 use super::slots::SlotGuard;
 use super::SandboxManager;
@@ -35,13 +36,46 @@ impl SandboxManager {
         pools.ready.get(template).map_or(0, |waiting| waiting.iter().filter(|p| p.generation == current).count())
     }
 
-    /// Every configured pool: (template, waiting now, size).
-    pub fn pools(&self) -> Vec<(String, usize, usize)> {
-        self.config.pool.iter().map(|(t, n)| (t.clone(), self.pool_size(t), *n)).collect()
+    /// Every pool that keeps or holds a sandbox now, pinned or sized by demand, of the
+    /// templates `key_id` may use (another key's template is not this one's to learn of).
+    pub fn pools(&self, key_id: &str) -> Vec<PoolStatus> {
+        self.pool_templates()
+            .into_iter()
+            .filter(|t| self.template_owner(hutch_image::tags::split(t).0).is_none_or(|owner| owner == key_id))
+            .map(|template| PoolStatus {
+                ready: self.pool_size(&template),
+                target: self.pool_target(&template),
+                pinned: self.config.pool.pinned.contains_key(&template),
+                template,
+            })
+            .filter(|p| p.ready > 0 || p.target > 0)
+            .collect()
+    }
+
+    /// The templates a pool may be kept for: pinned, the default, those created from
+    /// lately, and any with sandboxes waiting.
+    fn pool_templates(&self) -> Vec<String> {
+        let policy = &self.config.pool;
+        let pools = self.pools.lock();
+        let mut all: std::collections::BTreeSet<String> = policy.pinned.keys().cloned().collect();
+        all.extend(policy.demand.as_ref().map(|d| d.default_template.clone()));
+        all.extend(pools.demand.templates().map(str::to_string));
+        all.extend(pools.ready.iter().filter(|(_, w)| !w.is_empty()).map(|(t, _)| t.clone()));
+        all.into_iter().collect()
     }
 
     pub(super) fn pool_target(&self, template: &str) -> usize {
-        self.config.pool.get(template).copied().unwrap_or(0)
+        self.pools.lock().demand.target(&self.config.pool, template)
+    }
+
+    /// A create of `template` (canonical) was served: demand sizes its pool from it,
+    /// and the pool refills off the request path.
+    pub(super) fn record_demand(&self, template: &str) {
+        if self.config.pool.demand.is_none() {
+            return;
+        }
+        self.pools.lock().demand.record(template, std::time::Instant::now());
+        self.refill(template);
     }
 
     /// Makes `pooled`, taken from the pool at admission, this request's: same guest,
@@ -65,7 +99,7 @@ impl SandboxManager {
     /// Starts filling `template`'s pool up to its size in the background, unless a
     /// fill is running. A fill stops when the server is at its limit.
     pub(super) fn refill(&self, template: &str) {
-        if self.pool_target(template) == 0 || !self.pools.lock().filling.insert(template.to_string()) {
+        if self.pool_target(template) == 0 || self.shutting_down() || !self.pools.lock().filling.insert(template.to_string()) {
             return;
         }
         let me = self.me.clone();
@@ -73,11 +107,14 @@ impl SandboxManager {
         tokio::spawn(async move {
             loop {
                 let Some(m) = me.upgrade() else { return };
-                if m.pool_size(&template) >= m.pool_target(&template) || m.shutting_down() || !m.room_for_pool() {
+                if m.pool_size(&template) >= m.pool_target(&template) || m.shutting_down() || !m.room_for_pool(&template) {
                     break;
                 }
                 if let Err(e) = m.add_to_pool(&template).await {
                     tracing::warn!(template = %template, "filling the warm pool: {e}");
+                    // Not again until the next create of it asks (a pinned pool: until
+                    // a sandbox ends or the upkeep comes round).
+                    m.pools.lock().demand.forget(&template);
                     break;
                 }
             }
@@ -87,13 +124,23 @@ impl SandboxManager {
         });
     }
 
-    /// A refill never takes the last free slot: requests come first. Pools fill up
-    /// again when sandboxes end.
-    fn room_for_pool(&self) -> bool {
-        self.running_count() + self.starting.lock().total() + 1 < self.config.max_sandboxes
+    /// A refill never takes the last free slot, nor memory the host needs: requests
+    /// come first. Pools fill up again when sandboxes end.
+    fn room_for_pool(&self, template: &str) -> bool {
+        let slot = self.running_count() + self.starting.lock().total() + 1 < self.config.max_sandboxes;
+        let memory = u64::from(self.shape(template).1.get());
+        slot && (self.config.pool.free_memory)().is_none_or(|free| free >= self.config.pool.reserve_mib + memory)
+    }
+
+    /// Whether the host has less memory free than the pools must leave it.
+    pub(super) fn memory_short(&self) -> bool {
+        (self.config.pool.free_memory)().is_some_and(|free| free < self.config.pool.reserve_mib)
     }
 
     async fn add_to_pool(&self, template: &str) -> Result<(), super::ManagerError> {
+        // Counted before its slot and dropped after it: a create woken by its end finds
+        // the slot given back.
+        let _starting = PoolStart::count(self);
         let _slot = self.reserve_slot(None)?;
         // Read before preparing: a change of builds forgets the prepared artifacts
         // first and then moves the generation on, so a sandbox of the old build always
@@ -130,24 +177,68 @@ impl SandboxManager {
         let name = name.to_string();
         tokio::spawn(async move {
             let Some(m) = me.upgrade() else { return };
-            loop {
-                // Counted as starting before it leaves the pool, so the limit holds
-                // until its VM is gone.
-                let _slot = SlotGuard::take(&m.starting, &mut m.starting.lock(), None);
-                let Some(stale) = m.pools.lock().take_stale(&name) else { break };
-                tracing::info!(template = %name, sandbox = %stale.sandbox.id(), "stopping a pooled sandbox of a replaced build");
-                let _ = stale.sandbox.destroy().await;
+            while let Some(stale) = m.take_pooled(|pools| pools.take_stale(&name)) {
+                tracing::info!(template = %name, sandbox = %stale.id(), "stopping a pooled sandbox of a replaced build");
+                stale.stop().await;
             }
             m.fill_pools();
         });
     }
 
-    /// Fills every configured pool (at start, and when a sandbox ends and frees room).
+    /// Fills every pool to its size (at start, when a sandbox ends and frees room, and
+    /// at each upkeep).
     pub(super) fn fill_pools(&self) {
-        let templates: Vec<String> = self.config.pool.keys().cloned().collect();
-        for t in templates {
+        for t in self.pool_templates() {
             self.refill(&t);
         }
+    }
+
+    /// Starts the pools' upkeep: every few seconds demand that fell out of its window
+    /// is forgotten, pools larger than their size now shrink, waiting sandboxes stop
+    /// while the host is short of memory, and the pools refill.
+    pub(super) fn start_pool_upkeep(self: &std::sync::Arc<Self>) {
+        if self.config.pool.demand.is_none() && self.config.pool.pinned.is_empty() {
+            return;
+        }
+        let me = std::sync::Arc::downgrade(self);
+        let every = self.config.pool.upkeep_every;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(m) = me.upgrade() else { return };
+                if m.shutting_down() {
+                    return;
+                }
+                m.tend_pools().await;
+            }
+        });
+    }
+
+    pub(super) async fn tend_pools(&self) {
+        if let Some(demand) = &self.config.pool.demand {
+            self.pools.lock().demand.expire(demand.window, std::time::Instant::now());
+        }
+        for template in self.pool_templates() {
+            let target = self.pool_target(&template);
+            while let Some(surplus) = self.take_pooled(|pools| pools.take_surplus(&template, target)) {
+                tracing::info!(template = %template, sandbox = %surplus.id(), "stopping a pooled sandbox no longer asked for");
+                surplus.stop().await;
+            }
+        }
+        while self.memory_short() {
+            let Some(spare) = self.take_pooled(|pools| pools.take_to_make_room(None)) else { break };
+            tracing::info!(sandbox = %spare.id(), "stopping a pooled sandbox: the host is short of memory");
+            spare.stop().await;
+        }
+        self.fill_pools();
+    }
+
+    /// Takes a waiting sandbox out of the pools as `take` picks it, counted as a start
+    /// slot until it has stopped, so the server's limit holds until its VM is gone.
+    fn take_pooled(&self, take: impl FnOnce(&mut super::pools::Pools) -> Option<Pooled>) -> Option<Leaving<'_>> {
+        let mut starting = self.starting.lock();
+        let pooled = take(&mut self.pools.lock())?;
+        Some(Leaving { pooled, _slot: SlotGuard::take(&self.starting, &mut starting, None) })
     }
 
     /// Stops every pooled VM (shutdown).
@@ -155,6 +246,43 @@ impl SandboxManager {
         let all: Vec<Pooled> = self.pools.lock().ready.drain().flat_map(|(_, v)| v).collect();
         for pooled in all {
             let _ = pooled.sandbox.destroy().await;
+        }
+    }
+}
+
+/// A pool VM being started, counted in `Pools::starting` while this lives; creates
+/// waiting for it are woken when it drops.
+struct PoolStart<'a>(&'a SandboxManager);
+
+impl<'a> PoolStart<'a> {
+    fn count(m: &'a SandboxManager) -> PoolStart<'a> {
+        m.pools.lock().starting += 1;
+        PoolStart(m)
+    }
+}
+
+impl Drop for PoolStart<'_> {
+    fn drop(&mut self) {
+        self.0.pools.lock().starting -= 1;
+        self.0.pool_started.notify_waiters();
+    }
+}
+
+/// A sandbox taken out of a pool to be stopped, still counted against the server's
+/// limit (its start slot) until it is.
+struct Leaving<'a> {
+    pooled: Pooled,
+    _slot: SlotGuard<'a>,
+}
+
+impl Leaving<'_> {
+    fn id(&self) -> &crate::ids::SandboxId {
+        self.pooled.sandbox.id()
+    }
+
+    async fn stop(self) {
+        if let Err(e) = self.pooled.sandbox.destroy().await {
+            tracing::warn!("stopping a pooled sandbox: {e}");
         }
     }
 }

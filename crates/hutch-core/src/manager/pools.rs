@@ -23,6 +23,11 @@ pub(super) struct Pools {
     /// pools. A waiting sandbox of an older generation runs a build its reference no
     /// longer names: it is never handed out, only stopped.
     pub generation: std::collections::HashMap<String, u64>,
+    /// Recent creates by template, which size the pools not pinned.
+    pub demand: super::pool_sizing::Demand,
+    /// Pool VMs being started now (each holds a start slot): a create that finds the
+    /// server full while one starts waits for it rather than being refused.
+    pub starting: usize,
 }
 
 impl Pools {
@@ -41,6 +46,40 @@ impl Pools {
         let waiting = self.ready.get_mut(reference)?;
         let at = waiting.iter().rposition(|p| p.generation == current)?;
         Some(waiting.remove(at))
+    }
+
+    /// A waiting sandbox to stop so that a create has room (the server's limit or the
+    /// host's memory): one of an older build first, then one of the template with the
+    /// most waiting other than `keep`'s, and `keep`'s last.
+    pub fn take_to_make_room(&mut self, keep: Option<&str>) -> Option<Pooled> {
+        let stale = self.ready.keys().find(|r| {
+            let current = self.generation(r);
+            self.ready[*r].iter().any(|p| p.generation != current)
+        });
+        if let Some(reference) = stale.cloned() {
+            let current = self.generation(&reference);
+            let waiting = self.ready.get_mut(&reference)?;
+            let at = waiting.iter().position(|p| p.generation != current)?;
+            return Some(waiting.remove(at));
+        }
+        let reference = self
+            .ready
+            .iter()
+            .filter(|(_, waiting)| !waiting.is_empty())
+            .max_by_key(|(reference, waiting)| (Some(reference.as_str()) != keep, waiting.len()))
+            .map(|(reference, _)| reference.clone())?;
+        self.ready.get_mut(&reference)?.pop()
+    }
+
+    /// A waiting sandbox of `reference` beyond `target` of its current build, or of an
+    /// older one (the pool shrinks to what demand says now).
+    pub fn take_surplus(&mut self, reference: &str, target: usize) -> Option<Pooled> {
+        let current = self.generation(reference);
+        let waiting = self.ready.get_mut(reference)?;
+        if let Some(at) = waiting.iter().position(|p| p.generation != current) {
+            return Some(waiting.remove(at));
+        }
+        (waiting.len() > target).then(|| waiting.remove(0))
     }
 
     /// A waiting sandbox of template `name` (or one of its tags) that no longer runs

@@ -291,7 +291,8 @@ impl SandboxManager {
             return Err(ManagerError::Paused(id.to_string()));
         }
         self.quota_running(key_id, count as usize)?;
-        if self.running_count() + count as usize > self.config.max_sandboxes {
+        // Pooled sandboxes give way to the forks (`admit`), so they do not count here.
+        if self.in_use_count() + count as usize > self.config.max_sandboxes {
             return Err(ManagerError::AtCapacity { max: self.config.max_sandboxes });
         }
         let artifacts = self.prepare(&self.base_template(key_id, &source.template).await?).await?;

@@ -54,12 +54,14 @@ pub fn rest() -> Router<AppState> {
 }
 
 /// hutch's own: what the server holds, all keys together (counts only, no ids).
-async fn status(axum::extract::State(state): axum::extract::State<AppState>, _key: crate::auth::KeyId) -> axum::Json<serde_json::Value> {
+/// Pools are listed for the templates the key may use; `size` is what the pool keeps
+/// now, pinned by the operator (`pinned`) or sized by demand.
+async fn status(axum::extract::State(state): axum::extract::State<AppState>, key: crate::auth::KeyId) -> axum::Json<serde_json::Value> {
     let pools: serde_json::Map<String, serde_json::Value> = state
         .manager
-        .pools()
+        .pools(&key.0)
         .into_iter()
-        .map(|(t, ready, size)| (t, serde_json::json!({ "ready": ready, "size": size })))
+        .map(|p| (p.template, serde_json::json!({ "ready": p.ready, "size": p.target, "pinned": p.pinned })))
         .collect();
     let (running, paused) = state.manager.counts();
     axum::Json(serde_json::json!({ "running": running, "paused": paused, "maxSandboxes": state.manager.config().max_sandboxes, "pools": pools }))

@@ -8,9 +8,94 @@ fn config(max_sandboxes: usize, pool: usize) -> ManagerConfig {
     ManagerConfig {
         max_sandboxes,
         quota: KeyQuota { running: 2, paused: 1, snapshots: 1, ..KeyQuota::default() },
-        pool: BTreeMap::from([("base".to_string(), pool)]),
+        pool: PoolPolicy { pinned: BTreeMap::from([("base".to_string(), pool)]), ..PoolPolicy::off() },
         ..ManagerConfig::default()
     }
+}
+
+/// The host's free memory as the first demand test sets it (MiB).
+static FREE_MIB: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(u64::MAX);
+
+fn free_mib() -> Option<u64> {
+    Some(FREE_MIB.load(std::sync::atomic::Ordering::SeqCst))
+}
+
+/// Pools sized by demand (`hutch serve`'s default), the host's free memory read by `free_memory`.
+fn by_demand(max_sandboxes: usize, free_memory: fn() -> Option<u64>) -> ManagerConfig {
+    // The upkeep runs when a test calls it.
+    let pool = PoolPolicy { reserve_mib: 1024, free_memory, upkeep_every: Duration::from_secs(86_400), ..PoolPolicy::by_demand(2) };
+    ManagerConfig { max_sandboxes, pool, ..config(max_sandboxes, 0) }
+}
+
+fn of(template: &str) -> CreateSpec {
+    CreateSpec { template: template.into(), ..CreateSpec::default() }
+}
+
+/// By default one `base` waits; a template created from gets a pool of its own; at the
+/// server's limit and when the host is short of memory the pools give way to creates
+/// (never more VMs than the limit); demand that ends lets its pool go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demand_sizes_the_pools_and_they_give_way_to_creates() {
+    let env = Env::new(by_demand(4, free_mib)).await;
+    let [a, b] = env.keys.clone();
+    let m = &env.manager;
+    assert!(until(SETTLE, || m.pool_size("base") == 1).await, "the default template's pool did not fill");
+    assert_eq!(m.pool_size("other"), 0, "a template nobody used has no pool");
+    let other = m.create(&a, of("other")).await.expect("other, restored afresh");
+    assert!(until(SETTLE, || m.pool_size("other") == 1).await, "a created-from template's pool did not fill");
+    env.settled().await;
+    let shown: Vec<(String, usize, usize)> = m.pools(&a).into_iter().map(|p| (p.template, p.ready, p.target)).collect();
+    assert_eq!(shown, [("base".to_string(), 1, 1), ("other".to_string(), 1, 1)]);
+    // 1 running + 2 waiting of 4: the last slot goes to a create of a third template...
+    let third = m.create(&b, of("third")).await.expect("the last slot");
+    assert_eq!(env.backend.live(), 4);
+    // ...and at the limit a create stops a waiting sandbox for its own, never a fifth VM.
+    let fourth = m.create(&b, of("fourth")).await.expect("room made by a pool");
+    assert_eq!((env.backend.live(), m.pooled_count()), (4, 1));
+    env.settled().await;
+    for id in [&third.id, &fourth.id] {
+        m.kill(&b, id).await.expect("kill");
+    }
+    env.settled().await;
+
+    // Short of memory: a create of a template without a pool stops a waiting sandbox
+    // first, and the upkeep stops the rest and fills none.
+    assert!(until(SETTLE, || m.pooled_count() == 2).await, "the pools did not refill after the kill");
+    env.settled().await;
+    FREE_MIB.store(512, std::sync::atomic::Ordering::SeqCst);
+    let fifth = m.create(&a, of("fifth")).await.expect("created while short of memory");
+    assert_eq!(m.pooled_count(), 1, "the create did not make room");
+    m.tend_pools().await;
+    assert_eq!(m.pooled_count(), 0, "the upkeep kept sandboxes waiting while the host is short of memory");
+    env.settled().await;
+    assert_eq!(env.backend.live(), 2, "the pools refilled while the host is short of memory");
+    FREE_MIB.store(u64::MAX, std::sync::atomic::Ordering::SeqCst);
+    for (key, id) in [(&a, &other.id), (&a, &fifth.id)] {
+        m.kill(key, id).await.expect("kill");
+    }
+    env.settled().await;
+    env.kill_all().await;
+}
+
+/// Demand that fell out of its window shrinks its pool; the default template keeps one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_nobody_asks_for_any_more_goes() {
+    let mut config = by_demand(4, || None);
+    if let Some(d) = &mut config.pool.demand {
+        // Every create is out of the window by the time the upkeep looks.
+        d.window = Duration::ZERO;
+    }
+    let env = Env::new(config).await;
+    let key = env.key().to_string();
+    let m = &env.manager;
+    let used = m.create(&key, of("other")).await.expect("create");
+    m.kill(&key, &used.id).await.expect("kill");
+    assert!(until(SETTLE, || m.pool_size("base") == 1 && m.pool_size("other") == 1).await, "the pools did not fill");
+    env.settled().await;
+    m.tend_pools().await;
+    env.settled().await;
+    assert_eq!((m.pool_size("other"), m.pool_size("base")), (0, 1), "{:?}", m.pools(&key));
+    env.kill_all().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -164,6 +249,35 @@ async fn resumes_racing_each_other_never_pass_the_running_quota() {
     hold.release();
     resuming.await.expect("task").expect("the first resumes");
     assert_eq!(env.state(&paused[1]), SandboxState::Paused, "a refused resume changes nothing");
+    env.settled().await;
+    env.kill_all().await;
+}
+
+/// A create that finds the server full while a pool VM is being started waits for it
+/// and takes its place, rather than being refused because of the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_at_the_limit_waits_for_a_starting_pool_vm_instead_of_failing() {
+    let (release, released) = std::sync::mpsc::channel::<()>();
+    let released = Arc::new(Mutex::new(released));
+    // The pool's first fill prepares `base` and stays there until the test lets it go.
+    let building: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(move |template: &str| {
+        if template == "base" {
+            let _ = released.lock().recv();
+        }
+    });
+    let env = Env::building(config(2, 1), building).await;
+    let [a, b] = env.keys.clone();
+    let m = &env.manager;
+    assert!(until(SETTLE, || m.pools.lock().starting == 1).await, "the pool's fill did not start");
+    m.create(&a, of("other")).await.expect("the free slot");
+    let waiting = env.spawn(move |m, _| async move { m.create(&b, of("other")).await });
+    // Both slots are held (one sandbox, one pool VM starting): the create waits.
+    assert!(until(SETTLE, || m.in_flight.load(std::sync::atomic::Ordering::SeqCst) == 1).await);
+    assert!(!waiting.is_finished(), "a create at the limit did not wait for the pool VM");
+    release.send(()).expect("release the fill");
+    let row = waiting.await.expect("task").expect("the create took the pool VM's place");
+    assert_eq!(row.template, "other");
+    assert_eq!((env.backend.live(), m.pooled_count()), (2, 0));
     env.settled().await;
     env.kill_all().await;
 }
