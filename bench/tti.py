@@ -1,11 +1,19 @@
-"""Time to interactive through the official E2B Python SDK against `hutch serve`
-(issue 31): `Sandbox.create()` then the first `commands.run("true")`, split into its
-two calls, and a second `commands.run("true")` in the same sandbox (what the first
-costs beyond it is the guest's first `bash -l`). Each server configuration in its own
-home, one after another in the same run, next to the same run's floor: the second
-command's round trip.
+"""Time to interactive through the official E2B SDKs against `hutch serve` (issue 31).
 
-    scripts/bench-tti.sh        # or: python bench/tti.py [--pool base=1] ...
+Base template, official `e2b` SDK: `Sandbox.create()` then the first
+`commands.run("true")`, split into its two calls, and a second `commands.run("true")`
+in the same sandbox (the same run's floor: a command round trip once nothing is cold).
+Code interpreter, official `e2b_code_interpreter` SDK: `Sandbox.create()` then the
+first `run_code("1")`, and a second `run_code("1")` as its floor.
+
+Each server configuration runs in its own home, one after another in the same run:
+- the default `hutch serve` (warm pools sized by demand), each run starting once the
+  pool has its sandbox again (polled on /status, off the clock): one user's creates;
+- the default, back to back: the next create right after the last kill, whatever the
+  pool holds (a loop of creates, what sizing by demand is for);
+- `--no-pool`: every create restores its own sandbox.
+
+    scripts/bench-tti.sh        # or: BENCH_RUNS=20 python bench/tti.py
 """
 
 import os
@@ -15,12 +23,19 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import API_KEY, HUTCH, free_port, new_home  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "20"))
-CONFIGS = [("default (no pool)", []), ("--pool base=1", ["--pool", "base=1"])]
+# (name, serve flags, wait for the pool to refill before each run)
+CONFIGS = [
+    ("default (pools by demand), pool refilled", [], True),
+    ("default, back to back", [], False),
+    ("--no-pool", ["--no-pool"], False),
+]
 
 
 def pct(samples, p):
@@ -35,73 +50,87 @@ def serve(extra):
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_DOMAIN="localhost")
-    return proc, home
+    return proc, url
 
 
-def pool_filled(url):
-    """Waits (off the clock) until the pool has its sandbox again: a refill follows each take."""
-    import httpx
-
+def pool_filled(url, template):
+    """Waits (off the clock) until `template`'s pool has a sandbox waiting."""
     deadline = time.time() + 120
-    while httpx.get(url + "/status", headers={"X-API-Key": API_KEY}).json()["pools"].get("base", {}).get("ready", 0) < 1:
+    while httpx.get(url + "/status", headers={"X-API-Key": API_KEY}).json()["pools"].get(template, {}).get("ready", 0) < 1:
         if time.time() > deadline:
-            raise TimeoutError("the pool did not refill within 120 s")
-        time.sleep(0.1)
+            raise TimeoutError(f"the {template} pool did not fill within 120 s")
+        time.sleep(0.1)  # the poll interval of a deadline-bounded wait, off the clock
 
 
-def wait_ready(Sandbox, pooled):
+def warm_server(Sandbox, first):
+    """Waits until the server answers and one sandbox has run (off the clock)."""
     deadline = time.time() + 300
     while True:
         try:
             sbx = Sandbox.create()
+            first(sbx)
             sbx.kill()
-            break
+            return
         except Exception:
             if time.time() > deadline:
                 raise
-            time.sleep(0.5)
-    if pooled:
-        pool_filled(os.environ["E2B_API_URL"])
+            time.sleep(0.5)  # the server is still starting: retried until the deadline
 
 
-def measure(Sandbox, pooled):
-    create, first, second = [], [], []
+def measure(Sandbox, first, url, template, refilled):
+    create, first_call, second = [], [], []
     for _ in range(RUNS):
+        if refilled:
+            pool_filled(url, template)
         t0 = time.perf_counter()
         sbx = Sandbox.create()
         t1 = time.perf_counter()
-        sbx.commands.run("true")
+        first(sbx)
         t2 = time.perf_counter()
-        sbx.commands.run("true")
+        first(sbx)
         t3 = time.perf_counter()
         sbx.kill()
         create.append(t1 - t0)
-        first.append(t2 - t1)
+        first_call.append(t2 - t1)
         second.append(t3 - t2)
-        if pooled:
-            pool_filled(os.environ["E2B_API_URL"])
-    return create, first, second
+    return create, first_call, second
+
+
+def row(name, create, first, second):
+    tti = [a + b for a, b in zip(create, first)]
+    ms = lambda v: f"{v * 1000:.1f}"  # noqa: E731
+    floor = statistics.median(second)
+    return f"| {name} | {ms(statistics.median(create))} | {ms(statistics.median(first))} | {ms(statistics.median(tti))} | {ms(pct(tti, 0.95))} | {ms(floor)} | {statistics.median(tti) / floor:.1f}x |"
 
 
 def main():
-    from e2b import Sandbox
+    import e2b
+    import e2b_code_interpreter
 
-    print("| server | create p50 | first command p50 | TTI p50 | TTI p95 | second command p50 (floor) | TTI / floor |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for name, extra in CONFIGS:
-        proc, _home = serve(extra)
+    def run_true(sbx):
+        sbx.commands.run("true")
+
+    def run_code(sbx):
+        execution = sbx.run_code("1")
+        assert execution.text == "1", execution
+
+    kinds = [
+        ("base, `commands.run`", e2b.Sandbox, run_true, "base"),
+        ("code interpreter, `run_code`", e2b_code_interpreter.Sandbox, run_code, "code-interpreter"),
+    ]
+    print("| template, first call | server | create p50 | first call p50 | TTI p50 | TTI p95 | second call p50 (floor) | TTI / floor |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name, extra, refilled in CONFIGS:
+        proc, url = serve(extra)
         try:
-            pooled = bool(extra)
-            wait_ready(Sandbox, pooled)
-            create, first, second = measure(Sandbox, pooled)
-            tti = [a + b for a, b in zip(create, first)]
-            ms = lambda v: f"{v * 1000:.1f}"  # noqa: E731
-            floor = statistics.median(second)
-            print(f"| {name} | {ms(statistics.median(create))} | {ms(statistics.median(first))} | {ms(statistics.median(tti))} | {ms(pct(tti, 0.95))} | {ms(floor)} | {statistics.median(tti) / floor:.1f}x |")
+            for kind, Sandbox, first, template in kinds:
+                warm_server(Sandbox, first)
+                samples = measure(Sandbox, first, url, template, refilled and "--no-pool" not in extra)
+                print(row(f"{kind} | {name}", *samples), flush=True)
         finally:
             proc.terminate()
             proc.wait(timeout=60)
-    print(f"\nruns: {RUNS} per server; host: {os.cpu_count()} cores")
+    print(f"\nruns: {RUNS} per row; host: {os.cpu_count()} cores")
 
 
 if __name__ == "__main__":

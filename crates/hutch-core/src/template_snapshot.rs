@@ -296,7 +296,7 @@ pub(crate) async fn start_command(agent: &AgentClient, defaults: &hutch_proto::a
 }
 
 /// One HTTP/1.1 request to the template's service through the agent, read to the end.
-async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Result<(), String> {
+pub(crate) async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &str) -> Result<(), String> {
     let mut tunnel = agent.tunnel(port).await.map_err(|e| e.to_string())?;
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
