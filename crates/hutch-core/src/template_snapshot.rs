@@ -306,7 +306,8 @@ pub(crate) async fn warm_up(agent: &AgentClient, port: u16, path: &str, body: &s
     let mut reply = Vec::new();
     // As long as a boot may take: Java's kernel alone starts in 24 s on an idle host
     // under TCG, and `hutch setup` may share the host with a build.
-    tokio::time::timeout(WARM_UP_TIMEOUT, tunnel.read_to_end(&mut reply))
+    // At most 64 KiB of the reply is read: it is checked for a status and an error.
+    tokio::time::timeout(WARM_UP_TIMEOUT, (&mut tunnel).take(64 << 10).read_to_end(&mut reply))
         .await
         .map_err(|_| format!("no reply within {} s", WARM_UP_TIMEOUT.as_secs()))?
         .map_err(|e| e.to_string())?;

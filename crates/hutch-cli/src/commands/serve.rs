@@ -156,7 +156,7 @@ pub async fn run(args: ServeArgs, key: Option<String>) -> anyhow::Result<i32> {
         internet_by_default: args.egress_default == "public",
         insecure_registries: args.insecure_registries.clone(),
     };
-    let pinned: usize = config.pool.pinned.values().sum();
+    let pinned = config.pool.pinned.values().try_fold(0usize, |sum, n| sum.checked_add(*n)).unwrap_or(usize::MAX);
     anyhow::ensure!(
         pinned < args.max_sandboxes,
         "the pinned warm pools ({pinned} sandboxes) must leave room under --max-sandboxes ({}) for sandboxes in use; pin smaller pools or raise --max-sandboxes",

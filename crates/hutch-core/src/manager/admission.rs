@@ -61,7 +61,13 @@ impl SandboxManager {
     /// give way to it: when the server is at its limit, or the host short of memory, a
     /// sandbox waiting in a pool is taken out (`Admission::displaced`) for the create to
     /// stop before it starts its own VM.
-    pub(super) fn admit(&self, key_id: &str, pool: Option<&str>, make: impl FnOnce(&str) -> Arc<Live>) -> Result<Admission<'_>, ManagerError> {
+    /// Only a create that `may_displace` does that: one whose origin is known to exist
+    /// (a template already prepared, a stored snapshot, a fork's source), so a made-up
+    /// name never stops a waiting sandbox.
+    pub(super) fn admit(&self, key_id: &str, pool: Option<&str>, may_displace: bool, make: impl FnOnce(&str) -> Arc<Live>) -> Result<Admission<'_>, ManagerError> {
+        if self.shutting_down() {
+            return Err(ManagerError::ShuttingDown);
+        }
         let memory_short = self.memory_short();
         let starting = self.starting.lock();
         let mut live = self.live.lock();
@@ -70,12 +76,19 @@ impl SandboxManager {
         let pooled = pool.and_then(|t| pools.take_current(t));
         let mut displaced = None;
         if pooled.is_none() {
-            if memory_short || self.room_for_vm(&live, &starting, pools.waiting()).is_err() {
+            if may_displace && (memory_short || self.room_for_vm(&live, &starting, pools.waiting()).is_err()) {
                 displaced = pools.take_to_make_room(pool);
             }
             // One taken out of a pool leaves the count where its VM's place is the
             // create's: the two are never running at once.
-            self.room_for_vm(&live, &starting, pools.waiting())?;
+            if let Err(full) = self.room_for_vm(&live, &starting, pools.waiting()) {
+                // Over the limit even so (it was lowered under adopted sandboxes): the
+                // waiting sandbox stays, rather than being stopped under these locks.
+                if let Some(d) = displaced {
+                    pools.put_back(d);
+                }
+                return Err(full);
+            }
         }
         let id = pooled.as_ref().map_or_else(|| crate::ids::SandboxId::generate().to_string(), |p| p.sandbox.id().to_string());
         let creating = make(&id);
@@ -83,17 +96,44 @@ impl SandboxManager {
         Ok(Admission { admitted: Admitted { manager: self, id, kept: false }, creating, pooled, displaced })
     }
 
-    /// Reserves a slot for a VM about to start, for `key`'s running quota too when it is
-    /// a key's (a resume); the slot is released when the returned guard drops.
-    pub(super) fn reserve_slot(&self, key: Option<&str>) -> Result<SlotGuard<'_>, ManagerError> {
+    /// Reserves a slot for a pool VM about to start; the slot is released when the
+    /// returned guard drops.
+    pub(super) fn reserve_slot(&self) -> Result<SlotGuard<'_>, ManagerError> {
         let mut starting = self.starting.lock();
         let live = self.live.lock();
         self.room_for_vm(&live, &starting, self.pools.lock().waiting())?;
-        if let Some(key) = key {
-            self.room_for_key(&live, &starting, key)?;
-        }
         drop(live);
-        Ok(SlotGuard::take(&self.starting, &mut starting, key))
+        Ok(SlotGuard::take(&self.starting, &mut starting, None))
+    }
+
+    /// Reserves a slot for `key`'s resume, within its running quota too. The pools give
+    /// way to it as to a create: at the limit, or with the host short of memory, a
+    /// waiting sandbox is taken out and stopped before this returns (its place is the
+    /// resume's, so the two VMs never run at once).
+    pub(super) async fn reserve_resume_slot(&self, key: &str) -> Result<SlotGuard<'_>, ManagerError> {
+        let memory_short = self.memory_short();
+        let (slot, displaced) = {
+            let mut starting = self.starting.lock();
+            let live = self.live.lock();
+            let mut pools = self.pools.lock();
+            self.room_for_key(&live, &starting, key)?;
+            let mut displaced = None;
+            if memory_short || self.room_for_vm(&live, &starting, pools.waiting()).is_err() {
+                displaced = pools.take_to_make_room(None);
+            }
+            if let Err(full) = self.room_for_vm(&live, &starting, pools.waiting()) {
+                if let Some(d) = displaced {
+                    pools.put_back(d);
+                }
+                return Err(full);
+            }
+            drop((live, pools));
+            (SlotGuard::take(&self.starting, &mut starting, Some(key)), displaced)
+        };
+        if let Some(displaced) = displaced {
+            super::create::make_room(displaced).await?;
+        }
+        Ok(slot)
     }
 
     /// Room under `--max-sandboxes` for one more VM: the map's VMs, the pools' and

@@ -96,8 +96,12 @@ impl SandboxManager {
             Origin::Template { template, pooled: true } => Some(super::canonical(template)),
             _ => None,
         };
+        let may_displace = match &origin {
+            Origin::Template { template, .. } => self.is_prepared(template),
+            Origin::Named(_) | Origin::Fork(_) => true,
+        };
         let row = |id: &str| self.creating_row(id, &key_id, &template, &spec, token.clone(), &opts);
-        let super::admission::Admission { admitted, creating, pooled, displaced } = self.admit_waiting_for_pools(&key_id, pool.as_deref(), |id| Live::creating(row(id), &self.store)).await?;
+        let super::admission::Admission { admitted, creating, pooled, displaced } = self.admit_waiting_for_pools(&key_id, pool.as_deref(), may_displace, |id| Live::creating(row(id), &self.store)).await?;
         let id = admitted.id().to_string();
         opts.id = SandboxId::parse(&id);
         let (m, owner, demand) = (self.arc()?, creating.owner.clone(), pool.clone());
@@ -152,11 +156,11 @@ impl SandboxManager {
     /// `admit`; when the server is full while a pool VM starts, waits for that VM (it
     /// will be waiting to be taken or to make room) and tries again: a pool never makes
     /// a create fail.
-    async fn admit_waiting_for_pools<'a>(&'a self, key_id: &str, pool: Option<&str>, make: impl Fn(&str) -> Arc<Live>) -> Result<super::admission::Admission<'a>, ManagerError> {
+    async fn admit_waiting_for_pools<'a>(&'a self, key_id: &str, pool: Option<&str>, may_displace: bool, make: impl Fn(&str) -> Arc<Live>) -> Result<super::admission::Admission<'a>, ManagerError> {
         let deadline = tokio::time::Instant::now() + POOL_START_WAIT;
         loop {
             let started = self.pool_started.notified();
-            match self.admit(key_id, pool, &make) {
+            match self.admit(key_id, pool, may_displace, &make) {
                 Err(ManagerError::AtCapacity { .. }) if self.pools.lock().starting > 0 && tokio::time::Instant::now() < deadline => {
                     // Woken when it is pooled (or stopped again); the deadline bounds a
                     // start that hangs.
@@ -265,7 +269,7 @@ const POOL_START_WAIT: Duration = Duration::from_secs(60);
 
 /// Stops `displaced`, taken out of a pool at admission for this create's VM to take
 /// its place; an error if it could not be, so that no VM starts beside it.
-async fn make_room(displaced: super::pools::Pooled) -> Result<(), ManagerError> {
+pub(super) async fn make_room(displaced: super::pools::Pooled) -> Result<(), ManagerError> {
     tracing::info!(sandbox = %displaced.sandbox.id(), "stopping a pooled sandbox to make room for a create");
     displaced.sandbox.destroy().await.map_err(|e| ManagerError::Internal(format!("stopping a pooled sandbox to make room for a create: {e}")))
 }

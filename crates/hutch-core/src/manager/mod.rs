@@ -189,6 +189,11 @@ impl SandboxManager {
         &self.config
     }
 
+    /// Whether `template`'s artifacts are prepared now (it is a template, and built).
+    fn is_prepared(&self, template: &str) -> bool {
+        self.artifacts.lock().get(template).is_some_and(|cell| cell.initialized())
+    }
+
     /// Makes sure a template's artifacts exist (builds them on first use).
     pub async fn prepare(&self, template: &str) -> Result<Artifacts, ManagerError> {
         let cell = self.artifacts.lock().entry(template.to_string()).or_default().clone();

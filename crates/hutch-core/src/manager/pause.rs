@@ -163,7 +163,7 @@ impl SandboxManager {
             return Err(super::state::TransitionError { from: o.state(), to: SandboxState::Resuming }.into());
         }
         let row = &live.row;
-        let _reserved = self.reserve_slot(Some(&row.key_id))?;
+        let _reserved = self.reserve_resume_slot(&row.key_id).await?;
         let mut opts = self.options(&row.template, &row.env_vars, &row.metadata, row.envd_token.clone());
         // A reboot keeps the sandbox's own size, whatever the server's (or the
         // template's current build's) is now.

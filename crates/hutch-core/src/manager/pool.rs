@@ -69,9 +69,12 @@ impl SandboxManager {
     }
 
     /// A create of `template` (canonical) was served: demand sizes its pool from it,
-    /// and the pool refills off the request path.
+    /// and the pool refills off the request path. Only for templates no API key owns
+    /// (the built-in ones and the operator's): a pool of a key's own template would
+    /// run that key's image, start command and login scripts in VMs no quota of its
+    /// counts, as often as its creates asked. An operator may still pin one (`--pool`).
     pub(super) fn record_demand(&self, template: &str) {
-        if self.config.pool.demand.is_none() {
+        if self.config.pool.demand.is_none() || self.template_owner(hutch_image::tags::split(template).0).is_some() {
             return;
         }
         self.pools.lock().demand.record(template, std::time::Instant::now());
@@ -141,7 +144,7 @@ impl SandboxManager {
         // Counted before its slot and dropped after it: a create woken by its end finds
         // the slot given back.
         let _starting = PoolStart::count(self);
-        let _slot = self.reserve_slot(None)?;
+        let _slot = self.reserve_slot()?;
         // Read before preparing: a change of builds forgets the prepared artifacts
         // first and then moves the generation on, so a sandbox of the old build always
         // carries the old generation.
@@ -157,7 +160,7 @@ impl SandboxManager {
                 // Shutting down, or its build changed while it started.
                 Some(sandbox)
             } else {
-                pools.ready.entry(template.to_string()).or_default().push(Pooled { sandbox, artifacts, generation });
+                pools.ready.entry(template.to_string()).or_default().push(Pooled { reference: template.to_string(), sandbox, artifacts, generation });
                 None
             }
         };
@@ -172,7 +175,12 @@ impl SandboxManager {
     /// background, counted against the limit until gone, and the pools refill with
     /// what the references name now.
     pub(super) fn retire_pooled(&self, name: &str) {
-        *self.pools.lock().generation.entry(name.to_string()).or_default() += 1;
+        {
+            let mut pools = self.pools.lock();
+            *pools.generation.entry(name.to_string()).or_default() += 1;
+            // Sized again by the creates of what the name is now (or of nothing).
+            pools.demand.forget_template(name);
+        }
         let me = self.me.clone();
         let name = name.to_string();
         tokio::spawn(async move {

@@ -106,6 +106,11 @@ impl Demand {
         self.creates.remove(template);
     }
 
+    /// Forgets template `name` and every tag of it (its builds changed or it is gone).
+    pub fn forget_template(&mut self, name: &str) {
+        self.creates.retain(|reference, _| hutch_image::tags::split(reference).0 != name);
+    }
+
     /// Drops what fell out of the window; templates left with no create go.
     pub fn expire(&mut self, window: Duration, now: Instant) {
         for times in self.creates.values_mut() {

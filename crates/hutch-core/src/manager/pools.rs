@@ -7,6 +7,8 @@ use hutch_image::tags;
 
 /// A sandbox waiting in a pool, with the build it runs.
 pub(super) struct Pooled {
+    /// The reference whose pool it waits in (`name` or `name:tag`).
+    pub reference: String,
     pub sandbox: Sandbox,
     pub artifacts: Artifacts,
     /// Its template's generation when its fill began (see `Pools::generation`).
@@ -46,6 +48,11 @@ impl Pools {
         let waiting = self.ready.get_mut(reference)?;
         let at = waiting.iter().rposition(|p| p.generation == current)?;
         Some(waiting.remove(at))
+    }
+
+    /// Puts back a sandbox taken out by `take_to_make_room` that made no room after all.
+    pub fn put_back(&mut self, pooled: Pooled) {
+        self.ready.entry(pooled.reference.clone()).or_default().push(pooled);
     }
 
     /// A waiting sandbox to stop so that a create has room (the server's limit or the

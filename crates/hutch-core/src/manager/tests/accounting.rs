@@ -49,7 +49,13 @@ async fn demand_sizes_the_pools_and_they_give_way_to_creates() {
     // 1 running + 2 waiting of 4: the last slot goes to a create of a third template...
     let third = m.create(&b, of("third")).await.expect("the last slot");
     assert_eq!(env.backend.live(), 4);
-    // ...and at the limit a create stops a waiting sandbox for its own, never a fifth VM.
+    // ...and at the limit a create of a template not known yet (not prepared: it may be
+    // a made-up name) is refused, stopping no waiting sandbox...
+    assert!(matches!(m.create(&b, of("fourth")).await, Err(ManagerError::AtCapacity { max: 4 })));
+    assert_eq!((env.backend.live(), m.pooled_count()), (4, 2));
+    // ...while one of a known template stops a waiting sandbox for its own, never a
+    // fifth VM.
+    m.prepare("fourth").await.expect("prepare");
     let fourth = m.create(&b, of("fourth")).await.expect("room made by a pool");
     assert_eq!((env.backend.live(), m.pooled_count()), (4, 1));
     env.settled().await;
@@ -62,6 +68,7 @@ async fn demand_sizes_the_pools_and_they_give_way_to_creates() {
     // first, and the upkeep stops the rest and fills none.
     assert!(until(SETTLE, || m.pooled_count() == 2).await, "the pools did not refill after the kill");
     env.settled().await;
+    m.prepare("fifth").await.expect("prepare");
     FREE_MIB.store(512, std::sync::atomic::Ordering::SeqCst);
     let fifth = m.create(&a, of("fifth")).await.expect("created while short of memory");
     assert_eq!(m.pooled_count(), 1, "the create did not make room");
@@ -278,6 +285,27 @@ async fn a_create_at_the_limit_waits_for_a_starting_pool_vm_instead_of_failing()
     let row = waiting.await.expect("task").expect("the create took the pool VM's place");
     assert_eq!(row.template, "other");
     assert_eq!((env.backend.live(), m.pooled_count()), (2, 0));
+    env.settled().await;
+    env.kill_all().await;
+}
+
+/// A resume at the server's limit makes room as a create does: a waiting sandbox stops
+/// before the resumed VM starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_at_the_limit_stops_a_waiting_sandbox() {
+    let env = Env::new(by_demand(2, || None)).await;
+    let key = env.key().to_string();
+    let m = &env.manager;
+    assert!(until(SETTLE, || m.pool_size("base") == 1).await, "the default pool did not fill");
+    let paused = m.create(&key, base()).await.expect("from the pool").id;
+    m.pause(&key, &paused, PauseMode::Full).await.expect("pause");
+    assert!(until(SETTLE, || m.pool_size("base") == 1).await, "the pool did not refill into the freed slot");
+    m.prepare("other").await.expect("prepare");
+    m.create(&key, of("other")).await.expect("the last slot");
+    env.settled().await;
+    assert_eq!((env.backend.live(), m.pooled_count()), (2, 1), "one running, one waiting: at the limit");
+    m.connect(&key, &paused, None, OnResume::Restore).await.expect("a resume at the limit");
+    assert_eq!((env.backend.live(), m.pooled_count()), (2, 0), "the waiting sandbox made room, never a third VM");
     env.settled().await;
     env.kill_all().await;
 }
