@@ -6,6 +6,10 @@ in the same sandbox (the same run's floor: a command round trip once nothing is 
 Code interpreter, official `e2b_code_interpreter` SDK: `Sandbox.create()` then the
 first `run_code("1")`, and a second `run_code("1")` as its floor.
 
+The server logs each create's phases (`HUTCH_LOG=hutch_core=debug`: admission, the
+VM, the record), and a second table splits the creates of each row by them: what
+separates a create's time from its VM's.
+
 Each server configuration runs in its own home, one after another in the same run:
 - the default `hutch serve` (warm pools sized by demand), each run starting once the
   pool has its sandbox again (polled on /status, off the clock): one user's creates;
@@ -17,6 +21,7 @@ Each server configuration runs in its own home, one after another in the same ru
 """
 
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -43,14 +48,28 @@ def pct(samples, p):
     return s[min(len(s) - 1, round((len(s) - 1) * p))]
 
 
+CREATED = re.compile(r"created sandbox (\S+) from (.+) in ([\d.]+) ms: admission ([\d.]+), VM ([\d.]+), record ([\d.]+)")
+
+
 def serve(extra):
     home, port = new_home("hutch-tti-"), free_port()
-    env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY)
+    env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_API_KEY=API_KEY, HUTCH_LOG="warn,hutch_core=debug")
+    log = home / "serve.log"
     proc = subprocess.Popen([str(HUTCH), "serve", "--listen", f"127.0.0.1:{port}", "--accel", "tcg", "--max-sandboxes", "6", *extra],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            env=env, stdout=subprocess.DEVNULL, stderr=open(log, "w"))
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, E2B_DOMAIN="localhost")
-    return proc, url
+    return proc, url, log
+
+
+def created(log, ids):
+    """The phases the server logged for the sandboxes `ids`: {id: (from, total, admission, vm, record)}."""
+    found = {}
+    for line in log.read_text(errors="replace").splitlines():
+        m = CREATED.search(line)
+        if m and m.group(1) in ids:
+            found[m.group(1)] = (m.group(2), *map(float, m.groups()[2:]))
+    return found
 
 
 def pool_filled(url, template):
@@ -78,7 +97,7 @@ def warm_server(Sandbox, first):
 
 
 def measure(Sandbox, first, url, template, refilled):
-    create, first_call, second = [], [], []
+    create, first_call, second, ids = [], [], [], []
     for _ in range(RUNS):
         if refilled:
             pool_filled(url, template)
@@ -90,10 +109,11 @@ def measure(Sandbox, first, url, template, refilled):
         first(sbx)
         t3 = time.perf_counter()
         sbx.kill()
+        ids.append(sbx.sandbox_id)
         create.append(t1 - t0)
         first_call.append(t2 - t1)
         second.append(t3 - t2)
-    return create, first_call, second
+    return (create, first_call, second), ids
 
 
 def row(name, create, first, second):
@@ -120,16 +140,26 @@ def main():
     ]
     print("| template, first call | server | create p50 | first call p50 | TTI p50 | TTI p95 | second call p50 (floor) | TTI / floor |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
+    phases = []
     for name, extra, refilled in CONFIGS:
-        proc, url = serve(extra)
+        proc, url, log = serve(extra)
         try:
             for kind, Sandbox, first, template in kinds:
                 warm_server(Sandbox, first)
-                samples = measure(Sandbox, first, url, template, refilled and "--no-pool" not in extra)
+                samples, ids = measure(Sandbox, first, url, template, refilled and "--no-pool" not in extra)
                 print(row(f"{kind} | {name}", *samples), flush=True)
+                traced = created(log, set(ids))
+                for source in sorted({t[0] for t in traced.values()}):
+                    rows = [t for t in traced.values() if t[0] == source]
+                    med = lambda i: statistics.median(r[i] for r in rows)  # noqa: E731
+                    phases.append(f"| {kind} | {name} | {source} | {len(rows)} | {med(1):.1f} | {med(2):.1f} | {med(3):.1f} | {med(4):.1f} |")
         finally:
             proc.terminate()
             proc.wait(timeout=60)
+    print("\nInside the server, by where the VM came from (p50 ms; the SDK's create above adds HTTP and its client):\n")
+    print("| template | server | VM from | creates | in the server | admission | VM | record |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
+    print("\n".join(phases))
     print(f"\nruns: {RUNS} per row; host: {os.cpu_count()} cores")
 
 

@@ -100,9 +100,11 @@ impl SandboxManager {
             Origin::Template { template, .. } => self.is_prepared(template),
             Origin::Named(_) | Origin::Fork(_) => true,
         };
+        let asked = std::time::Instant::now();
         let row = |id: &str| self.creating_row(id, &key_id, &template, &spec, token.clone(), &opts);
         let super::admission::Admission { admitted, creating, pooled, displaced } = self.admit_waiting_for_pools(&key_id, pool.as_deref(), may_displace, |id| Live::creating(row(id), &self.store)).await?;
         let id = admitted.id().to_string();
+        let mut phases = Phases { asked, admitted: asked.elapsed(), from: if pooled.is_some() { "a pool" } else { origin.name(opts.cold) }, vm: Duration::ZERO };
         opts.id = SandboxId::parse(&id);
         let (m, owner, demand) = (self.arc()?, creating.owner.clone(), pool.clone());
         let pool = pool.unwrap_or_default();
@@ -118,13 +120,20 @@ impl SandboxManager {
                     };
                     let started = match handed {
                         Ok(Some((sandbox, artifacts))) => start_pooled(sandbox, artifacts, &opts).await,
-                        Ok(None) => m.start_origin(origin, &opts).await,
+                        Ok(None) => {
+                            phases.from = origin.name(opts.cold);
+                            m.start_origin(origin, &opts).await
+                        }
                         Err(e) => Err(e),
                     };
+                    phases.vm = phases.asked.elapsed();
                     let created = match started {
                         Ok((sandbox, artifacts)) => m.register(o, owner, admitted_row, &artifacts, sandbox, timeout).await,
                         Err(e) => Err(e),
                     };
+                    if created.is_ok() {
+                        phases.log(&id);
+                    }
                     if created.is_err() {
                         // Never seen by a client: out of every lookup first, then it ends
                         // as a kill would.
@@ -261,6 +270,45 @@ impl SandboxManager {
         self.live.lock().insert(live.row.id.clone(), live.clone());
         o.start_running(sandbox, end_at)?;
         Ok(live.row())
+    }
+}
+
+impl Origin {
+    /// Where a VM started from this origin comes from, for the create's trace.
+    fn name(&self, cold: bool) -> &'static str {
+        match self {
+            Origin::Named(_) => "a stored snapshot",
+            Origin::Template { .. } if cold => "a boot",
+            Origin::Template { .. } => "the template's snapshot",
+            Origin::Fork(_) => "a fork",
+        }
+    }
+}
+
+/// A create's phases, logged when it has succeeded (`HUTCH_LOG=hutch_core=debug`): what
+/// `bench/tti.py` splits a create's time by.
+struct Phases {
+    asked: std::time::Instant,
+    /// Until it was admitted (a wait for a starting pool VM included).
+    admitted: Duration,
+    /// Where its VM came from.
+    from: &'static str,
+    /// Until its VM answered (taken from a pool and re-initialized, restored or booted).
+    vm: Duration,
+}
+
+impl Phases {
+    fn log(&self, id: &str) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let total = self.asked.elapsed();
+        tracing::debug!(
+            "created sandbox {id} from {} in {:.1} ms: admission {:.1}, VM {:.1}, record {:.1}",
+            self.from,
+            ms(total),
+            ms(self.admitted),
+            ms(self.vm - self.admitted),
+            ms(total - self.vm)
+        );
     }
 }
 
