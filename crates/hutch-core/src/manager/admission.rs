@@ -131,7 +131,7 @@ impl SandboxManager {
             (SlotGuard::take(&self.starting, &mut starting, Some(key)), displaced)
         };
         if let Some(displaced) = displaced {
-            super::create::make_room(displaced).await?;
+            displaced.make_room().await?;
         }
         Ok(slot)
     }

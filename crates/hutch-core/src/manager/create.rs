@@ -115,7 +115,7 @@ impl SandboxManager {
                 Box::pin(async move {
                     let handed = match (pooled, displaced) {
                         (Some(pooled), _) => m.hand_over(&pool, pooled, &opts).await,
-                        (None, Some(displaced)) => make_room(displaced).await.map(|()| None),
+                        (None, Some(displaced)) => displaced.make_room().await.map(|()| None),
                         (None, None) => Ok(None),
                     };
                     let started = match handed {
@@ -314,13 +314,6 @@ impl Phases {
 
 /// How long a create at the server's limit waits for pool VMs being started.
 const POOL_START_WAIT: Duration = Duration::from_secs(60);
-
-/// Stops `displaced`, taken out of a pool at admission for this create's VM to take
-/// its place; an error if it could not be, so that no VM starts beside it.
-pub(super) async fn make_room(displaced: super::pools::Pooled) -> Result<(), ManagerError> {
-    tracing::info!(sandbox = %displaced.sandbox.id(), "stopping a pooled sandbox to make room for a create");
-    displaced.sandbox.destroy().await.map_err(|e| ManagerError::Internal(format!("stopping a pooled sandbox to make room for a create: {e}")))
-}
 
 /// A pooled sandbox handed over (`hand_over`), with this create's network settings:
 /// pooled sandboxes wait with no egress.

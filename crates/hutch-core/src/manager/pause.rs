@@ -99,7 +99,10 @@ impl SandboxManager {
     /// Pauses in the sandbox's owner: to its end, whoever waits for it.
     pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>, by: PausedBy, mode: PauseMode) -> Result<(), ManagerError> {
         let id = id.to_string();
-        self.in_owner(live, move |m, live, o| Box::pin(async move { m.pause_owned(&id, &live, o, by, mode).await })).await
+        self.in_owner(live, move |m, live, o| Box::pin(async move { m.pause_owned(&id, &live, o, by, mode).await })).await?;
+        // Its VM's slot is free: the pools may fill it (they give it back to creates).
+        self.fill_pools();
+        Ok(())
     }
 
     async fn pause_owned(&self, id: &str, live: &Live, o: &mut Owned, by: PausedBy, mode: PauseMode) -> Result<(), ManagerError> {

@@ -15,6 +15,16 @@ pub(super) struct Pooled {
     pub generation: u64,
 }
 
+impl Pooled {
+    /// Stops this sandbox, taken out of a pool at admission for a create's or a
+    /// resume's VM to take its place; an error if it could not be, so that no VM starts
+    /// beside it.
+    pub async fn make_room(self) -> Result<(), super::error::ManagerError> {
+        tracing::info!(sandbox = %self.sandbox.id(), "stopping a pooled sandbox to make room");
+        self.sandbox.destroy().await.map_err(|e| super::error::ManagerError::Internal(format!("stopping a pooled sandbox to make room: {e}")))
+    }
+}
+
 #[derive(Default)]
 pub(super) struct Pools {
     /// Waiting sandboxes by (canonical) template reference, `name` or `name:tag`.
