@@ -62,8 +62,8 @@ impl SandboxManager {
     /// sandbox waiting in a pool is taken out (`Admission::displaced`) for the create to
     /// stop before it starts its own VM.
     /// Only a create that `may_displace` does that: one whose origin is known to exist
-    /// (a template already prepared, a stored snapshot, a fork's source), so a made-up
-    /// name never stops a waiting sandbox.
+    /// (a template built here, a stored snapshot, a fork's source), so a made-up name
+    /// never stops a waiting sandbox.
     pub(super) fn admit(&self, key_id: &str, pool: Option<&str>, may_displace: bool, make: impl FnOnce(&str) -> Arc<Live>) -> Result<Admission<'_>, ManagerError> {
         if self.shutting_down() {
             return Err(ManagerError::ShuttingDown);

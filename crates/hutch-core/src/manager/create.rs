@@ -97,7 +97,7 @@ impl SandboxManager {
             _ => None,
         };
         let may_displace = match &origin {
-            Origin::Template { template, .. } => self.is_prepared(template),
+            Origin::Template { template, .. } => self.is_built(template),
             Origin::Named(_) | Origin::Fork(_) => true,
         };
         let asked = std::time::Instant::now();

@@ -189,9 +189,11 @@ impl SandboxManager {
         &self.config
     }
 
-    /// Whether `template`'s artifacts are prepared now (it is a template, and built).
-    fn is_prepared(&self, template: &str) -> bool {
+    /// Whether `template` (any of its names, or a tag) is a template built on this
+    /// server: its artifacts are prepared, or its build is on disk.
+    fn is_built(&self, template: &str) -> bool {
         self.artifacts.lock().get(template).is_some_and(|cell| cell.initialized())
+            || hutch_image::rootfs::cached(&self.home, template).ok().flatten().is_some()
     }
 
     /// Makes sure a template's artifacts exist (builds them on first use).
