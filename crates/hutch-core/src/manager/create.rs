@@ -96,13 +96,15 @@ impl SandboxManager {
             Origin::Template { template, pooled: true } => Some(super::canonical(template)),
             _ => None,
         };
-        let may_displace = match &origin {
-            Origin::Template { template, .. } => self.is_built(template),
-            Origin::Named(_) | Origin::Fork(_) => true,
+        // A template not built here is proven (prepared) before it may stop a pooled
+        // sandbox: a made-up name gets its 400, never a pooled VM stopped for nothing.
+        let unproven = match &origin {
+            Origin::Template { template, .. } if !self.is_built(template) => Some(template.clone()),
+            _ => None,
         };
         let asked = std::time::Instant::now();
         let row = |id: &str| self.creating_row(id, &key_id, &template, &spec, token.clone(), &opts);
-        let super::admission::Admission { admitted, creating, pooled, displaced } = self.admit_waiting_for_pools(&key_id, pool.as_deref(), may_displace, |id| Live::creating(row(id), &self.store)).await?;
+        let super::admission::Admission { admitted, creating, pooled, displaced } = self.admit_waiting_for_pools(&key_id, pool.as_deref(), unproven.as_deref(), |id| Live::creating(row(id), &self.store)).await?;
         let id = admitted.id().to_string();
         let mut phases = Phases { asked, admitted: asked.elapsed(), from: if pooled.is_some() { "a pool" } else { origin.name(opts.cold) }, vm: Duration::ZERO };
         opts.id = SandboxId::parse(&id);
@@ -163,13 +165,18 @@ impl SandboxManager {
     }
 
     /// `admit`; when the server is full while a pool VM starts, waits for that VM (it
-    /// will be waiting to be taken or to make room) and tries again: a pool never makes
-    /// a create fail.
-    async fn admit_waiting_for_pools<'a>(&'a self, key_id: &str, pool: Option<&str>, may_displace: bool, make: impl Fn(&str) -> Arc<Live>) -> Result<super::admission::Admission<'a>, ManagerError> {
+    /// will be waiting to be taken or to make room) and tries again, and when it is
+    /// full with sandboxes waiting in pools but the template (`unproven`) is not built
+    /// here, prepares it first (its error, or its build) and tries again: a pool never
+    /// makes a create fail.
+    async fn admit_waiting_for_pools<'a>(&'a self, key_id: &str, pool: Option<&str>, mut unproven: Option<&str>, make: impl Fn(&str) -> Arc<Live>) -> Result<super::admission::Admission<'a>, ManagerError> {
         let deadline = tokio::time::Instant::now() + POOL_START_WAIT;
         loop {
             let started = self.pool_started.notified();
-            match self.admit(key_id, pool, may_displace, &make) {
+            match self.admit(key_id, pool, unproven.is_none(), &make) {
+                Err(ManagerError::AtCapacity { .. }) if unproven.is_some() && self.pooled_count() > 0 => {
+                    self.prepare(unproven.take().unwrap_or_default()).await?;
+                }
                 Err(ManagerError::AtCapacity { .. }) if self.pools.lock().starting > 0 && tokio::time::Instant::now() < deadline => {
                     // Woken when it is pooled (or stopped again); the deadline bounds a
                     // start that hangs.
