@@ -419,9 +419,17 @@ impl SandboxManager {
     /// are killed.
     pub async fn shutdown(&self, kill_running: bool) {
         self.shutting_down.store(true, std::sync::atomic::Ordering::SeqCst);
-        // A create in flight ends registered (and is let go below), not cut off.
+        // A create in flight ends registered (and is let go below), not cut off; a pool
+        // VM being started sees the shutdown and stops its VM, and one being stopped
+        // (start slots count those) ends stopped: none is left running behind the server.
         let deadline = tokio::time::Instant::now() + SHUTDOWN_WAIT;
-        while self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 && tokio::time::Instant::now() < deadline {
+        let busy = || {
+            // One lock at a time (each guard ends with its statement).
+            let slots = self.starting.lock().total();
+            let pool_starts = self.pools.lock().starting;
+            self.in_flight.load(std::sync::atomic::Ordering::SeqCst) > 0 || pool_starts > 0 || slots > 0
+        };
+        while busy() && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         self.drain_pools().await;
