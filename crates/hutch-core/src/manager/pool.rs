@@ -144,6 +144,10 @@ impl SandboxManager {
         // Counted before its slot and dropped after it: a create woken by its end finds
         // the slot given back.
         let _starting = PoolStart::count(self);
+        // After counting itself: a shutdown either waits for this start or is seen here.
+        if self.shutting_down() {
+            return Err(super::ManagerError::ShuttingDown);
+        }
         let _slot = self.reserve_slot()?;
         // Read before preparing: a change of builds forgets the prepared artifacts
         // first and then moves the generation on, so a sandbox of the old build always
