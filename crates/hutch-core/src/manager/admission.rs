@@ -6,7 +6,7 @@
 
 use super::error::ManagerError;
 use super::live::Live;
-use super::pools::Pooled;
+use super::pools::{Pooled, Pools};
 use super::slots::{SlotGuard, Starting};
 use super::SandboxManager;
 use std::collections::HashMap;
@@ -74,22 +74,10 @@ impl SandboxManager {
         let mut pools = self.pools.lock();
         self.room_for_key(&live, &starting, key_id)?;
         let pooled = pool.and_then(|t| pools.take_current(t));
-        let mut displaced = None;
-        if pooled.is_none() {
-            if may_displace && (memory_short || self.room_for_vm(&live, &starting, pools.waiting()).is_err()) {
-                displaced = pools.take_to_make_room(pool);
-            }
-            // One taken out of a pool leaves the count where its VM's place is the
-            // create's: the two are never running at once.
-            if let Err(full) = self.room_for_vm(&live, &starting, pools.waiting()) {
-                // Over the limit even so (it was lowered under adopted sandboxes): the
-                // waiting sandbox stays, rather than being stopped under these locks.
-                if let Some(d) = displaced {
-                    pools.put_back(d);
-                }
-                return Err(full);
-            }
-        }
+        let displaced = match pooled {
+            Some(_) => None,
+            None => self.make_room(&live, &starting, &mut pools, memory_short, may_displace, pool)?,
+        };
         let id = pooled.as_ref().map_or_else(|| crate::ids::SandboxId::generate().to_string(), |p| p.sandbox.id().to_string());
         let creating = make(&id);
         live.insert(id.clone(), creating.clone());
@@ -117,16 +105,7 @@ impl SandboxManager {
             let live = self.live.lock();
             let mut pools = self.pools.lock();
             self.room_for_key(&live, &starting, key)?;
-            let mut displaced = None;
-            if memory_short || self.room_for_vm(&live, &starting, pools.waiting()).is_err() {
-                displaced = pools.take_to_make_room(None);
-            }
-            if let Err(full) = self.room_for_vm(&live, &starting, pools.waiting()) {
-                if let Some(d) = displaced {
-                    pools.put_back(d);
-                }
-                return Err(full);
-            }
+            let displaced = self.make_room(&live, &starting, &mut pools, memory_short, true, None)?;
             drop((live, pools));
             (SlotGuard::take(&self.starting, &mut starting, Some(key)), displaced)
         };
@@ -134,6 +113,26 @@ impl SandboxManager {
             displaced.make_room().await?;
         }
         Ok(slot)
+    }
+
+    /// Room for one more VM (read and changed under the caller's locks). With `displace`,
+    /// a waiting sandbox is taken out of the pools when the server is at its limit or
+    /// `memory_short`, preferring another template than `keep`'s; the caller stops it
+    /// before its own VM starts (its place is the new VM's: the two never run at once).
+    fn make_room(&self, live: &Lives, starting: &Starting, pools: &mut Pools, memory_short: bool, displace: bool, keep: Option<&str>) -> Result<Option<Pooled>, ManagerError> {
+        let mut displaced = None;
+        if displace && (memory_short || self.room_for_vm(live, starting, pools.waiting()).is_err()) {
+            displaced = pools.take_to_make_room(keep);
+        }
+        if let Err(full) = self.room_for_vm(live, starting, pools.waiting()) {
+            // Over the limit even so (it was lowered under adopted sandboxes): the
+            // waiting sandbox stays, rather than being stopped under these locks.
+            if let Some(d) = displaced {
+                pools.put_back(d);
+            }
+            return Err(full);
+        }
+        Ok(displaced)
     }
 
     /// Room under `--max-sandboxes` for one more VM: the map's VMs, the pools' and
