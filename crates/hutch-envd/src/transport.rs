@@ -92,9 +92,12 @@ pub(crate) async fn open(socket: &Path) -> Result<Session, ConnectError> {
     Ok((sender, closer))
 }
 
-/// How often an unanswered idle probe is sent again: a session the agent has not yet
-/// left swallows a probe (and ends on it, as on any new host's opening line).
-const PROBE_AGAIN: std::time::Duration = std::time::Duration::from_millis(500);
+/// How often an unanswered idle probe is sent again. A session the agent has not yet
+/// left swallows a probe (and ends on it, as on any new host's opening line), and the
+/// host closing its session just before probing nearly always meets one: this interval
+/// is what a pause waits for the agent (it was 500 ms, most of an idle pause). Probes
+/// answered late are skipped by whichever host reads them (their nonce is not its own).
+const PROBE_AGAIN: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// Waits until the agent answers an idle probe: it serves the channel and is between
 /// sessions (`hutch_proto::agent::IDLE_PROBE_PREFIX`). Returns once answered, leaving

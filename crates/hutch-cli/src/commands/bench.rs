@@ -20,10 +20,10 @@ pub struct BenchArgs {
     #[arg(long, default_value = "auto")]
     pub accel: AccelChoice,
     /// What to measure: `boot` (cold boot and exec against a bare QEMU boot),
-    /// `snapshots` (start paths, pause/resume, memory, throughput) or `start` (the
-    /// start paths alone) or `net` (iperf3 and TCP connects through hutch's stack,
+    /// `snapshots` (start paths, pause/resume, memory, throughput) or one of its parts
+    /// alone (`start`, `pause`, `memory`) or `net` (iperf3 and TCP connects through hutch's stack,
     /// passt and QEMU's user-mode network; needs HUTCH_JAIL=off, iperf3 and passt).
-    #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots", "start", "net"])]
+    #[arg(long, default_value = "boot", value_parser = ["boot", "snapshots", "start", "pause", "memory", "net"])]
     pub suite: String,
 }
 
@@ -35,8 +35,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<i32> {
         super::bench_net::run(&local, runs).await?;
         return Ok(0);
     }
-    if args.suite == "snapshots" || args.suite == "start" {
-        super::bench_snapshots::run(&local, runs, args.suite == "start").await?;
+    if ["snapshots", "start", "pause", "memory"].contains(&args.suite.as_str()) {
+        super::bench_snapshots::run(&local, runs, &args.suite).await?;
         return Ok(0);
     }
     let backend = local.backend();

@@ -1,21 +1,54 @@
 //! `hutch bench --suite snapshots`: start paths (cold boot, snapshot restore, warm
-//! pool) next to a bare QEMU restore of the same snapshot, pause/resume by guest size,
-//! memory per idle sandbox, and create throughput (method in docs/BENCHMARKS.md).
+//! pool) next to a bare QEMU restore of the same snapshot, pause/resume by memory
+//! dirtied, memory per idle sandbox, and create throughput (method in
+//! docs/BENCHMARKS.md); `start`, `pause` and `memory` run one part alone.
 
 use super::bench_measure::{exec_once, ms, true_request, Series};
 use crate::local::Local;
 use hutch_core::snapshot::MemorySnapshot;
-use hutch_core::{MemMib, Sandbox, SandboxOptions};
+use hutch_core::{Sandbox, SandboxOptions};
 use hutch_vmm::qemu::QemuBackend;
 use hutch_vmm::VmSpec;
 use std::time::{Duration, Instant};
 
-/// `start_only`: the start paths alone (`--suite start`), without pause, memory and
-/// throughput.
-pub async fn run(local: &Local, runs: usize, start_only: bool) -> anyhow::Result<()> {
+/// Which parts of the suite run: `snapshots` all of them, `start`, `pause` or
+/// `memory` that part alone.
+pub async fn run(local: &Local, runs: usize, suite: &str) -> anyhow::Result<()> {
     let backend = local.backend();
     let opts = SandboxOptions { accel: local.accel.accel, ..SandboxOptions::default() };
     let snapshot = super::run::ensure_snapshot(local, &opts).await?;
+    if suite == "snapshots" || suite == "start" {
+        start_paths(local, &backend, &opts, &snapshot, runs).await?;
+    }
+    if suite == "snapshots" || suite == "pause" {
+        println!("\n### Pause and resume (5 runs each, 512 MiB guests; a guest dirties memory by writing a file into its page cache)\n");
+        println!("| memory dirtied since the restore | pause p50 ms | pause max ms | resume p50 ms | resume max ms | saved state MiB |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        for (name, dirty) in [("none (idle)", 0u32), ("64 MiB", 64), ("256 MiB", 256)] {
+            let (pause, resume, state) = pause_resume(local, &backend, &opts, dirty, 5).await?;
+            println!("| {name} | {} | {} | {} | {} | {} |", ms(pause.pct(0.5)), ms(pause.pct(1.0)), ms(resume.pct(0.5)), ms(resume.pct(1.0)), state >> 20);
+        }
+    }
+    if suite == "snapshots" || suite == "memory" {
+        let (per_restored, per_cold) = memory_per_sandbox(local, &backend, &opts, 20).await?;
+        println!("\n### Host memory per idle sandbox (PSS of its QEMU, 512 MiB guests)\n");
+        println!("| sandboxes | PSS per sandbox MiB |");
+        println!("|---|---:|");
+        println!("| 20 restored from one snapshot | {:.1} |", per_restored);
+        println!("| 3 cold-booted (reference) | {:.1} |", per_cold);
+    }
+    if suite == "snapshots" {
+        let (rate, n) = creates_per_second(local, &backend, &opts, 2, 10).await?;
+        println!("\n### Throughput\n");
+        println!("| clients | creates (restore + `true` + destroy) | creates per second |");
+        println!("|---|---:|---:|");
+        println!("| 2 concurrent | {n} | {rate:.2} |");
+    }
+    Ok(())
+}
+
+/// Each start path `runs` times, interleaved, next to a bare QEMU restore.
+async fn start_paths(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, snapshot: &MemorySnapshot, runs: usize) -> anyhow::Result<()> {
     let req = true_request();
 
     let mut hello = Series { name: "bare QEMU restore of the same snapshot: spawn -> agent session open (hello echoed, HTTP/2 up)", samples: vec![] };
@@ -29,17 +62,17 @@ pub async fn run(local: &Local, runs: usize, start_only: bool) -> anyhow::Result
     let cold_opts = SandboxOptions { cold: true, ..opts.clone() };
     for i in 0..runs {
         eprint!("\rstart paths: run {}/{runs}", i + 1);
-        let (echo, first) = bare_restore(local, &backend, &snapshot).await?;
+        let (echo, first) = bare_restore(local, backend, snapshot).await?;
         hello.samples.push(echo);
         bare.samples.push(first);
         let started = Instant::now();
-        let mut sb = Sandbox::create(&local.home, &local.artifacts, &backend, &opts).await?;
+        let mut sb = Sandbox::create(&local.home, &local.artifacts, backend, opts).await?;
         restored_ready.samples.push(sb.boot_time());
         exec_once(&sb, &req).await?;
         restored.samples.push(started.elapsed());
         // A pool holds restored sandboxes; taking one re-initializes it.
         let started = Instant::now();
-        sb.reinit(&opts).await?;
+        sb.reinit(opts).await?;
         exec_once(&sb, &req).await?;
         pooled.samples.push(started.elapsed());
         sb.destroy().await?;
@@ -51,7 +84,7 @@ pub async fn run(local: &Local, runs: usize, start_only: bool) -> anyhow::Result
         anyhow::ensure!(status.success(), "hutch run -- true failed: {status}");
         cli.samples.push(started.elapsed());
         let started = Instant::now();
-        let sb = Sandbox::create(&local.home, &local.artifacts, &backend, &cold_opts).await?;
+        let sb = Sandbox::create(&local.home, &local.artifacts, backend, &cold_opts).await?;
         cold_ready.samples.push(sb.boot_time());
         exec_once(&sb, &req).await?;
         cold.samples.push(started.elapsed());
@@ -73,30 +106,6 @@ pub async fn run(local: &Local, runs: usize, start_only: bool) -> anyhow::Result
         let speedup = cold_ready.pct(0.5).as_secs_f64() / s.pct(0.5).as_secs_f64().max(1e-9);
         println!("| {} | {} | {} | {speedup:.1}x |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
     }
-    if start_only {
-        return Ok(());
-    }
-
-    println!("\n### Pause and resume (5 runs each; the guest holds a 100 MiB file in its page cache)\n");
-    println!("| guest memory | pause p50 ms | pause max ms | resume p50 ms | resume max ms | saved state MiB |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for mib in [256u32, 1024] {
-        let (pause, resume, state) = pause_resume(local, &backend, &opts, mib, 5).await?;
-        println!("| {mib} MiB | {} | {} | {} | {} | {} |", ms(pause.pct(0.5)), ms(pause.pct(1.0)), ms(resume.pct(0.5)), ms(resume.pct(1.0)), state >> 20);
-    }
-
-    let (per_restored, per_cold) = memory_per_sandbox(local, &backend, &opts, 20).await?;
-    println!("\n### Host memory per idle sandbox (PSS of its QEMU, 512 MiB guests)\n");
-    println!("| sandboxes | PSS per sandbox MiB |");
-    println!("|---|---:|");
-    println!("| 20 restored from one snapshot | {:.1} |", per_restored);
-    println!("| 3 cold-booted (reference) | {:.1} |", per_cold);
-
-    let (rate, n) = creates_per_second(local, &backend, &opts, 2, 10).await?;
-    println!("\n### Throughput\n");
-    println!("| clients | creates (restore + `true` + destroy) | creates per second |");
-    println!("|---|---:|---:|");
-    println!("| 2 concurrent | {n} | {rate:.2} |");
     Ok(())
 }
 
@@ -148,25 +157,27 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
     Ok((session, first_command))
 }
 
-async fn pause_resume(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, mib: u32, runs: usize) -> anyhow::Result<(Series, Series, u64)> {
-    let opts = SandboxOptions { memory: MemMib::new(mib).map_err(anyhow::Error::msg)?, ..opts.clone() };
-    super::run::ensure_snapshot(local, &opts).await?;
-    let mut sb = Sandbox::create(&local.home, &local.artifacts, backend, &opts).await?;
-    let ballast = hutch_proto::process::StartRequest {
-        process: hutch_proto::process::ProcessConfig {
-            cmd: "/bin/sh".into(),
-            args: vec!["-c".into(), "head -c 100M /dev/urandom > /tmp/ballast".into()],
+/// A sandbox restored at the default size dirties `dirty_mib` of its memory (a file of
+/// random bytes in its page cache), then is paused and resumed `runs` times.
+async fn pause_resume(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, dirty_mib: u32, runs: usize) -> anyhow::Result<(Series, Series, u64)> {
+    let mut sb = Sandbox::create(&local.home, &local.artifacts, backend, opts).await?;
+    if dirty_mib > 0 {
+        let ballast = hutch_proto::process::StartRequest {
+            process: hutch_proto::process::ProcessConfig {
+                cmd: "/bin/sh".into(),
+                args: vec!["-c".into(), format!("head -c {dirty_mib}M /dev/urandom > /tmp/ballast")],
+                ..Default::default()
+            },
+            stdin: Some(false),
             ..Default::default()
-        },
-        stdin: Some(false),
-        ..Default::default()
-    };
-    exec_once(&sb, &ballast).await?;
+        };
+        exec_once(&sb, &ballast).await?;
+    }
     let mut pause = Series { name: "pause", samples: vec![] };
     let mut resume = Series { name: "resume", samples: vec![] };
     let mut state_bytes = 0;
     for i in 0..runs {
-        eprint!("\rpause/resume {mib} MiB: run {}/{runs}", i + 1);
+        eprint!("\rpause/resume, {dirty_mib} MiB dirtied: run {}/{runs}", i + 1);
         let dir = sb.dir().to_path_buf();
         let started = Instant::now();
         sb.pause(hutch_core::sandbox::layout::PauseMode::Full).await?;
@@ -174,7 +185,7 @@ async fn pause_resume(local: &Local, backend: &QemuBackend, opts: &SandboxOption
         state_bytes = std::fs::metadata(dir.join(hutch_core::sandbox::layout::PAUSED_STATE))?.len();
         drop(sb);
         let started = Instant::now();
-        sb = Sandbox::resume(&dir, backend, &opts).await?;
+        sb = Sandbox::resume(&dir, backend, opts).await?;
         resume.samples.push(started.elapsed());
     }
     eprintln!();

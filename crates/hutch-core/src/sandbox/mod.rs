@@ -144,7 +144,9 @@ impl Sandbox {
         record.spec.die_with_parent = opts.die_with_parent;
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
         let mut vm = backend.start(&record.spec).await.map_err(CreateError::Start)?;
+        let spawned = started.elapsed();
         vm.load().await.map_err(CreateError::Restore)?;
+        let loaded = started.elapsed();
         if let Err(e) = vm.resume().await {
             // `cont` failed, or only its answer was lost: a guest QEMU still holds
             // stopped never ran, and its saved state is still the truth.
@@ -160,11 +162,23 @@ impl Sandbox {
         // changed disk would corrupt its filesystem).
         let ran = async {
             let agent = connect_restored(vm.as_mut(), opts.boot_timeout, started).await?;
+            let connected = started.elapsed();
             // The paused guest holds its own token, the one the host gives it again.
             let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true, opts.access_token.as_deref()).await?;
+            let initialized = started.elapsed();
             let net = start_net(&record.spec, &record.network, &opts.net_env).await?;
             record.spec.incoming = None;
             write_record(dir, &record)?;
+            let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+            tracing::debug!(
+                "resumed sandbox {id} in {:.1} ms: QEMU started {:.1}, state loaded {:.1}, agent connected {:.1}, /init {:.1}, network and record {:.1}",
+                ms(started.elapsed()),
+                ms(spawned),
+                ms(loaded - spawned),
+                ms(connected - loaded),
+                ms(initialized - connected),
+                ms(started.elapsed() - initialized)
+            );
             Ok((agent, net))
         }
         .await;
@@ -250,15 +264,19 @@ impl Sandbox {
             return self.pause_disk_only().await;
         }
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
+        let started = Instant::now();
         flush_guest(&self.agent).await;
+        let synced = started.elapsed();
         if let Err(e) = crate::snapshot::release_agent(&self.agent, &vm.agent_socket(), RELEASE_WAIT).await {
             // Nothing was saved: the sandbox runs on, with a session again.
             self.reattach().await;
             return Err(e.into());
         }
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
+        let released = started.elapsed();
         let saving = self.dir.join(SAVING_STATE);
         let saved = vm.save(&saving, false).await.map_err(SaveError::Vm);
+        let written = started.elapsed();
         let saved = saved.and_then(|()| std::fs::rename(&saving, self.dir.join(PAUSED_STATE)).map_err(|source| SaveError::File { what: "naming the saved state", path: saving.clone(), source }));
         if let Err(e) = saved {
             let _ = std::fs::remove_file(&saving);
@@ -277,6 +295,17 @@ impl Sandbox {
         }
         self.vm = None;
         self.net = None;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let total = started.elapsed();
+        tracing::debug!(
+            "paused sandbox {} in {:.1} ms: guest sync {:.1}, agent released {:.1}, state saved {:.1}, QEMU quit {:.1}",
+            self.id,
+            ms(total),
+            ms(synced),
+            ms(released - synced),
+            ms(written - released),
+            ms(total - written)
+        );
         Ok(())
     }
 
