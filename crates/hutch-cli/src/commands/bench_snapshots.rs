@@ -135,7 +135,8 @@ async fn bare_restore(local: &Local, backend: &QemuBackend, snapshot: &MemorySna
         incoming: Some(incoming),
         die_with_parent: true,
         agent_channel: hutch_proto::AGENT_PORT_NAME.into(),
-        nic: None,
+        // The saved machine's devices, NIC included; nothing connects to its host end.
+        nic: snapshot.manifest.nic.then(hutch_core::sandbox::layout::guest_nic),
     };
     let started = Instant::now();
     let mut vm = hutch_vmm::VmBackend::start(backend, &spec).await?;
