@@ -92,12 +92,15 @@ pub(crate) async fn open(socket: &Path) -> Result<Session, ConnectError> {
     Ok((sender, closer))
 }
 
-/// How often an unanswered idle probe is sent again. A session the agent has not yet
-/// left swallows a probe (and ends on it, as on any new host's opening line), and the
-/// host closing its session just before probing nearly always meets one: this interval
-/// is what a pause waits for the agent (it was 500 ms, most of an idle pause). Probes
-/// answered late are skipped by whichever host reads them (their nonce is not its own).
-const PROBE_AGAIN: std::time::Duration = std::time::Duration::from_millis(20);
+/// How long an unanswered idle probe waits before the next, first and at most. A session
+/// the agent has not yet left swallows a probe (and ends on it, as on any new host's
+/// opening line), and a host that has just closed its session nearly always meets one:
+/// the second probe is what a pause waits for (a fixed 500 ms was most of an idle
+/// pause). The wait doubles from there, so an agent still busy (a booting guest, a
+/// loaded host) is not sent a probe every few milliseconds. Probes answered late are
+/// skipped by whichever host reads them (their nonce is not its own).
+const PROBE_FIRST: std::time::Duration = std::time::Duration::from_millis(20);
+const PROBE_MOST: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// Waits until the agent answers an idle probe: it serves the channel and is between
 /// sessions (`hutch_proto::agent::IDLE_PROBE_PREFIX`). Returns once answered, leaving
@@ -108,9 +111,11 @@ pub async fn wait_idle(socket: &Path) -> Result<(), ConnectError> {
     let nonce: u64 = rand::random();
     let mut seen = Vec::new();
     let mut buf = [0u8; 4096];
+    let mut again = PROBE_FIRST;
     loop {
         stream.write_all(&idle_probe(nonce)).await.map_err(ConnectError::Socket)?;
-        let deadline = tokio::time::Instant::now() + PROBE_AGAIN;
+        let deadline = tokio::time::Instant::now() + again;
+        again = (again * 2).min(PROBE_MOST);
         while let Ok(read) = tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
             let n = read.map_err(ConnectError::Socket)?;
             if n == 0 {

@@ -110,19 +110,30 @@ pub fn idle_reply(nonce: u64) -> Vec<u8> {
     line(IDLE_REPLY_PREFIX, nonce)
 }
 
+/// Hex digits in a line's nonce (`line` writes a u64 as `{:016x}`), then its newline.
+const NONCE_DIGITS: usize = 16;
+
 /// Finds a `prefix` line in `buf`: returns where it starts, the index just past it and
-/// its nonce. A malformed one (the prefix, then anything but a hex nonce and a newline:
-/// a guest can write that) is skipped, so it cannot hide a real one after it.
+/// its nonce. A malformed one (the prefix, then anything but 16 hex digits and a
+/// newline: a guest can write that) is skipped, so it cannot hide a real one after it.
+/// Each candidate is judged by the 17 bytes after its prefix alone, so a guest filling
+/// the channel with prefixes costs a scan, never a scan per prefix.
 pub fn find_line(buf: &[u8], prefix: &[u8]) -> Option<(usize, usize, u64)> {
     let mut from = 0;
     loop {
         let start = from + buf[from..].windows(prefix.len()).position(|w| w == prefix)?;
         let body = start + prefix.len();
-        // No newline yet: this line is still arriving, and so is anything after it.
-        let nl = buf[body..].iter().position(|b| *b == b'\n')?;
-        let nonce = std::str::from_utf8(&buf[body..body + nl]).ok().and_then(|t| u64::from_str_radix(t, 16).ok());
+        let end = body + NONCE_DIGITS + 1;
+        let arrived = &buf[body..end.min(buf.len())];
+        let digits = &arrived[..arrived.len().min(NONCE_DIGITS)];
+        let well_formed = digits.iter().all(u8::is_ascii_hexdigit) && arrived.get(NONCE_DIGITS).is_none_or(|b| *b == b'\n');
+        if well_formed && end > buf.len() {
+            // This line is still arriving, and so is anything after it.
+            return None;
+        }
+        let nonce = well_formed.then(|| std::str::from_utf8(digits).ok().and_then(|t| u64::from_str_radix(t, 16).ok())).flatten();
         match nonce {
-            Some(n) => return Some((start, body + nl + 1, n)),
+            Some(n) => return Some((start, end, n)),
             None => from = start + 1,
         }
     }
@@ -203,6 +214,24 @@ mod tests {
         buf.extend_from_slice(&hello_line(7));
         assert_eq!(find_hello(&buf).map(|(_, n)| n), Some(7));
         assert_eq!(find_hello(b"HUTCH-HELLO zz\nHUTCH-HELLO 1"), None);
+    }
+
+    #[test]
+    fn a_channel_full_of_prefixes_hides_nothing_and_a_line_cut_short_is_still_arriving() {
+        // A guest can write prefixes by the megabyte: each is judged by the 17 bytes
+        // after it (scanning to the next newline for each took minutes here).
+        let mut buf = IDLE_REPLY_PREFIX.repeat(100_000);
+        buf.push(b'\n');
+        buf.extend_from_slice(&idle_reply(9));
+        assert_eq!(find_line(&buf, IDLE_REPLY_PREFIX).map(|(_, _, n)| n), Some(9));
+        let whole = idle_reply(9);
+        assert_eq!(find_line(&whole[..whole.len() - 1], IDLE_REPLY_PREFIX), None);
+        assert_eq!(find_line(&whole[..IDLE_REPLY_PREFIX.len() + 3], IDLE_REPLY_PREFIX), None);
+        // Not 16 digits and a newline: malformed, and what follows it still counts.
+        let mut short = b"HUTCH-IDLE 5\n".to_vec();
+        assert_eq!(find_line(&short, IDLE_REPLY_PREFIX), None);
+        short.extend_from_slice(&whole);
+        assert_eq!(find_line(&short, IDLE_REPLY_PREFIX).map(|(start, end, n)| (start, end, n)), Some((13, 13 + whole.len(), 9)));
     }
 
     #[test]
