@@ -39,6 +39,21 @@ def pytest_configure(config):
         "interpreter's /execute stream)")
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that used the session's server gets the end of that server's log in
+    its report: the server's home (and its log) goes when the session ends."""
+    outcome = yield
+    report = outcome.get_result()
+    server = item.funcargs.get("server") if hasattr(item, "funcargs") else None
+    if report.when == "call" and report.failed and isinstance(server, Server):
+        try:
+            lines = (server.home / "serve.log").read_text(errors="replace").splitlines()
+        except OSError as e:
+            lines = [f"(the server's log could not be read: {e})"]
+        report.sections.append(("hutch serve log, last 80 lines", "\n".join(lines[-80:])))
+
+
 def _timed_out(what: str, timeout: float, detail: Callable[[], Any] | None) -> AssertionError:
     message = f"timed out after {timeout}s waiting for {what}"
     if detail is not None:
@@ -206,7 +221,10 @@ def server(net_world):
     home = new_home("hutch-serve-")
     port = free_port()
     # As a user runs it: warm pools sized by demand, so the suite's creates go through them.
-    proc = launch(home, port, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map)}, pools=True)
+    # The manager's lifecycle at info too (pauses, adoptions): what a failed test's
+    # report shows of this server (pytest_runtest_makereport).
+    log = "warn,hutch_core::manager=info,hutch_core::orphans=info"
+    proc = launch(home, port, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map), "HUTCH_LOG": log}, pools=True)
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, HUTCH_API_URL=url, HUTCH_API_KEY=API_KEY)
     yield Server(url, home, proc)

@@ -98,8 +98,14 @@ impl SandboxManager {
 
     /// Pauses in the sandbox's owner: to its end, whoever waits for it.
     pub(super) async fn pause_live(&self, id: &str, live: &Arc<Live>, by: PausedBy, mode: PauseMode) -> Result<(), ManagerError> {
-        let id = id.to_string();
-        self.in_owner(live, move |m, live, o| Box::pin(async move { m.pause_owned(&id, &live, o, by, mode).await })).await?;
+        tracing::info!(sandbox = %id, "pausing ({by:?}, {mode:?})");
+        let owned_id = id.to_string();
+        let paused = self.in_owner(live, move |m, live, o| Box::pin(async move { m.pause_owned(&owned_id, &live, o, by, mode).await })).await;
+        // Said here too: a client that hung up never reads the answer.
+        if let Err(e) = &paused {
+            tracing::info!(sandbox = %id, "not paused: {}", hutch_proto::error_chain(e));
+        }
+        paused?;
         // Its VM's slot is free: the pools may fill it (they give it back to creates).
         self.fill_pools();
         Ok(())
