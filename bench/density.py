@@ -33,15 +33,11 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import API_KEY, HUTCH, free_port, new_home, qemus_under  # noqa: E402
+from common import pct, pool_ready  # noqa: E402
 
 TARGET = int(os.environ.get("BENCH_SANDBOXES", "200"))
 BURST = int(os.environ.get("BENCH_BURST", "20"))
 GUEST_MIB = 512
-
-
-def pct(samples, p):
-    s = sorted(samples)
-    return s[min(len(s) - 1, round((len(s) - 1) * p))]
 
 
 def ms(v):
@@ -96,14 +92,6 @@ def stop(proc, sandboxes):
         list(pool.map(lambda s: s.kill(), sandboxes))
     proc.terminate()
     proc.wait(timeout=60)
-
-
-def pool_ready(url, template, n):
-    deadline = time.time() + 600
-    while httpx.get(url + "/status", headers={"X-API-Key": API_KEY}).json()["pools"].get(template, {}).get("ready", 0) < n:
-        if time.time() > deadline:
-            raise TimeoutError(f"the {template} pool did not reach {n} within 600 s")
-        time.sleep(0.2)  # the poll interval of a deadline-bounded wait, off the clock
 
 
 def density():
@@ -212,9 +200,9 @@ def bursts():
                 with ThreadPoolExecutor(4) as pool:
                     list(pool.map(lambda s: s.kill(), first))
                 sandboxes.clear()
-                pool_ready(url, "base", 4)
+                pool_ready(url, API_KEY, "base", 4, within=600)
             if fill:
-                pool_ready(url, "base", fill)
+                pool_ready(url, API_KEY, "base", fill, within=600)
             creates, ttis, failures, sandboxes = burst()
             row = f"| {name} | {BURST} | {ms(statistics.median(creates))} | {ms(pct(creates, 0.95))} | {ms(statistics.median(ttis))} | {ms(pct(ttis, 0.95))} | {len(failures)} |" if creates else f"| {name} | {BURST} | – | – | – | – | {len(failures)} |"
             print(row, flush=True)

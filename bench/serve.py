@@ -18,16 +18,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import API_KEY, HUTCH, free_port, new_home  # noqa: E402
+from common import pct  # noqa: E402
 
 from hutch import Sandbox  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "20"))
 CONCURRENT = 10
-
-
-def pct(samples, p):
-    s = sorted(samples)
-    return s[min(len(s) - 1, round((len(s) - 1) * p))]
 
 
 def timed(fn):

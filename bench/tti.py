@@ -28,11 +28,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import API_KEY, HUTCH, free_port, new_home  # noqa: E402
+from common import pct, pool_ready  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "20"))
 # (name, serve flags, wait for the pool to refill before each run)
@@ -41,11 +40,6 @@ CONFIGS = [
     ("default, back to back", [], False),
     ("--no-pool", ["--no-pool"], False),
 ]
-
-
-def pct(samples, p):
-    s = sorted(samples)
-    return s[min(len(s) - 1, round((len(s) - 1) * p))]
 
 
 CREATED = re.compile(r"created sandbox (\S+) from (.+) in ([\d.]+) ms: admission ([\d.]+), VM ([\d.]+), record ([\d.]+)")
@@ -72,15 +66,6 @@ def created(log, ids):
     return found
 
 
-def pool_filled(url, template):
-    """Waits (off the clock) until `template`'s pool has a sandbox waiting."""
-    deadline = time.time() + 120
-    while httpx.get(url + "/status", headers={"X-API-Key": API_KEY}).json()["pools"].get(template, {}).get("ready", 0) < 1:
-        if time.time() > deadline:
-            raise TimeoutError(f"the {template} pool did not fill within 120 s")
-        time.sleep(0.1)  # the poll interval of a deadline-bounded wait, off the clock
-
-
 def warm_server(Sandbox, first):
     """Waits until the server answers and one sandbox has run (off the clock)."""
     deadline = time.time() + 300
@@ -100,7 +85,7 @@ def measure(Sandbox, first, url, template, refilled):
     create, first_call, second, ids = [], [], [], []
     for _ in range(RUNS):
         if refilled:
-            pool_filled(url, template)
+            pool_ready(url, API_KEY, template, 1, within=120)
         t0 = time.perf_counter()
         sbx = Sandbox.create()
         t1 = time.perf_counter()
