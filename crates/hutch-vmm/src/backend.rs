@@ -143,6 +143,8 @@ pub enum StartError {
     NetQuery(#[source] SnapshotError),
     #[error("starting the guest (QMP `cont`)")]
     Cont(#[source] SnapshotError),
+    #[error("reading the saved state {path} to load")]
+    State { path: String, #[source] source: crate::saved_state::StateFileError },
     #[error("the socket path {0} is longer than a unix socket allows (108 bytes); use a shorter HUTCH_HOME")]
     PathTooLong(String),
 }
@@ -159,6 +161,19 @@ pub enum SnapshotError {
     Timeout { what: &'static str, secs: u64 },
     #[error("this backend cannot save or restore VMs")]
     Unsupported,
+    #[error("the saved state {path}")]
+    StateFile { path: String, #[source] source: crate::saved_state::StateFileError },
+    #[error("guest memory")]
+    GuestRam(#[source] crate::guest_ram::GuestRamError),
+}
+
+/// What a pause's save wrote (`VmHandle::save_for_pause`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PauseSave {
+    /// The pages that differ from the memory file the VM maps, then device state.
+    Changes { pages: u64, page_size: u64 },
+    /// RAM and devices whole, and why not only the changes.
+    Whole { why: String },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -216,6 +231,14 @@ pub trait VmHandle: Send + Sync {
     /// Pauses the guest and writes its state to `state` (with `ignore_shared`, RAM in
     /// a shared file is left out). The guest stays paused; `resume` or `stop` follows.
     async fn save(&mut self, state: &Path, ignore_shared: bool) -> Result<(), SnapshotError>;
+    /// Stops the guest and writes what a pause keeps to `state`: when its RAM maps a
+    /// snapshot's memory file privately, only the pages that differ from that file and
+    /// the device state (`saved_state.rs`), else all of it as `save` does. The guest
+    /// stays paused; `load` reads either.
+    async fn save_for_pause(&mut self, state: &Path) -> Result<PauseSave, SnapshotError> {
+        self.save(state, false).await?;
+        Ok(PauseSave::Whole { why: "this backend saves whole states only".into() })
+    }
     /// Loads the state named by the spec's `incoming`; the guest stays paused.
     async fn load(&mut self) -> Result<(), SnapshotError>;
     /// Runs a paused guest (after `save` or `load`).

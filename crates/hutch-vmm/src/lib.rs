@@ -8,6 +8,7 @@ pub mod backend;
 pub mod clock;
 pub mod console;
 pub mod disk;
+pub mod guest_ram;
 pub mod pidfd;
 pub mod process;
 pub mod space;
@@ -15,6 +16,7 @@ pub mod space;
 pub mod fake;
 pub mod qemu;
 pub mod qmp;
+pub mod saved_state;
 
 pub use accel::{Accel, AccelChoice};
-pub use backend::{AdoptError, Incoming, Memory, Nic, NicHostEnd, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
+pub use backend::{AdoptError, Incoming, Memory, Nic, NicHostEnd, PauseSave, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};

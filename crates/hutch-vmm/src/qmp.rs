@@ -99,6 +99,18 @@ impl Qmp {
         }
     }
 
+    /// Hands QEMU an open file in a new fd set (QMP `add-fd`), for a command that takes
+    /// a file name (`/dev/fdset/<id>`) rather than a `getfd` name; returns the set's id.
+    /// QEMU dups the fd for each open, sharing its offset, and the set lives until
+    /// `remove-fd`.
+    pub async fn add_fd(&mut self, fd: std::os::fd::BorrowedFd<'_>) -> Result<u64, QmpError> {
+        let added = match tokio::time::timeout(QMP_DEADLINE, self.exchange("add-fd", None, Some(fd))).await {
+            Ok(r) => r?,
+            Err(_) => return Err(QmpError::Timeout { command: "add-fd".into(), secs: QMP_DEADLINE.as_secs() }),
+        };
+        added.get("fdset-id").and_then(Value::as_u64).ok_or_else(|| QmpError::Command { command: "add-fd".into(), class: "reply".into(), desc: format!("no fdset-id in {added}") })
+    }
+
     async fn exchange(&mut self, command: &str, arguments: Option<Value>, fd: Option<std::os::fd::BorrowedFd<'_>>) -> Result<Value, QmpError> {
         let mut msg = json!({ "execute": command });
         if let Some(args) = arguments {

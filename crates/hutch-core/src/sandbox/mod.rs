@@ -17,7 +17,7 @@ use crate::artifacts::Artifacts;
 use crate::ids::{MemMib, SandboxId};
 use crate::snapshot::{MemorySnapshot, SaveError};
 use hutch_image::HutchHome;
-use hutch_vmm::{Incoming, Memory, VmBackend, VmHandle, VmSpec};
+use hutch_vmm::{Incoming, Memory, PauseSave, SnapshotError, VmBackend, VmHandle, VmSpec};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -139,8 +139,14 @@ impl Sandbox {
     pub async fn resume(dir: &Path, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
         let (mut record, id) = read_record(dir).map_err(CreateError::Record)?;
-        record.spec.memory = Memory::Anonymous;
-        record.spec.incoming = Some(Incoming { state: dir.join(PAUSED_STATE), ignore_shared: false });
+        let state = dir.join(PAUSED_STATE);
+        // A state of changed pages is loaded over the snapshot's memory file the guest
+        // mapped when paused (its record still names it); a whole one into plain RAM.
+        let changes = hutch_vmm::saved_state::needs_memory_file(&state).map_err(|source| CreateError::Restore(SnapshotError::StateFile { path: state.display().to_string(), source }))?;
+        if !changes {
+            record.spec.memory = Memory::Anonymous;
+        }
+        record.spec.incoming = Some(Incoming { state, ignore_shared: false });
         record.spec.die_with_parent = opts.die_with_parent;
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.to_path_buf(), e))?;
         let mut vm = backend.start(&record.spec).await.map_err(CreateError::Start)?;
@@ -275,9 +281,14 @@ impl Sandbox {
         let Some(vm) = self.vm.as_mut() else { return Err(PauseError::NotRunning) };
         let released = started.elapsed();
         let saving = self.dir.join(SAVING_STATE);
-        let saved = vm.save(&saving, false).await.map_err(SaveError::Vm);
+        let saved = vm.save_for_pause(&saving).await.map_err(SaveError::Vm);
         let written = started.elapsed();
-        let saved = saved.and_then(|()| std::fs::rename(&saving, self.dir.join(PAUSED_STATE)).map_err(|source| SaveError::File { what: "naming the saved state", path: saving.clone(), source }));
+        let kept = match &saved {
+            Ok(PauseSave::Changes { pages, page_size }) => format!("{:.1} MiB changed", (pages * page_size) as f64 / 1048576.0),
+            Ok(PauseSave::Whole { why }) => format!("all memory ({why})"),
+            Err(_) => String::new(),
+        };
+        let saved = saved.and_then(|_| std::fs::rename(&saving, self.dir.join(PAUSED_STATE)).map_err(|source| SaveError::File { what: "naming the saved state", path: saving.clone(), source }));
         if let Err(e) = saved {
             let _ = std::fs::remove_file(&saving);
             if let Some(vm) = self.vm.as_mut() {
@@ -298,7 +309,7 @@ impl Sandbox {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         let total = started.elapsed();
         tracing::debug!(
-            "paused sandbox {} in {:.1} ms: guest sync {:.1}, agent released {:.1}, state saved {:.1}, QEMU quit {:.1}",
+            "paused sandbox {} in {:.1} ms: guest sync {:.1}, agent released {:.1}, state saved {:.1} ({kept}), QEMU quit {:.1}",
             self.id,
             ms(total),
             ms(synced),

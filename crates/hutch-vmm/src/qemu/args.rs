@@ -36,12 +36,23 @@ pub fn kernel_cmdline(tsc_khz: u32) -> String {
     format!("console=ttyS0 quiet panic=-1 reboot=t tsc_early_khz={tsc_khz} tsc=reliable lpj=6000000")
 }
 
-pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
+/// What QEMU is told about the stream it loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Loading {
+    /// The stream has no configuration section (a device-state-only save, or a save by
+    /// a QEMU that loaded one): QEMU must not expect it.
+    pub no_configuration: bool,
+}
+
+pub fn command_line(spec: &VmSpec, loading: Loading) -> Vec<OsString> {
     let mut a: Vec<OsString> = Vec::new();
     let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
     // RAM is always an explicit backend named mem0: a migration stream names its RAM
     // blocks, so a VM saved with one backing can be restored with another.
-    let machine = format!("microvm,accel={},memory-backend=mem0", spec.accel.as_str());
+    // suppress-vmdesc: no save carries the JSON description of its devices (for
+    // analysis tools; nothing here reads it), and no load expects it, which a
+    // device-state-only stream (`saved_state.rs`) does not have.
+    let machine = format!("microvm,accel={},memory-backend=mem0,suppress-vmdesc=on", spec.accel.as_str());
     let cpu = match spec.accel {
         Accel::Kvm => "host",
         Accel::Tcg => "max",
@@ -52,6 +63,9 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
     if spec.incoming.is_some() {
         // -S: the loaded guest waits for `cont`, so hutch decides when it runs.
         push(&["-incoming", "defer", "-S"]);
+        if loading.no_configuration {
+            push(&["-global", "migration.send-configuration=off"]);
+        }
     } else if spec.nic.as_ref().is_some_and(crate::backend::Nic::listens) {
         // A booted guest too, when its NIC's netdev listens: it may run only once
         // that netdev is listening (see `QemuVm::start`).
@@ -99,7 +113,7 @@ pub fn command_line(spec: &VmSpec) -> Vec<OsString> {
 /// page of the kernel's `initrd_addr_max`, which at exactly 2 GiB it always does), on
 /// top of SeaBIOS's ACPI tables and virtio queues: the guest sees "no cpio magic" and
 /// never starts. 2 MiB more keeps hugepage alignment and moves the top off that page.
-fn ram_mib(memory_mib: u32) -> u32 {
+pub(crate) fn ram_mib(memory_mib: u32) -> u32 {
     if memory_mib == 2048 {
         2050
     } else {
@@ -145,9 +159,9 @@ mod tests {
     #[test]
     fn tcg_line_has_the_reliable_flags() {
         let spec = restored_spec();
-        let line: Vec<String> = command_line(&spec).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
+        let line: Vec<String> = command_line(&spec, Loading::default()).into_iter().map(|s| s.to_string_lossy().into_owned()).collect();
         let joined = line.join(" ");
-        assert!(joined.contains("-M microvm,accel=tcg,memory-backend=mem0 -cpu max"));
+        assert!(joined.contains("-M microvm,accel=tcg,memory-backend=mem0,suppress-vmdesc=on -cpu max"));
         assert!(joined.contains("tsc_early_khz=") && joined.contains("tsc=reliable"));
         assert!(joined.contains("-smp 2 -m 512M"));
         assert!(joined.contains("socket,id=agent,fd=5,server=on,wait=off"));
@@ -158,13 +172,16 @@ mod tests {
         assert!(joined.contains("-incoming defer"));
         assert!(joined.contains("-netdev stream,id=net0,server=on,addr.type=fd,addr.str=6"));
         assert!(joined.contains("-device virtio-net-device,netdev=net0,mac=52:54:00:01:02:03,host_mtu=65520,guest_announce=off"));
+        assert!(!joined.contains("send-configuration"));
+        let without = command_line(&spec, Loading { no_configuration: true }).into_iter().map(|s| s.to_string_lossy().into_owned()).collect::<Vec<_>>().join(" ");
+        assert!(without.contains("-incoming defer -S -global migration.send-configuration=off"));
     }
 
     #[test]
     fn a_booted_guest_starts_paused_only_when_its_netdev_listens() {
         // Booted, not restored.
         let spec = |nic| VmSpec { incoming: None, memory: Memory::Anonymous, nic, ..restored_spec() };
-        let paused = |spec: VmSpec| command_line(&spec).iter().any(|a| a == "-S");
+        let paused = |spec: VmSpec| command_line(&spec, Loading::default()).iter().any(|a| a == "-S");
         let nic = |host_end| Some(crate::backend::Nic { mac: [0x52, 0x54, 0, 1, 2, 3], mtu: 1500, host_end });
         assert!(paused(spec(nic(crate::backend::NicHostEnd::Stream))));
         assert!(!paused(spec(nic(crate::backend::NicHostEnd::QemuUser { options: "restrict=on".into() }))));

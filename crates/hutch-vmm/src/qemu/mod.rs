@@ -8,7 +8,7 @@ pub mod userns;
 pub mod version;
 mod vm;
 
-pub use args::{command_line, kernel_cmdline, NIC_QUIRKS};
+pub use args::{command_line, kernel_cmdline, Loading, NIC_QUIRKS};
 pub use version::{QemuVersion, QemuVersionError, MIN_VERSION};
 pub use vm::QemuVm;
 

@@ -4,7 +4,9 @@
 //! neither a panic nor a SIGKILL of `hutch run` leaks QEMU. `hutch serve` starts VMs
 //! without it: they outlive the server, and the next one adopts them.
 
-use crate::backend::{AdoptError, SnapshotError, StartError, StopError, VmHandle, VmSpec};
+use crate::backend::{AdoptError, Memory, PauseSave, SnapshotError, StartError, StopError, VmHandle, VmSpec};
+use crate::guest_ram::GuestRam;
+use crate::saved_state::{Form, StateFile};
 use crate::pidfd::PidFd;
 use crate::qmp::Qmp;
 use serde_json::{json, Value};
@@ -111,7 +113,14 @@ impl QemuVm {
         };
         let missing = || StartError::Unavailable(super::version::QemuVersionError::Missing { binary: binary.into() }.into());
         let program = crate::process::find_program(binary).ok_or_else(missing)?;
-        let mut launch = super::spawn::Launch::new(&program, super::args::command_line(spec)).arg0(binary).stdout(log.as_fd()).stderr(log.as_fd()).die_with_parent(spec.die_with_parent);
+        let loading = match &spec.incoming {
+            Some(incoming) => {
+                let state = read_state(&incoming.state).map_err(|source| StartError::State { path: incoming.state.display().to_string(), source })?;
+                super::args::Loading { no_configuration: !state.configuration }
+            }
+            None => super::args::Loading::default(),
+        };
+        let mut launch = super::spawn::Launch::new(&program, super::args::command_line(spec, loading)).arg0(binary).stdout(log.as_fd()).stderr(log.as_fd()).die_with_parent(spec.die_with_parent);
         for (fd, to) in handed {
             launch = launch.hand(fd, to);
         }
@@ -296,7 +305,13 @@ impl QemuVm {
         let Some(incoming) = self.spec.incoming.clone() else {
             return Err(SnapshotError::Migration { what: "load", detail: "the VM was not started to load a state".into() });
         };
-        let file = std::fs::File::open(&incoming.state).map_err(|e| SnapshotError::Migration { what: "load", detail: format!("opening the state file: {e}") })?;
+        let mut file = std::fs::File::open(&incoming.state).map_err(|e| SnapshotError::Migration { what: "load", detail: format!("opening the state file: {e}") })?;
+        let state = crate::saved_state::read(&mut file, crate::saved_state::page_size()).map_err(|source| SnapshotError::StateFile { path: incoming.state.display().to_string(), source })?;
+        if let Form::Changes(changes) = &state.form {
+            file = self.put_back_pages(file, changes.clone()).await?;
+        }
+        use std::io::Seek;
+        file.seek(std::io::SeekFrom::Start(state.stream_at())).map_err(|e| SnapshotError::Migration { what: "load", detail: format!("seeking the state file: {e}") })?;
         self.ignore_shared(incoming.ignore_shared).await?;
         self.hand_over(MIGRATION_IN, &file).await?;
         drop(file);
@@ -317,6 +332,81 @@ impl QemuVm {
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
+    }
+
+    /// The guest RAM of this QEMU, which maps `memory` privately.
+    fn guest_ram(&self, memory: &Path, write: bool) -> Result<GuestRam, SnapshotError> {
+        let bytes = u64::from(super::args::ram_mib(self.spec.memory_mib)) << 20;
+        GuestRam::open(self.process.pid(), memory, bytes, write, || !self.process.has_exited()).map_err(SnapshotError::GuestRam)
+    }
+
+    /// Writes the saved pages of `changes` (read from `file`) into the RAM of this
+    /// QEMU, which maps again the memory file they were saved against; before QEMU
+    /// loads its devices, some of which read guest RAM as they load.
+    async fn put_back_pages(&mut self, mut file: std::fs::File, changes: crate::saved_state::ChangedPages) -> Result<std::fs::File, SnapshotError> {
+        let Memory::PrivateFile(memory) = &self.spec.memory else {
+            return Err(SnapshotError::Migration { what: "load", detail: "the state holds only the pages that differ from a snapshot's memory file, and this VM maps none".into() });
+        };
+        let ram = self.guest_ram(memory, true)?;
+        if changes.ram_bytes != ram.bytes() {
+            return Err(SnapshotError::Migration { what: "load", detail: format!("the state was saved from {} MiB of RAM and this VM has {} MiB", changes.ram_bytes >> 20, ram.bytes() >> 20) });
+        }
+        let copied = tokio::task::spawn_blocking(move || {
+            use std::io::Seek;
+            file.seek(std::io::SeekFrom::Start(changes.pages_at)).map_err(crate::guest_ram::GuestRamError::Copy)?;
+            ram.copy_in(&changes.runs, &mut std::io::BufReader::with_capacity(1 << 20, &mut file))?;
+            Ok::<_, crate::guest_ram::GuestRamError>(file)
+        })
+        .await;
+        copied.map_err(|e| SnapshotError::Migration { what: "load", detail: format!("the page copy stopped: {e}") })?.map_err(SnapshotError::GuestRam)
+    }
+
+    /// Writes the pages of the stopped guest that differ from `memory` into a new
+    /// `state`, and returns it (positioned after them) with their count.
+    async fn write_changed_pages(&self, state: &Path, memory: &Path) -> Result<(std::fs::File, u64), SnapshotError> {
+        let ram = self.guest_ram(memory, false)?;
+        let (state, page_size) = (state.to_path_buf(), crate::saved_state::page_size());
+        let written = tokio::task::spawn_blocking(move || {
+            let copy = crate::guest_ram::GuestRamError::Copy;
+            let runs = ram.changed()?;
+            let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&state).map_err(copy)?;
+            crate::saved_state::write_header(&mut file, page_size, ram.bytes(), &runs).map_err(copy)?;
+            ram.copy_out(&runs, &mut file)?;
+            Ok::<_, crate::guest_ram::GuestRamError>((file, runs.iter().map(|r| r.pages).sum()))
+        })
+        .await;
+        written.map_err(|e| SnapshotError::Migration { what: "save", detail: format!("the page copy stopped: {e}") })?.map_err(SnapshotError::GuestRam)
+    }
+
+    /// Has QEMU save its device state (no RAM) and appends it to `file` (QMP
+    /// `xen-save-devices-state`: despite its name QEMU's generic device-only save, run
+    /// on the main loop; the guest is stopped, so it stays stopped). QEMU truncates
+    /// whatever file it is given, so it writes into a memfd, copied after the pages.
+    async fn append_devices(&mut self, file: &mut std::fs::File) -> Result<(), SnapshotError> {
+        use std::io::Seek;
+        use std::os::fd::{AsFd, AsRawFd};
+        let failed = |what: &str, e: std::io::Error| SnapshotError::Migration { what: "save", detail: format!("{what}: {e}") };
+        let memfd = nix::sys::memfd::memfd_create(c"hutch-devices", nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC).map_err(|e| failed("making a memfd for the device state", e.into()))?;
+        // Write-only: the access mode QEMU's open of the fd set asks for.
+        let write_only = std::fs::OpenOptions::new().write(true).open(format!("/proc/self/fd/{}", memfd.as_raw_fd())).map_err(|e| failed("reopening the memfd", e))?;
+        let fdset = match self.qmp()?.add_fd(write_only.as_fd()).await {
+            Ok(id) => id,
+            Err(e) => {
+                if matches!(e, crate::qmp::QmpError::Timeout { .. }) {
+                    self.qmp = None;
+                }
+                return Err(SnapshotError::Qmp(e));
+            }
+        };
+        let saved = self.run("xen-save-devices-state", Some(json!({ "filename": format!("/dev/fdset/{fdset}"), "live": false }))).await;
+        if self.qmp.is_some() {
+            let _ = self.run("remove-fd", Some(json!({ "fdset-id": fdset }))).await;
+        }
+        saved?;
+        let mut devices = std::fs::File::from(memfd);
+        devices.seek(std::io::SeekFrom::Start(0)).map_err(|e| failed("reading the device state", e))?;
+        std::io::copy(&mut devices, file).map_err(|e| failed("writing the device state", e))?;
+        Ok(())
     }
 
     async fn run(&mut self, command: &str, args: Option<Value>) -> Result<Value, SnapshotError> {
@@ -387,6 +477,23 @@ fn netdev_state(info: &str) -> NetdevState {
             None => NetdevState::Listening,
         },
     }
+}
+
+/// An error and its causes, on one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// What the state file at `path` holds.
+fn read_state(path: &Path) -> Result<StateFile, crate::saved_state::StateFileError> {
+    crate::saved_state::read(&mut std::fs::File::open(path)?, crate::saved_state::page_size())
 }
 
 /// The host uid process `pid` runs as.
@@ -490,6 +597,26 @@ impl VmHandle for QemuVm {
         self.run("migrate", Some(json!({ "uri": format!("fd:{MIGRATION_OUT}") }))).await?;
         // QEMU writes through its own copy of the fd; ours closes when `file` drops.
         self.wait_migration().await
+    }
+
+    async fn save_for_pause(&mut self, state: &Path) -> Result<PauseSave, SnapshotError> {
+        let Memory::PrivateFile(memory) = self.spec.memory.clone() else {
+            self.save(state, false).await?;
+            return Ok(PauseSave::Whole { why: "its RAM maps no snapshot's memory file".into() });
+        };
+        self.run("stop", None).await?;
+        let (mut file, pages) = match self.write_changed_pages(state, &memory).await {
+            Ok(written) => written,
+            // hutch may not read this QEMU's memory (an adopted QEMU under Yama's
+            // ptrace rules, say): the whole save needs no such access.
+            Err(e) => {
+                let why = chain(&e);
+                self.save(state, false).await?;
+                return Ok(PauseSave::Whole { why });
+            }
+        };
+        self.append_devices(&mut file).await?;
+        Ok(PauseSave::Changes { pages, page_size: crate::saved_state::page_size() })
     }
 
     async fn load(&mut self) -> Result<(), SnapshotError> {

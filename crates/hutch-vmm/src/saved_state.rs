@@ -1,0 +1,258 @@
+//! What a state file holds, and the layout of the one a pause writes when the guest's
+//! RAM is a private mapping of a snapshot's memory file: only the pages that differ
+//! from that file, then QEMU's device state. Little-endian throughout:
+//!
+//! ```text
+//! "HUTCHMEM"  version u32  page size u32  RAM bytes u64  runs u64  devices at u64
+//! runs × (first page u64, pages u64)      ascending, disjoint, inside RAM
+//! the runs' pages, in order
+//! QEMU's device state (a migration stream with no RAM section), to the end
+//! ```
+//!
+//! Any other state file is a whole QEMU migration stream (magic `QEVM`). QEMU writes
+//! the device state into the file after hutch's part (`guest_ram.rs` has why it is
+//! hutch, not QEMU, that writes the pages). The file lives in the sandbox's directory,
+//! which a compromised QEMU may reach, so `read` trusts nothing in it: every run must
+//! lie inside the RAM the VM has and the lengths must add up to the file's.
+
+use std::io::{Read, Seek, SeekFrom, Write};
+
+const MAGIC: &[u8; 8] = b"HUTCHMEM";
+const VERSION: u32 = 1;
+const HEADER: u64 = 8 + 4 + 4 + 8 + 8 + 8;
+const RUN: u64 = 16;
+/// QEMU's migration stream: magic, version 3, then the configuration section's tag when
+/// the saving QEMU sent one (`migration.send-configuration`, on by default; QEMU's
+/// device-state-only save never writes it).
+const QEMU_MAGIC: &[u8; 4] = b"QEVM";
+const QEMU_CONFIGURATION: u8 = 0x07;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    #[error("reading the state file")]
+    Io(#[from] std::io::Error),
+    #[error("the state file is neither hutch's nor a QEMU migration stream")]
+    Unknown,
+    #[error("the state file is version {0} of hutch's layout, which this hutch does not read")]
+    Version(u32),
+    #[error("the state file is damaged: {0}")]
+    Damaged(String),
+}
+
+/// Pages `first .. first + pages` of guest RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pub first: u64,
+    pub pages: u64,
+}
+
+/// The changed pages of a state file, as its header describes them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangedPages {
+    pub page_size: u64,
+    pub ram_bytes: u64,
+    pub runs: Vec<Run>,
+    /// Where the first run's pages start.
+    pub pages_at: u64,
+    /// Where QEMU's device state starts.
+    pub devices_at: u64,
+}
+
+impl ChangedPages {
+    pub fn pages(&self) -> u64 {
+        self.runs.iter().map(|r| r.pages).sum()
+    }
+}
+
+/// What a state file holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Form {
+    /// A whole migration stream, RAM included (or RAM left out as shared, for a template).
+    Whole,
+    /// The pages that differ from the memory file the VM maps, then device state.
+    Changes(ChangedPages),
+}
+
+/// A state file read: its form and where QEMU's stream begins in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateFile {
+    pub form: Form,
+    /// Whether QEMU's stream carries a configuration section: the QEMU that loads it
+    /// must expect one exactly when it does (`-global migration.send-configuration`).
+    pub configuration: bool,
+}
+
+impl StateFile {
+    pub fn stream_at(&self) -> u64 {
+        match &self.form {
+            Form::Whole => 0,
+            Form::Changes(c) => c.devices_at,
+        }
+    }
+}
+
+/// Reads what `file` holds; its position afterwards is unspecified.
+pub fn read(file: &mut std::fs::File, page_size: u64) -> Result<StateFile, StateFileError> {
+    let len = file.metadata()?.len();
+    let mut magic = [0u8; 8];
+    file.seek(SeekFrom::Start(0))?;
+    read_up_to(file, &mut magic)?;
+    if magic[..4] == *QEMU_MAGIC {
+        return Ok(StateFile { form: Form::Whole, configuration: configuration_at(file, 0)? });
+    }
+    if magic != *MAGIC {
+        return Err(StateFileError::Unknown);
+    }
+    let mut rest = [0u8; (HEADER - 8) as usize];
+    file.read_exact(&mut rest).map_err(|_| damaged("its header is cut short"))?;
+    let u32_at = |i: usize| u32::from_le_bytes(rest[i..i + 4].try_into().expect("4 bytes"));
+    let u64_at = |i: usize| u64::from_le_bytes(rest[i..i + 8].try_into().expect("8 bytes"));
+    let version = u32_at(0);
+    if version != VERSION {
+        return Err(StateFileError::Version(version));
+    }
+    let (saved_page_size, ram_bytes, count, devices_at) = (u64::from(u32_at(4)), u64_at(8), u64_at(16), u64_at(24));
+    if saved_page_size != page_size {
+        return Err(damaged(&format!("it was saved with {saved_page_size}-byte pages, and this host's are {page_size}")));
+    }
+    if ram_bytes == 0 || ram_bytes % page_size != 0 {
+        return Err(damaged(&format!("{ram_bytes} bytes of RAM is not a whole number of pages")));
+    }
+    let ram_pages = ram_bytes / page_size;
+    // Checked against the file's length before anything is allocated for it.
+    let table = count.checked_mul(RUN).filter(|t| count <= ram_pages && HEADER + t <= len).ok_or_else(|| damaged("its table of runs is longer than the file"))?;
+    let mut raw = vec![0u8; table as usize];
+    file.read_exact(&mut raw)?;
+    let mut runs = Vec::with_capacity(count as usize);
+    let mut end = 0u64;
+    for entry in raw.chunks_exact(RUN as usize) {
+        let run = Run { first: u64::from_le_bytes(entry[..8].try_into().expect("8 bytes")), pages: u64::from_le_bytes(entry[8..].try_into().expect("8 bytes")) };
+        let last = run.first.checked_add(run.pages).filter(|&last| run.pages > 0 && run.first >= end && last <= ram_pages);
+        end = last.ok_or_else(|| damaged(&format!("a run of {} pages at page {} overlaps another or lies outside {ram_pages} pages of RAM", run.pages, run.first)))?;
+        runs.push(run);
+    }
+    let pages_at = HEADER + table;
+    let total: u64 = runs.iter().map(|r| r.pages).sum();
+    if devices_at != pages_at + total * page_size || devices_at > len {
+        return Err(damaged("its pages do not end where its device state starts"));
+    }
+    let configuration = configuration_at(file, devices_at)?;
+    Ok(StateFile { form: Form::Changes(ChangedPages { page_size, ram_bytes, runs, pages_at, devices_at }), configuration })
+}
+
+/// Whether the state file at `path` holds only the pages that differ from a memory
+/// file, which the VM that loads it must then map again. Any other file is the
+/// backend's own business.
+pub fn needs_memory_file(path: &std::path::Path) -> Result<bool, StateFileError> {
+    let mut file = std::fs::File::open(path)?;
+    let mut magic = [0u8; 8];
+    if read_up_to(&mut file, &mut magic)? < magic.len() || magic != *MAGIC {
+        return Ok(false);
+    }
+    read(&mut file, page_size()).map(|_| true)
+}
+
+/// Writes the header and table for `runs` at the start of `out`, leaving it where the
+/// pages go; returns where the device state will start.
+pub fn write_header(out: &mut impl Write, page_size: u64, ram_bytes: u64, runs: &[Run]) -> std::io::Result<u64> {
+    let pages: u64 = runs.iter().map(|r| r.pages).sum();
+    let devices_at = HEADER + RUN * runs.len() as u64 + pages * page_size;
+    let mut head = Vec::with_capacity((HEADER + RUN * runs.len() as u64) as usize);
+    head.extend_from_slice(MAGIC);
+    head.extend_from_slice(&VERSION.to_le_bytes());
+    head.extend_from_slice(&u32::try_from(page_size).map_err(std::io::Error::other)?.to_le_bytes());
+    for n in [ram_bytes, runs.len() as u64, devices_at] {
+        head.extend_from_slice(&n.to_le_bytes());
+    }
+    for run in runs {
+        head.extend_from_slice(&run.first.to_le_bytes());
+        head.extend_from_slice(&run.pages.to_le_bytes());
+    }
+    out.write_all(&head)?;
+    Ok(devices_at)
+}
+
+/// Whether the QEMU stream at `at` starts with a configuration section.
+fn configuration_at(file: &mut std::fs::File, at: u64) -> Result<bool, StateFileError> {
+    let mut head = [0u8; 9];
+    file.seek(SeekFrom::Start(at))?;
+    if read_up_to(file, &mut head)? < head.len() || head[..4] != *QEMU_MAGIC {
+        return Err(StateFileError::Damaged("its QEMU stream does not start with QEMU's magic".into()));
+    }
+    Ok(head[8] == QEMU_CONFIGURATION)
+}
+
+/// The host page size: what pagemap counts in, and what a state's pages are.
+pub fn page_size() -> u64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE).ok().flatten().and_then(|n| u64::try_from(n).ok()).unwrap_or(4096)
+}
+
+fn read_up_to(file: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read(&mut buf[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(got)
+}
+
+fn damaged(why: &str) -> StateFileError {
+    StateFileError::Damaged(why.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: u64 = 4096;
+    /// A device stream as QEMU's device-only save starts it (no configuration section).
+    const DEVICES: &[u8] = b"QEVM\0\0\0\x03\x04rest";
+
+    fn file_with(runs: &[Run], ram: u64, tail: &[u8]) -> std::fs::File {
+        let mut f = tempfile::tempfile().unwrap();
+        write_header(&mut f, PAGE, ram, runs).unwrap();
+        let pages: u64 = runs.iter().map(|r| r.pages).sum();
+        f.write_all(&vec![7u8; (pages * PAGE) as usize]).unwrap();
+        f.write_all(tail).unwrap();
+        f
+    }
+
+    #[test]
+    fn reads_back_what_it_wrote() {
+        let runs = [Run { first: 0, pages: 2 }, Run { first: 5, pages: 1 }];
+        let state = read(&mut file_with(&runs, 16 * PAGE, DEVICES), PAGE).unwrap();
+        let Form::Changes(c) = &state.form else { panic!("not changes: {state:?}") };
+        assert_eq!(c.runs, runs);
+        assert_eq!((c.pages(), c.ram_bytes, c.pages_at), (3, 16 * PAGE, HEADER + 2 * RUN));
+        assert_eq!(state.stream_at(), HEADER + 2 * RUN + 3 * PAGE);
+        assert!(!state.configuration);
+    }
+
+    #[test]
+    fn tells_a_whole_stream_and_its_configuration_section() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"QEVM\0\0\0\x03\x07\0\0\0\x06microvm").unwrap();
+        assert_eq!(read(&mut f, PAGE).unwrap(), StateFile { form: Form::Whole, configuration: true });
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(b"not a state").unwrap();
+        assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Unknown)));
+    }
+
+    #[test]
+    fn refuses_runs_outside_ram_overlapping_or_unaccounted_for() {
+        let bad = |runs: &[Run], ram: u64, tail: &[u8]| read(&mut file_with(runs, ram, tail), PAGE).unwrap_err();
+        assert!(matches!(bad(&[Run { first: 15, pages: 2 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
+        assert!(matches!(bad(&[Run { first: 0, pages: 2 }, Run { first: 1, pages: 1 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
+        assert!(matches!(bad(&[Run { first: 0, pages: 0 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
+        assert!(matches!(bad(&[Run { first: u64::MAX, pages: 2 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
+        // Device state missing after the pages.
+        assert!(matches!(bad(&[Run { first: 0, pages: 1 }], 16 * PAGE, b""), StateFileError::Damaged(_)));
+        // A table claiming more runs than the file holds is refused before allocating.
+        let mut f = file_with(&[Run { first: 0, pages: 1 }], 1 << 40, DEVICES);
+        f.seek(SeekFrom::Start(24)).unwrap();
+        f.write_all(&(1u64 << 27).to_le_bytes()).unwrap();
+        assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Damaged(_))));
+    }
+}
