@@ -36,6 +36,12 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         assert sbx.files.read("/tmp/secret") == secret
         assert sbx.pause() is True
         assert state_of(sbx.sandbox_id) == "paused"
+        # Restored from the template's snapshot, it kept only the pages it changed
+        # since (guest_ram.rs), not the ~300 MiB the interpreter's guest holds.
+        kept = server.home / "sandboxes" / sbx.sandbox_id / "memory.state"
+        with open(kept, "rb") as f:
+            assert f.read(8) == b"HUTCHMEM", "the pause saved all of memory, not the changed pages"
+        assert kept.stat().st_size < 96 << 20, f"{kept.stat().st_size >> 20} MiB kept by a pause of a nearly idle interpreter"
         assert sbx.pause() is False, "pausing a paused sandbox must answer 409 (False)"
         # Not a synchronisation: the sandbox stays paused for a while on purpose, far
         # longer than the 0.1 s skew bound below, so a guest clock that did not follow

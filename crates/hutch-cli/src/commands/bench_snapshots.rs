@@ -30,11 +30,12 @@ pub async fn run(local: &Local, runs: usize, suite: &str) -> anyhow::Result<()> 
         }
     }
     if suite == "snapshots" || suite == "memory" {
-        let (per_restored, per_cold) = memory_per_sandbox(local, &backend, &opts, 20).await?;
+        let (per_restored, per_resumed, per_cold) = memory_per_sandbox(local, &backend, &opts, 20).await?;
         println!("\n### Host memory per idle sandbox (PSS of its QEMU, 512 MiB guests)\n");
         println!("| sandboxes | PSS per sandbox MiB |");
         println!("|---|---:|");
         println!("| 20 restored from one snapshot | {:.1} |", per_restored);
+        println!("| the same 20, each paused and resumed | {:.1} |", per_resumed);
         println!("| 3 cold-booted (reference) | {:.1} |", per_cold);
     }
     if suite == "snapshots" {
@@ -208,7 +209,7 @@ async fn mean_pss(sandboxes: &[Sandbox]) -> f64 {
     total / sandboxes.len().max(1) as f64
 }
 
-async fn memory_per_sandbox(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, n: usize) -> anyhow::Result<(f64, f64)> {
+async fn memory_per_sandbox(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, n: usize) -> anyhow::Result<(f64, f64, f64)> {
     let mut restored = Vec::new();
     for i in 0..n {
         eprint!("\rmemory: restoring sandbox {}/{n}", i + 1);
@@ -218,7 +219,21 @@ async fn memory_per_sandbox(local: &Local, backend: &QemuBackend, opts: &Sandbox
     }
     eprintln!();
     let per_restored = mean_pss(&restored).await;
-    for sb in restored {
+    // Paused and resumed, each maps its snapshot again (with the pages it had changed
+    // on top), so it should cost what it did before.
+    let mut resumed = Vec::new();
+    for (i, mut sb) in restored.into_iter().enumerate() {
+        eprint!("\rmemory: pausing and resuming sandbox {}/{n}", i + 1);
+        let dir = sb.dir().to_path_buf();
+        sb.pause(hutch_core::sandbox::layout::PauseMode::Full).await?;
+        drop(sb);
+        let sb = Sandbox::resume(&dir, backend, opts).await?;
+        exec_once(&sb, &true_request()).await?;
+        resumed.push(sb);
+    }
+    eprintln!();
+    let per_resumed = mean_pss(&resumed).await;
+    for sb in resumed {
         sb.destroy().await?;
     }
     let cold_opts = SandboxOptions { cold: true, ..opts.clone() };
@@ -232,7 +247,7 @@ async fn memory_per_sandbox(local: &Local, backend: &QemuBackend, opts: &Sandbox
     for sb in cold {
         sb.destroy().await?;
     }
-    Ok((per_restored, per_cold))
+    Ok((per_restored, per_resumed, per_cold))
 }
 
 async fn creates_per_second(local: &Local, backend: &QemuBackend, opts: &SandboxOptions, clients: usize, each: usize) -> anyhow::Result<(f64, usize)> {
