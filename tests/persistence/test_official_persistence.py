@@ -34,6 +34,9 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         sbx.commands.run(HOLD, background=True)
         secret = held_secret(sbx)
         assert sbx.files.read("/tmp/secret") == secret
+        # The SMBIOS tables live in QEMU's firmware RAM block, not in guest RAM: a pause
+        # must keep that block too.
+        dmi = sbx.commands.run("sha256sum /sys/firmware/dmi/tables/DMI", user="root").stdout
         assert sbx.pause() is True
         assert state_of(sbx.sandbox_id) == "paused"
         # Restored from the template's snapshot, it kept only the pages it changed
@@ -43,6 +46,16 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
             assert f.read(8) == b"HUTCHMEM", "the pause saved all of memory, not the changed pages"
         assert kept.stat().st_size < 96 << 20, f"{kept.stat().st_size >> 20} MiB kept by a pause of a nearly idle interpreter"
         assert sbx.pause() is False, "pausing a paused sandbox must answer 409 (False)"
+        # A snapshot of the paused sandbox makes those changed pages a whole memory.
+        snap = sbx.create_snapshot()
+        child = CodeSandbox.create(template=snap.snapshot_id, timeout=120)
+        try:
+            assert child.run_code("kept").text == "42"
+            assert child.files.read("/tmp/secret") == secret
+            assert child.commands.run("sha256sum /sys/firmware/dmi/tables/DMI", user="root").stdout == dmi
+        finally:
+            child.kill()
+            Sandbox.delete_snapshot(snap.snapshot_id)
         # Not a synchronisation: the sandbox stays paused for a while on purpose, far
         # longer than the 0.1 s skew bound below, so a guest clock that did not follow
         # the host across the pause cannot pass unnoticed.
@@ -53,6 +66,7 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         assert back.files.read("/home/user/notes.txt") == "written before the pause"
         assert back.files.read("/tmp/secret") == secret
         assert "time.sleep" in back.commands.run("pgrep -af python3").stdout
+        assert back.commands.run("sha256sum /sys/firmware/dmi/tables/DMI", user="root").stdout == dmi
         skew = guest_skew(back)
         assert abs(skew) <= 0.1, f"the guest clock is {skew:.3f} s off the host's after the pause"
     finally:

@@ -180,6 +180,35 @@ pub async fn share_memory(snapshot: &MemorySnapshot, backend: &dyn hutch_vmm::Vm
     result
 }
 
+/// Copies `from` to a new `to`, leaving holes where it has them (a memory file is
+/// mostly holes: zero pages are never written).
+pub(crate) fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
+    use nix::unistd::{lseek, Whence};
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::FileExt;
+    let mut src = std::fs::File::open(from)?;
+    let dst = std::fs::OpenOptions::new().write(true).create_new(true).open(to)?;
+    let len = src.metadata()?.len();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0i64;
+    while (at as u64) < len {
+        // ENXIO: no data after `at`.
+        let Ok(data) = lseek(src.as_raw_fd(), at, Whence::SeekData) else { break };
+        let hole = lseek(src.as_raw_fd(), data, Whence::SeekHole).map_err(std::io::Error::from)?;
+        src.seek(SeekFrom::Start(data as u64))?;
+        let mut pos = data as u64;
+        while pos < hole as u64 {
+            let n = ((hole as u64 - pos) as usize).min(buf.len());
+            src.read_exact(&mut buf[..n])?;
+            dst.write_all_at(&buf[..n], pos)?;
+            pos += n as u64;
+        }
+        at = hole;
+    }
+    dst.set_len(len)
+}
+
 /// Closes the host's agent session and waits until the guest agent, asked over its
 /// channel (`socket`), answers that it has left the session (an idle probe): the
 /// moment a VM can be saved. Nothing the guest prints on its console counts.

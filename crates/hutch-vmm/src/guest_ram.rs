@@ -28,6 +28,8 @@ use std::path::Path;
 const PRESENT: u64 = 1 << 63;
 const SWAPPED: u64 = 1 << 62;
 const FILE_OR_SHARED: u64 = 1 << 61;
+/// The most of `/proc/<qemu>/maps` read (QEMU's own run to ~100 KB).
+const MAX_MAPS: u64 = 16 << 20;
 /// How much is copied per read or write.
 const CHUNK: usize = 1 << 20;
 
@@ -57,9 +59,16 @@ impl GuestRam {
     /// Finds process `pid`'s mapping of `memory_file` (all of its `ram_bytes`).
     /// `alive` says whether the process hutch means is still running: checked after
     /// the opens, so a pid reused in between is never read from.
-    pub fn open(pid: u32, memory_file: &Path, ram_bytes: u64, write: bool, alive: impl Fn() -> bool) -> Result<GuestRam, GuestRamError> {
+    /// `shared`: QEMU maps it shared (a snapshot's source VM) rather than privately.
+    pub fn open(pid: u32, memory_file: &Path, shared: bool, ram_bytes: u64, write: bool, alive: impl Fn() -> bool) -> Result<GuestRam, GuestRamError> {
         let proc = |what: &'static str| move |source| GuestRamError::Proc { what, source };
-        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).map_err(proc("maps"))?;
+        // QEMU decides how long its maps are (a mapping per file it maps): read a
+        // bounded prefix, and refuse a longer one rather than look for RAM in part.
+        let mut maps = String::new();
+        std::io::Read::read_to_string(&mut std::io::Read::take(std::fs::File::open(format!("/proc/{pid}/maps")).map_err(proc("maps"))?, MAX_MAPS + 1), &mut maps).map_err(proc("maps"))?;
+        if maps.len() as u64 > MAX_MAPS {
+            return Err(GuestRamError::Mapping { file: memory_file.display().to_string(), found: format!("somewhere in more than {} MiB of mappings", MAX_MAPS >> 20), ram_bytes });
+        }
         let pagemap = std::fs::File::open(format!("/proc/{pid}/pagemap")).map_err(proc("pagemap"))?;
         let mem = std::fs::OpenOptions::new().read(true).write(write).open(format!("/proc/{pid}/mem")).map_err(proc("mem"))?;
         if !alive() {
@@ -67,7 +76,7 @@ impl GuestRam {
         }
         let meta = std::fs::metadata(memory_file).map_err(proc("memory file"))?;
         let dev = (nix::sys::stat::major(meta.dev()), nix::sys::stat::minor(meta.dev()));
-        let found = mappings_of(&maps, dev, meta.ino());
+        let found = mappings_of(&maps, dev, meta.ino(), if shared { "rw-s" } else { "rw-p" });
         let whole = match found.as_slice() {
             [(start, end, 0)] if end - start == ram_bytes => Some(*start),
             _ => None,
@@ -111,6 +120,19 @@ impl GuestRam {
         })
     }
 
+    /// `len` bytes of QEMU's memory at `addr` (one of its other RAM blocks, where
+    /// QEMU says it is: QEMU's own memory either way).
+    pub fn read_raw(&self, addr: u64, len: u64) -> Result<Vec<u8>, GuestRamError> {
+        let mut data = vec![0u8; len as usize];
+        self.mem.read_exact_at(&mut data, addr).map_err(GuestRamError::Copy)?;
+        Ok(data)
+    }
+
+    /// Writes `data` into QEMU's memory at `addr` (see `read_raw`).
+    pub fn write_raw(&self, addr: u64, data: &[u8]) -> Result<(), GuestRamError> {
+        self.mem.write_all_at(data, addr).map_err(GuestRamError::Copy)
+    }
+
     /// Calls `f` with the address and length of each chunk of `runs`, in order.
     fn each_chunk(&self, runs: &[Run], mut f: impl FnMut(u64, usize) -> std::io::Result<()>) -> Result<(), GuestRamError> {
         let pages = self.bytes / self.page_size;
@@ -132,18 +154,21 @@ impl GuestRam {
 }
 
 /// The (start, end, file offset) of each mapping in `maps` of the file `dev`/`ino`.
-fn mappings_of(maps: &str, dev: (u64, u64), ino: u64) -> Vec<(u64, u64, u64)> {
+/// Any mapping of it but with `perms` has offset `u64::MAX`: guest RAM is mapped
+/// read-write, so another one counts as a second mapping (and no single one is trusted).
+fn mappings_of(maps: &str, dev: (u64, u64), ino: u64, perms_of_ram: &str) -> Vec<(u64, u64, u64)> {
     let hex = |s: &str| u64::from_str_radix(s, 16).ok();
     maps.lines()
         .filter_map(|line| {
             let mut fields = line.split_whitespace();
-            let (range, _perms, offset, device, inode) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+            let (range, perms, offset, device, inode) = (fields.next()?, fields.next()?, fields.next()?, fields.next()?, fields.next()?);
             let (major, minor) = device.split_once(':')?;
             if (hex(major)?, hex(minor)?) != dev || inode.parse::<u64>().ok()? != ino {
                 return None;
             }
             let (start, end) = range.split_once('-')?;
-            Some((hex(start)?, hex(end)?, hex(offset)?))
+            let offset = if perms == perms_of_ram { hex(offset)? } else { u64::MAX };
+            Some((hex(start)?, hex(end)?, offset))
         })
         .collect()
 }
@@ -175,8 +200,8 @@ mod tests {
 7f7b00000000-7f7b00001000 r--p 00002000 fe:00 10175546                   /h/snapshots/t/memory (deleted)
 7f7c00000000-7f7c00001000 r--p 00000000 fe:01 10175546                   /other
 ";
-        assert_eq!(mappings_of(maps, (0xfe, 0), 10175546), vec![(0x7f7a6ffff000, 0x7f7a8ffff000, 0), (0x7f7b00000000, 0x7f7b00001000, 0x2000)]);
-        assert_eq!(mappings_of(maps, (0xfe, 0), 1), vec![]);
+        assert_eq!(mappings_of(maps, (0xfe, 0), 10175546, "rw-p"), vec![(0x7f7a6ffff000, 0x7f7a8ffff000, 0), (0x7f7b00000000, 0x7f7b00001000, u64::MAX)]);
+        assert_eq!(mappings_of(maps, (0xfe, 0), 1, "rw-p"), vec![]);
     }
 
     #[test]
@@ -192,18 +217,18 @@ mod tests {
         let page = page_size();
         let mut ram: Vec<u8> = (0..4 * page).map(|i| (i / page) as u8 + 1).collect();
         std::hint::black_box(&mut ram);
-        let mem = std::fs::OpenOptions::new().read(true).write(true).open("/proc/self/mem").unwrap();
-        let pagemap = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mem = std::fs::OpenOptions::new().read(true).write(true).open("/proc/self/mem").expect("test step");
+        let pagemap = std::fs::File::open("/proc/self/pagemap").expect("test step");
         let start = ram.as_ptr() as u64;
         // Not page-aligned in general, which copying does not need.
         let g = GuestRam { start, bytes: 4 * page, page_size: page, pagemap, mem };
         let runs = [Run { first: 1, pages: 1 }, Run { first: 3, pages: 1 }];
         let mut out = Vec::new();
-        g.copy_out(&runs, &mut out).unwrap();
+        g.copy_out(&runs, &mut out).expect("test step");
         assert_eq!(out.len() as u64, 2 * page);
         assert!(out[..page as usize].iter().all(|&b| b == 2) && out[page as usize..].iter().all(|&b| b == 4));
         let back: Vec<u8> = std::iter::repeat_n(9u8, 2 * page as usize).collect();
-        g.copy_in(&runs, &mut back.as_slice()).unwrap();
+        g.copy_in(&runs, &mut back.as_slice()).expect("test step");
         std::hint::black_box(&mut ram);
         assert_eq!((ram[0], ram[page as usize], ram[2 * page as usize], ram[3 * page as usize]), (1, 9, 3, 9));
         assert!(g.copy_in(&[Run { first: 3, pages: 2 }], &mut back.as_slice()).is_err(), "a run past the end of RAM");

@@ -6,8 +6,14 @@
 //! "HUTCHMEM"  version u32  page size u32  RAM bytes u64  runs u64  devices at u64
 //! runs × (first page u64, pages u64)      ascending, disjoint, inside RAM
 //! the runs' pages, in order
+//! blocks u32, then each: name length u32, name, length u64, its bytes
 //! QEMU's device state (a migration stream with no RAM section), to the end
 //! ```
+//!
+//! The blocks are QEMU's RAM blocks other than guest RAM (`mem0`): its firmware
+//! (`pc.bios`, which microvm's guest can write and where the firmware left the SMBIOS
+//! tables the guest's `/sys/firmware/dmi` reads) and the ACPI blobs. A device-only
+//! save leaves them out, and a QEMU started to load a state does not fill them.
 //!
 //! Any other state file is a whole QEMU migration stream (magic `QEVM`). QEMU writes
 //! the device state into the file after hutch's part (`guest_ram.rs` has why it is
@@ -21,6 +27,10 @@ const MAGIC: &[u8; 8] = b"HUTCHMEM";
 const VERSION: u32 = 1;
 const HEADER: u64 = 8 + 4 + 4 + 8 + 8 + 8;
 const RUN: u64 = 16;
+/// Bounds on the other RAM blocks (microvm has four, ~200 KB in all).
+pub const MAX_BLOCKS: usize = 64;
+pub const MAX_BLOCK_NAME: usize = 256;
+pub const MAX_BLOCK_BYTES: u64 = 64 << 20;
 /// QEMU's migration stream: magic, version 3, then the configuration section's tag when
 /// the saving QEMU sent one (`migration.send-configuration`, on by default; QEMU's
 /// device-state-only save never writes it).
@@ -46,6 +56,14 @@ pub struct Run {
     pub pages: u64,
 }
 
+/// One of QEMU's other RAM blocks in a state file: its bytes are at `at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Block {
+    pub name: String,
+    pub at: u64,
+    pub len: u64,
+}
+
 /// The changed pages of a state file, as its header describes them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChangedPages {
@@ -54,6 +72,7 @@ pub struct ChangedPages {
     pub runs: Vec<Run>,
     /// Where the first run's pages start.
     pub pages_at: u64,
+    pub blocks: Vec<Block>,
     /// Where QEMU's device state starts.
     pub devices_at: u64,
 }
@@ -133,11 +152,54 @@ pub fn read(file: &mut std::fs::File, page_size: u64) -> Result<StateFile, State
     }
     let pages_at = HEADER + table;
     let total: u64 = runs.iter().map(|r| r.pages).sum();
-    if devices_at != pages_at + total * page_size || devices_at > len {
-        return Err(damaged("its pages do not end where its device state starts"));
-    }
+    // Runs are disjoint and inside RAM, so `total` pages fit in `ram_bytes`.
+    let blocks_at = (total * page_size).checked_add(pages_at).filter(|&at| at <= devices_at && devices_at <= len);
+    let Some(blocks_at) = blocks_at else {
+        return Err(damaged("its pages do not end before its device state starts"));
+    };
+    file.seek(SeekFrom::Start(blocks_at))?;
+    let blocks = read_blocks(&mut std::io::Read::take(&mut *file, devices_at - blocks_at), blocks_at, devices_at)?;
     let configuration = configuration_at(file, devices_at)?;
-    Ok(StateFile { form: Form::Changes(ChangedPages { page_size, ram_bytes, runs, pages_at, devices_at }), configuration })
+    Ok(StateFile { form: Form::Changes(ChangedPages { page_size, ram_bytes, runs, pages_at, blocks, devices_at }), configuration })
+}
+
+/// The blocks between `at` and `end`, which they must fill exactly.
+fn read_blocks(input: &mut impl Read, mut at: u64, end: u64) -> Result<Vec<Block>, StateFileError> {
+    let cut = |_| damaged("its RAM blocks are cut short");
+    let mut n4 = [0u8; 4];
+    input.read_exact(&mut n4).map_err(cut)?;
+    at += 4;
+    let count = u32::from_le_bytes(n4) as usize;
+    if count > MAX_BLOCKS {
+        return Err(damaged(&format!("it lists {count} RAM blocks")));
+    }
+    let mut blocks = Vec::with_capacity(count);
+    let mut total = 0u64;
+    for _ in 0..count {
+        input.read_exact(&mut n4).map_err(cut)?;
+        let name_len = u32::from_le_bytes(n4) as usize;
+        if name_len > MAX_BLOCK_NAME {
+            return Err(damaged("a RAM block's name is too long"));
+        }
+        let mut name = vec![0u8; name_len];
+        input.read_exact(&mut name).map_err(cut)?;
+        let name = String::from_utf8(name).map_err(|_| damaged("a RAM block's name is not text"))?;
+        let mut n8 = [0u8; 8];
+        input.read_exact(&mut n8).map_err(cut)?;
+        let len = u64::from_le_bytes(n8);
+        total = total.saturating_add(len);
+        at += 4 + name_len as u64 + 8;
+        if total > MAX_BLOCK_BYTES || at + len > end {
+            return Err(damaged("its RAM blocks are larger than the file or the bound"));
+        }
+        std::io::copy(&mut input.take(len), &mut std::io::sink())?;
+        blocks.push(Block { name, at, len });
+        at += len;
+    }
+    if at != end {
+        return Err(damaged("its RAM blocks do not end where its device state starts"));
+    }
+    Ok(blocks)
 }
 
 /// Whether the state file at `path` holds only the pages that differ from a memory
@@ -152,11 +214,13 @@ pub fn needs_memory_file(path: &std::path::Path) -> Result<bool, StateFileError>
     read(&mut file, page_size()).map(|_| true)
 }
 
-/// Writes the header and table for `runs` at the start of `out`, leaving it where the
-/// pages go; returns where the device state will start.
-pub fn write_header(out: &mut impl Write, page_size: u64, ram_bytes: u64, runs: &[Run]) -> std::io::Result<u64> {
+/// Writes the header and table for `runs` (and `blocks`, written by `write_blocks`
+/// after the pages) at the start of `out`, leaving it where the pages go; returns
+/// where the device state will start.
+pub fn write_header(out: &mut impl Write, page_size: u64, ram_bytes: u64, runs: &[Run], blocks: &[(String, Vec<u8>)]) -> std::io::Result<u64> {
     let pages: u64 = runs.iter().map(|r| r.pages).sum();
-    let devices_at = HEADER + RUN * runs.len() as u64 + pages * page_size;
+    let blocks_len: u64 = 4 + blocks.iter().map(|(name, data)| 4 + name.len() as u64 + 8 + data.len() as u64).sum::<u64>();
+    let devices_at = HEADER + RUN * runs.len() as u64 + pages * page_size + blocks_len;
     let mut head = Vec::with_capacity((HEADER + RUN * runs.len() as u64) as usize);
     head.extend_from_slice(MAGIC);
     head.extend_from_slice(&VERSION.to_le_bytes());
@@ -170,6 +234,18 @@ pub fn write_header(out: &mut impl Write, page_size: u64, ram_bytes: u64, runs: 
     }
     out.write_all(&head)?;
     Ok(devices_at)
+}
+
+/// Writes QEMU's other RAM blocks, after the pages.
+pub fn write_blocks(out: &mut impl Write, blocks: &[(String, Vec<u8>)]) -> std::io::Result<()> {
+    out.write_all(&(blocks.len() as u32).to_le_bytes())?;
+    for (name, data) in blocks {
+        out.write_all(&(name.len() as u32).to_le_bytes())?;
+        out.write_all(name.as_bytes())?;
+        out.write_all(&(data.len() as u64).to_le_bytes())?;
+        out.write_all(data)?;
+    }
+    Ok(())
 }
 
 /// Whether the QEMU stream at `at` starts with a configuration section.
@@ -211,48 +287,58 @@ mod tests {
     const DEVICES: &[u8] = b"QEVM\0\0\0\x03\x04rest";
 
     fn file_with(runs: &[Run], ram: u64, tail: &[u8]) -> std::fs::File {
-        let mut f = tempfile::tempfile().unwrap();
-        write_header(&mut f, PAGE, ram, runs).unwrap();
+        let blocks = [("pc.bios".to_string(), vec![5u8; 3])];
+        let mut f = tempfile::tempfile().expect("test step");
+        write_header(&mut f, PAGE, ram, runs, &blocks).expect("test step");
         let pages: u64 = runs.iter().map(|r| r.pages).sum();
-        f.write_all(&vec![7u8; (pages * PAGE) as usize]).unwrap();
-        f.write_all(tail).unwrap();
+        f.write_all(&vec![7u8; (pages * PAGE) as usize]).expect("test step");
+        write_blocks(&mut f, &blocks).expect("test step");
+        f.write_all(tail).expect("test step");
         f
     }
 
     #[test]
     fn reads_back_what_it_wrote() {
         let runs = [Run { first: 0, pages: 2 }, Run { first: 5, pages: 1 }];
-        let state = read(&mut file_with(&runs, 16 * PAGE, DEVICES), PAGE).unwrap();
+        let state = read(&mut file_with(&runs, 16 * PAGE, DEVICES), PAGE).expect("test step");
         let Form::Changes(c) = &state.form else { panic!("not changes: {state:?}") };
         assert_eq!(c.runs, runs);
         assert_eq!((c.pages(), c.ram_bytes, c.pages_at), (3, 16 * PAGE, HEADER + 2 * RUN));
-        assert_eq!(state.stream_at(), HEADER + 2 * RUN + 3 * PAGE);
+        let blocks_at = HEADER + 2 * RUN + 3 * PAGE;
+        assert_eq!(c.blocks, vec![Block { name: "pc.bios".into(), at: blocks_at + 4 + 4 + 7 + 8, len: 3 }]);
+        assert_eq!(state.stream_at(), blocks_at + 4 + 4 + 7 + 8 + 3);
         assert!(!state.configuration);
     }
 
     #[test]
     fn tells_a_whole_stream_and_its_configuration_section() {
-        let mut f = tempfile::tempfile().unwrap();
-        f.write_all(b"QEVM\0\0\0\x03\x07\0\0\0\x06microvm").unwrap();
-        assert_eq!(read(&mut f, PAGE).unwrap(), StateFile { form: Form::Whole, configuration: true });
-        let mut f = tempfile::tempfile().unwrap();
-        f.write_all(b"not a state").unwrap();
+        let mut f = tempfile::tempfile().expect("test step");
+        f.write_all(b"QEVM\0\0\0\x03\x07\0\0\0\x06microvm").expect("test step");
+        assert_eq!(read(&mut f, PAGE).expect("test step"), StateFile { form: Form::Whole, configuration: true });
+        let mut f = tempfile::tempfile().expect("test step");
+        f.write_all(b"not a state").expect("test step");
         assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Unknown)));
     }
 
     #[test]
     fn refuses_runs_outside_ram_overlapping_or_unaccounted_for() {
-        let bad = |runs: &[Run], ram: u64, tail: &[u8]| read(&mut file_with(runs, ram, tail), PAGE).unwrap_err();
+        let bad = |runs: &[Run], ram: u64, tail: &[u8]| read(&mut file_with(runs, ram, tail), PAGE).expect_err("refused");
         assert!(matches!(bad(&[Run { first: 15, pages: 2 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
         assert!(matches!(bad(&[Run { first: 0, pages: 2 }, Run { first: 1, pages: 1 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
         assert!(matches!(bad(&[Run { first: 0, pages: 0 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
         assert!(matches!(bad(&[Run { first: u64::MAX, pages: 2 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
         // Device state missing after the pages.
         assert!(matches!(bad(&[Run { first: 0, pages: 1 }], 16 * PAGE, b""), StateFileError::Damaged(_)));
+        // A block claiming more bytes than lie before the device state.
+        let mut f = file_with(&[Run { first: 0, pages: 1 }], 16 * PAGE, DEVICES);
+        let len_at = HEADER + RUN + PAGE + 4 + 4 + 7;
+        f.seek(SeekFrom::Start(len_at)).expect("test step");
+        f.write_all(&100u64.to_le_bytes()).expect("test step");
+        assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Damaged(_))));
         // A table claiming more runs than the file holds is refused before allocating.
         let mut f = file_with(&[Run { first: 0, pages: 1 }], 1 << 40, DEVICES);
-        f.seek(SeekFrom::Start(24)).unwrap();
-        f.write_all(&(1u64 << 27).to_le_bytes()).unwrap();
+        f.seek(SeekFrom::Start(24)).expect("test step");
+        f.write_all(&(1u64 << 27).to_le_bytes()).expect("test step");
         assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Damaged(_))));
     }
 }

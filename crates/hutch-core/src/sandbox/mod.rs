@@ -98,6 +98,7 @@ impl Sandbox {
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.clone(), e))?;
         let disk = dir.join("disk.qcow2");
         hutch_vmm::disk::create_overlay(launch.base, &disk).await.map_err(CreateError::Disk)?;
+        let overlaid = started.elapsed();
         if let Some(snapshot) = launch.seed {
             snapshot.seed_console(&dir.join("console.log"));
         }
@@ -120,15 +121,27 @@ impl Sandbox {
         };
         let record = VmRecord { spec, base_snapshot: launch.base_snapshot, network: opts.network.clone() };
         let (mut vm, agent, net) = start_vm(backend, &record.spec, &record.network, opts, started).await?;
+        let connected = started.elapsed();
         // A restored guest's agent holds the token of the sandbox it was saved from.
         let held = launch.seed.and_then(|s| s.manifest.guest_token.as_deref());
         let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, record.spec.incoming.is_some(), held).await?;
+        let initialized = started.elapsed();
         if launch.kind == StartKind::Cold {
             if let Some(port) = artifacts.template.ready_port() {
                 wait_for_port(&agent, port, opts.boot_timeout, started, &dir).await?;
             }
         }
         write_record(&dir, &record)?;
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        tracing::debug!(
+            "started sandbox {id} ({:?}) in {:.1} ms: directory and overlay {:.1}, VM up and agent connected {:.1}, /init {:.1}, the rest {:.1}",
+            launch.kind,
+            ms(started.elapsed()),
+            ms(overlaid),
+            ms(connected - overlaid),
+            ms(initialized - connected),
+            ms(started.elapsed() - initialized)
+        );
         let mut guard = guard;
         guard.0 = None;
         Ok(Sandbox { id, dir, vm: Some(vm), agent, boot_time: started.elapsed(), record, net, started: launch.kind, keep_dir: false })

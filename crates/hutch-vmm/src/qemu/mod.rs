@@ -3,6 +3,7 @@
 mod args;
 pub mod cgroup;
 pub mod jail;
+mod ram_blocks;
 pub mod spawn;
 pub mod userns;
 pub mod version;

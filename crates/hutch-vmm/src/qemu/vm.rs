@@ -40,6 +40,11 @@ const MIGRATION_IN: &str = "migin";
 /// a local file, where a cap only makes the pause longer (a 177 MiB state took 1.4 s).
 /// They stay set in that QEMU: a live migration, if hutch ever makes one, sets its own.
 const SAVE_BANDWIDTH: u64 = 1 << 40;
+/// How long copying a guest's pages out or back may take (GB/s: a 64 GiB guest's
+/// every page in about a minute); a QEMU that stalls its own memory is killed then.
+const PAGE_COPY_WAIT: Duration = Duration::from_secs(120);
+/// The most device state a pause takes from QEMU (it writes ~100 KB).
+const MAX_DEVICE_STATE: u64 = 16 << 20;
 const SAVE_DOWNTIME_MS: u64 = 2_000_000;
 
 /// Connects to a socket QEMU listens on, retrying until `limit`: an adopted QEMU
@@ -334,48 +339,82 @@ impl QemuVm {
         }
     }
 
-    /// The guest RAM of this QEMU, which maps `memory` privately.
+    /// The guest RAM of this QEMU, which maps `memory` as its spec says.
     fn guest_ram(&self, memory: &Path, write: bool) -> Result<GuestRam, SnapshotError> {
         let bytes = u64::from(super::args::ram_mib(self.spec.memory_mib)) << 20;
-        GuestRam::open(self.process.pid(), memory, bytes, write, || !self.process.has_exited()).map_err(SnapshotError::GuestRam)
+        let shared = matches!(self.spec.memory, Memory::SharedFile(_));
+        GuestRam::open(self.process.pid(), memory, shared, bytes, write, || !self.process.has_exited()).map_err(SnapshotError::GuestRam)
+    }
+
+    /// QEMU's RAM blocks besides guest RAM, where it has them now.
+    async fn other_ram_blocks(&mut self) -> Result<Vec<super::ram_blocks::RamBlock>, SnapshotError> {
+        let listed = self.run("x-query-ramblock", None).await?;
+        let text = listed.get("human-readable-text").and_then(Value::as_str).unwrap_or_default();
+        super::ram_blocks::others(text).map_err(|detail| SnapshotError::Migration { what: "save", detail })
     }
 
     /// Writes the saved pages of `changes` (read from `file`) into the RAM of this
-    /// QEMU, which maps again the memory file they were saved against; before QEMU
-    /// loads its devices, some of which read guest RAM as they load.
+    /// QEMU, which maps again the memory file they were saved against, and its other
+    /// RAM blocks where it has them; before QEMU loads its devices, some of which read
+    /// guest RAM as they load.
     async fn put_back_pages(&mut self, mut file: std::fs::File, changes: crate::saved_state::ChangedPages) -> Result<std::fs::File, SnapshotError> {
-        let Memory::PrivateFile(memory) = &self.spec.memory else {
+        let (Memory::PrivateFile(memory) | Memory::SharedFile(memory)) = &self.spec.memory else {
             return Err(SnapshotError::Migration { what: "load", detail: "the state holds only the pages that differ from a snapshot's memory file, and this VM maps none".into() });
         };
         let ram = self.guest_ram(memory, true)?;
         if changes.ram_bytes != ram.bytes() {
             return Err(SnapshotError::Migration { what: "load", detail: format!("the state was saved from {} MiB of RAM and this VM has {} MiB", changes.ram_bytes >> 20, ram.bytes() >> 20) });
         }
+        let here = self.other_ram_blocks().await?;
+        let mut targets = Vec::new();
+        for saved in &changes.blocks {
+            match here.iter().find(|b| b.name == saved.name && b.used == saved.len) {
+                Some(block) => targets.push((saved.clone(), block.host_addr)),
+                None => return Err(SnapshotError::Migration { what: "load", detail: format!("this QEMU has no RAM block {:?} of {} bytes, which the state holds", saved.name, saved.len) }),
+            }
+        }
         let copied = tokio::task::spawn_blocking(move || {
-            use std::io::Seek;
-            file.seek(std::io::SeekFrom::Start(changes.pages_at)).map_err(crate::guest_ram::GuestRamError::Copy)?;
+            use std::io::{Read, Seek};
+            let copy = crate::guest_ram::GuestRamError::Copy;
+            file.seek(std::io::SeekFrom::Start(changes.pages_at)).map_err(copy)?;
             ram.copy_in(&changes.runs, &mut std::io::BufReader::with_capacity(1 << 20, &mut file))?;
+            for (block, addr) in targets {
+                let mut data = vec![0u8; block.len as usize];
+                file.seek(std::io::SeekFrom::Start(block.at)).map_err(copy)?;
+                file.read_exact(&mut data).map_err(copy)?;
+                ram.write_raw(addr, &data)?;
+            }
             Ok::<_, crate::guest_ram::GuestRamError>(file)
-        })
-        .await;
-        copied.map_err(|e| SnapshotError::Migration { what: "load", detail: format!("the page copy stopped: {e}") })?.map_err(SnapshotError::GuestRam)
+        });
+        match tokio::time::timeout(PAGE_COPY_WAIT, copied).await {
+            Ok(Ok(done)) => done.map_err(SnapshotError::GuestRam),
+            Ok(Err(e)) => Err(SnapshotError::Migration { what: "load", detail: format!("the page copy stopped: {e}") }),
+            Err(_) => Err(SnapshotError::Timeout { what: "writing the saved pages", secs: PAGE_COPY_WAIT.as_secs() }),
+        }
     }
 
-    /// Writes the pages of the stopped guest that differ from `memory` into a new
-    /// `state`, and returns it (positioned after them) with their count.
-    async fn write_changed_pages(&self, state: &Path, memory: &Path) -> Result<(std::fs::File, u64), SnapshotError> {
+    /// Writes the pages of the stopped guest that differ from `memory`, and QEMU's other
+    /// RAM blocks, into a new `state`, and returns it (positioned after them) with the
+    /// count of pages.
+    async fn write_changed_pages(&mut self, state: &Path, memory: &Path) -> Result<(std::fs::File, u64), SnapshotError> {
         let ram = self.guest_ram(memory, false)?;
+        let others = self.other_ram_blocks().await?;
         let (state, page_size) = (state.to_path_buf(), crate::saved_state::page_size());
         let written = tokio::task::spawn_blocking(move || {
             let copy = crate::guest_ram::GuestRamError::Copy;
             let runs = ram.changed()?;
+            let blocks = others.into_iter().map(|b| Ok((b.name, ram.read_raw(b.host_addr, b.used)?))).collect::<Result<Vec<_>, crate::guest_ram::GuestRamError>>()?;
             let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).open(&state).map_err(copy)?;
-            crate::saved_state::write_header(&mut file, page_size, ram.bytes(), &runs).map_err(copy)?;
+            crate::saved_state::write_header(&mut file, page_size, ram.bytes(), &runs, &blocks).map_err(copy)?;
             ram.copy_out(&runs, &mut file)?;
+            crate::saved_state::write_blocks(&mut file, &blocks).map_err(copy)?;
             Ok::<_, crate::guest_ram::GuestRamError>((file, runs.iter().map(|r| r.pages).sum()))
-        })
-        .await;
-        written.map_err(|e| SnapshotError::Migration { what: "save", detail: format!("the page copy stopped: {e}") })?.map_err(SnapshotError::GuestRam)
+        });
+        match tokio::time::timeout(PAGE_COPY_WAIT, written).await {
+            Ok(Ok(done)) => done.map_err(SnapshotError::GuestRam),
+            Ok(Err(e)) => Err(SnapshotError::Migration { what: "save", detail: format!("the page copy stopped: {e}") }),
+            Err(_) => Err(SnapshotError::Timeout { what: "copying the changed pages", secs: PAGE_COPY_WAIT.as_secs() }),
+        }
     }
 
     /// Has QEMU save its device state (no RAM) and appends it to `file` (QMP
@@ -403,10 +442,16 @@ impl QemuVm {
             let _ = self.run("remove-fd", Some(json!({ "fdset-id": fdset }))).await;
         }
         saved?;
+        // QEMU could have grown the memfd without bound (it is QEMU's to write): read
+        // at most the cap, and only a stream.
         let mut devices = std::fs::File::from(memfd);
         devices.seek(std::io::SeekFrom::Start(0)).map_err(|e| failed("reading the device state", e))?;
-        std::io::copy(&mut devices, file).map_err(|e| failed("writing the device state", e))?;
-        Ok(())
+        let mut stream = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::Read::take(&mut devices, MAX_DEVICE_STATE + 1), &mut stream).map_err(|e| failed("reading the device state", e))?;
+        if stream.len() as u64 > MAX_DEVICE_STATE || !stream.starts_with(b"QEVM") {
+            return Err(SnapshotError::Migration { what: "save", detail: format!("QEMU's device state is not a migration stream of at most {} MiB", MAX_DEVICE_STATE >> 20) });
+        }
+        std::io::Write::write_all(file, &stream).map_err(|e| failed("writing the device state", e))
     }
 
     async fn run(&mut self, command: &str, args: Option<Value>) -> Result<Value, SnapshotError> {
@@ -607,10 +652,20 @@ impl VmHandle for QemuVm {
         self.run("stop", None).await?;
         let (mut file, pages) = match self.write_changed_pages(state, &memory).await {
             Ok(written) => written,
+            // A QEMU that stalls its own memory (userfaultfd) is not asked again.
+            Err(e @ SnapshotError::Timeout { .. }) => {
+                let _ = self.kill().await;
+                return Err(e);
+            }
             // hutch may not read this QEMU's memory (an adopted QEMU under Yama's
-            // ptrace rules, say): the whole save needs no such access.
+            // ptrace rules, say): the whole save needs no such access. A RAM mapping
+            // not where and as QEMU makes it is a QEMU someone changed: said louder.
             Err(e) => {
                 let why = chain(&e);
+                match &e {
+                    SnapshotError::GuestRam(crate::guest_ram::GuestRamError::Mapping { .. }) => tracing::warn!(vm = %self.spec.id, "saving all memory: {why}"),
+                    _ => tracing::debug!(vm = %self.spec.id, "saving all memory: {why}"),
+                }
                 self.save(state, false).await?;
                 return Ok(PauseSave::Whole { why });
             }
