@@ -96,10 +96,18 @@ impl GuestRam {
     /// The runs of pages that are no longer the memory file's.
     pub fn changed(&self) -> Result<Vec<Run>, GuestRamError> {
         let pages = self.bytes / self.page_size;
-        let mut entries = vec![0u8; (pages * 8) as usize];
-        self.pagemap.read_exact_at(&mut entries, self.start / self.page_size * 8).map_err(|source| GuestRamError::Proc { what: "pagemap", source })?;
-        let changed = entries.chunks_exact(8).map(|e| u64::from_le_bytes(e.try_into().expect("8 bytes"))).map(|e| e & SWAPPED != 0 || (e & PRESENT != 0 && e & FILE_OR_SHARED == 0));
-        Ok(runs_of(changed))
+        let first_entry = self.start / self.page_size * 8;
+        // Read in chunks: a 64 GiB guest's whole pagemap would be 128 MiB.
+        let mut flags = Vec::with_capacity(pages as usize);
+        let mut entries = vec![0u8; CHUNK];
+        let mut page = 0u64;
+        while page < pages {
+            let n = ((pages - page) as usize).min(CHUNK / 8);
+            self.pagemap.read_exact_at(&mut entries[..n * 8], first_entry + page * 8).map_err(|source| GuestRamError::Proc { what: "pagemap", source })?;
+            flags.extend(entries[..n * 8].chunks_exact(8).map(|e| u64::from_le_bytes(e.try_into().expect("8 bytes"))).map(|e| e & SWAPPED != 0 || (e & PRESENT != 0 && e & FILE_OR_SHARED == 0)));
+            page += n as u64;
+        }
+        Ok(runs_of(flags.into_iter()))
     }
 
     /// Copies the pages of `runs` into `out`, in order.

@@ -641,7 +641,15 @@ impl VmHandle for QemuVm {
         self.run("stop", None).await?;
         self.run("migrate", Some(json!({ "uri": format!("fd:{MIGRATION_OUT}") }))).await?;
         // QEMU writes through its own copy of the fd; ours closes when `file` drops.
-        self.wait_migration().await
+        self.wait_migration().await?;
+        // Loading tells a state's form by its first bytes (`saved_state.rs`), and
+        // QEMU wrote these: only its own stream counts.
+        let mut magic = [0u8; 4];
+        let ours = std::fs::File::open(state).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && magic == *b"QEVM";
+        if !ours {
+            return Err(SnapshotError::Migration { what: "save", detail: "QEMU wrote something other than a migration stream".into() });
+        }
+        Ok(())
     }
 
     async fn save_for_pause(&mut self, state: &Path) -> Result<PauseSave, SnapshotError> {
