@@ -8,12 +8,15 @@ use libfuzzer_sys::fuzz_target;
 use std::io::Write;
 
 const PAGE: u64 = 4096;
+/// The VM's RAM, which a state must have been saved from (1 MiB: 256 pages).
+const RAM: u64 = 1 << 20;
 
 fuzz_target!(|data: &[u8]| {
     let mut file = tempfile::tempfile().expect("tempfile");
     file.write_all(data).expect("write");
-    let Ok(state) = read(&mut file, PAGE) else { return };
+    let Ok(state) = read(&mut file, PAGE, RAM) else { return };
     let len = data.len() as u64;
+    assert!(len <= RAM + RAM / 256 + (64 << 20) + 64 * (64 << 20));
     assert!(state.stream_at() + 4 <= len);
     assert_eq!(&data[state.stream_at() as usize..state.stream_at() as usize + 4], b"QEVM");
     if let Form::Changes(c) = state.form {

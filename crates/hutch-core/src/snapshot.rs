@@ -193,8 +193,12 @@ pub(crate) fn copy_sparse(from: &Path, to: &Path) -> std::io::Result<()> {
     let mut buf = vec![0u8; 1 << 20];
     let mut at = 0i64;
     while (at as u64) < len {
-        // ENXIO: no data after `at`.
-        let Ok(data) = lseek(src.as_raw_fd(), at, Whence::SeekData) else { break };
+        let data = match lseek(src.as_raw_fd(), at, Whence::SeekData) {
+            Ok(data) => data,
+            // No data after `at`: the rest is a hole.
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
         let hole = lseek(src.as_raw_fd(), data, Whence::SeekHole).map_err(std::io::Error::from)?;
         src.seek(SeekFrom::Start(data as u64))?;
         let mut pos = data as u64;

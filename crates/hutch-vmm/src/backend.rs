@@ -88,11 +88,35 @@ impl Nic {
 }
 
 /// The channel of records from before it was kept.
+/// The RAM a VM asked for `memory_mib` gets, in MiB: the same, but for exactly 2 GiB.
+/// There QEMU's `linuxboot_dma` option ROM leaves the initrd at the very top of low RAM
+/// (it moves it below the firmware's data only when the initrd does not end on the
+/// page of the kernel's `initrd_addr_max`, which at exactly 2 GiB it always does), on
+/// top of SeaBIOS's ACPI tables and virtio queues: the guest sees "no cpio magic" and
+/// never starts. 2 MiB more keeps hugepage alignment and moves the top off that page.
+pub fn ram_mib(memory_mib: u32) -> u32 {
+    if memory_mib == 2048 {
+        2050
+    } else {
+        memory_mib
+    }
+}
+
+/// `ram_mib` in bytes.
+pub fn ram_bytes(memory_mib: u32) -> u64 {
+    u64::from(ram_mib(memory_mib)) << 20
+}
+
 fn default_agent_channel() -> String {
     "hutch.agent".into()
 }
 
 impl VmSpec {
+    /// The bytes of guest RAM the VM has (`ram_bytes`).
+    pub fn ram_bytes(&self) -> u64 {
+        ram_bytes(self.memory_mib)
+    }
+
     pub fn agent_socket(&self) -> PathBuf {
         self.dir.join("agent.sock")
     }

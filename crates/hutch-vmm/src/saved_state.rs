@@ -31,6 +31,8 @@ const RUN: u64 = 16;
 pub const MAX_BLOCKS: usize = 64;
 pub const MAX_BLOCK_NAME: usize = 256;
 pub const MAX_BLOCK_BYTES: u64 = 64 << 20;
+/// The most QEMU's device state (or a whole stream's, beyond its pages) may take.
+pub const MAX_DEVICE_STREAM: u64 = 64 << 20;
 /// QEMU's migration stream: magic, version 3, then the configuration section's tag when
 /// the saving QEMU sent one (`migration.send-configuration`, on by default; QEMU's
 /// device-state-only save never writes it).
@@ -110,13 +112,21 @@ impl StateFile {
     }
 }
 
-/// Reads what `file` holds; its position afterwards is unspecified.
-pub fn read(file: &mut std::fs::File, page_size: u64) -> Result<StateFile, StateFileError> {
+/// Reads what `file` holds, for a VM of `ram_bytes` of RAM; its position afterwards
+/// is unspecified. QEMU wrote part or all of it and decides its length, so nothing is
+/// allocated beyond entries read and checked, and the file may be only so much larger
+/// than the VM's RAM.
+pub fn read(file: &mut std::fs::File, page_size: u64, ram_bytes: u64) -> Result<StateFile, StateFileError> {
     let len = file.metadata()?.len();
     let mut magic = [0u8; 8];
     file.seek(SeekFrom::Start(0))?;
     read_up_to(file, &mut magic)?;
     if magic[..4] == *QEMU_MAGIC {
+        // Every page at most once, each with its 8-byte header, then device state.
+        let most = ram_bytes + ram_bytes / 256 + MAX_DEVICE_STREAM;
+        if len > most {
+            return Err(damaged(&format!("it is {} MiB, more than a stream of {} MiB of RAM can be", len >> 20, ram_bytes >> 20)));
+        }
         return Ok(StateFile { form: Form::Whole, configuration: configuration_at(file, 0)? });
     }
     if magic != *MAGIC {
@@ -130,21 +140,22 @@ pub fn read(file: &mut std::fs::File, page_size: u64) -> Result<StateFile, State
     if version != VERSION {
         return Err(StateFileError::Version(version));
     }
-    let (saved_page_size, ram_bytes, count, devices_at) = (u64::from(u32_at(4)), u64_at(8), u64_at(16), u64_at(24));
+    let (saved_page_size, saved_ram, count, devices_at) = (u64::from(u32_at(4)), u64_at(8), u64_at(16), u64_at(24));
     if saved_page_size != page_size {
         return Err(damaged(&format!("it was saved with {saved_page_size}-byte pages, and this host's are {page_size}")));
     }
-    if ram_bytes == 0 || ram_bytes % page_size != 0 {
-        return Err(damaged(&format!("{ram_bytes} bytes of RAM is not a whole number of pages")));
+    if saved_ram != ram_bytes || !ram_bytes.is_multiple_of(page_size) {
+        return Err(damaged(&format!("it was saved from {} MiB of RAM, and this VM has {} MiB", saved_ram >> 20, ram_bytes >> 20)));
     }
     let ram_pages = ram_bytes / page_size;
-    // Checked against the file's length before anything is allocated for it.
     let table = count.checked_mul(RUN).filter(|t| count <= ram_pages && HEADER + t <= len).ok_or_else(|| damaged("its table of runs is longer than the file"))?;
-    let mut raw = vec![0u8; table as usize];
-    file.read_exact(&mut raw)?;
-    let mut runs = Vec::with_capacity(count as usize);
+    // Read and checked entry by entry: the list grows only with runs that are valid.
+    let mut entries = std::io::BufReader::new(std::io::Read::take(&mut *file, table));
+    let mut runs = Vec::new();
     let mut end = 0u64;
-    for entry in raw.chunks_exact(RUN as usize) {
+    let mut entry = [0u8; RUN as usize];
+    for _ in 0..count {
+        entries.read_exact(&mut entry).map_err(|_| damaged("its table of runs is cut short"))?;
         let run = Run { first: u64::from_le_bytes(entry[..8].try_into().expect("8 bytes")), pages: u64::from_le_bytes(entry[8..].try_into().expect("8 bytes")) };
         let last = run.first.checked_add(run.pages).filter(|&last| run.pages > 0 && run.first >= end && last <= ram_pages);
         end = last.ok_or_else(|| damaged(&format!("a run of {} pages at page {} overlaps another or lies outside {ram_pages} pages of RAM", run.pages, run.first)))?;
@@ -154,8 +165,8 @@ pub fn read(file: &mut std::fs::File, page_size: u64) -> Result<StateFile, State
     let total: u64 = runs.iter().map(|r| r.pages).sum();
     // Runs are disjoint and inside RAM, so `total` pages fit in `ram_bytes`.
     let blocks_at = (total * page_size).checked_add(pages_at).filter(|&at| at <= devices_at && devices_at <= len);
-    let Some(blocks_at) = blocks_at else {
-        return Err(damaged("its pages do not end before its device state starts"));
+    let Some(blocks_at) = blocks_at.filter(|_| len - devices_at <= MAX_DEVICE_STREAM) else {
+        return Err(damaged("its pages do not end before its device state starts, or that state is too long"));
     };
     file.seek(SeekFrom::Start(blocks_at))?;
     let blocks = read_blocks(&mut std::io::Read::take(&mut *file, devices_at - blocks_at), blocks_at, devices_at)?;
@@ -203,15 +214,19 @@ fn read_blocks(input: &mut impl Read, mut at: u64, end: u64) -> Result<Vec<Block
 }
 
 /// Whether the state file at `path` holds only the pages that differ from a memory
-/// file, which the VM that loads it must then map again. Any other file is the
-/// backend's own business.
-pub fn needs_memory_file(path: &std::path::Path) -> Result<bool, StateFileError> {
-    let mut file = std::fs::File::open(path)?;
-    let mut magic = [0u8; 8];
-    if read_up_to(&mut file, &mut magic)? < magic.len() || magic != *MAGIC {
+/// file, which the VM (of `ram_bytes`) that loads it must then map again; checked
+/// whole. Any other file is the backend's own business.
+pub fn needs_memory_file(path: &std::path::Path, ram_bytes: u64) -> Result<bool, StateFileError> {
+    if !is_changed_pages(path)? {
         return Ok(false);
     }
-    read(&mut file, page_size()).map(|_| true)
+    read(&mut std::fs::File::open(path)?, page_size(), ram_bytes).map(|_| true)
+}
+
+/// Whether the state file at `path` says it holds changed pages (its magic alone).
+pub fn is_changed_pages(path: &std::path::Path) -> Result<bool, StateFileError> {
+    let mut magic = [0u8; 8];
+    Ok(read_up_to(&mut std::fs::File::open(path)?, &mut magic)? == magic.len() && magic == *MAGIC)
 }
 
 /// Writes the header and table for `runs` (and `blocks`, written by `write_blocks`
@@ -300,7 +315,7 @@ mod tests {
     #[test]
     fn reads_back_what_it_wrote() {
         let runs = [Run { first: 0, pages: 2 }, Run { first: 5, pages: 1 }];
-        let state = read(&mut file_with(&runs, 16 * PAGE, DEVICES), PAGE).expect("test step");
+        let state = read(&mut file_with(&runs, 16 * PAGE, DEVICES), PAGE, 16 * PAGE).expect("test step");
         let Form::Changes(c) = &state.form else { panic!("not changes: {state:?}") };
         assert_eq!(c.runs, runs);
         assert_eq!((c.pages(), c.ram_bytes, c.pages_at), (3, 16 * PAGE, HEADER + 2 * RUN));
@@ -314,15 +329,15 @@ mod tests {
     fn tells_a_whole_stream_and_its_configuration_section() {
         let mut f = tempfile::tempfile().expect("test step");
         f.write_all(b"QEVM\0\0\0\x03\x07\0\0\0\x06microvm").expect("test step");
-        assert_eq!(read(&mut f, PAGE).expect("test step"), StateFile { form: Form::Whole, configuration: true });
+        assert_eq!(read(&mut f, PAGE, 16 * PAGE).expect("test step"), StateFile { form: Form::Whole, configuration: true });
         let mut f = tempfile::tempfile().expect("test step");
         f.write_all(b"not a state").expect("test step");
-        assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Unknown)));
+        assert!(matches!(read(&mut f, PAGE, 16 * PAGE), Err(StateFileError::Unknown)));
     }
 
     #[test]
     fn refuses_runs_outside_ram_overlapping_or_unaccounted_for() {
-        let bad = |runs: &[Run], ram: u64, tail: &[u8]| read(&mut file_with(runs, ram, tail), PAGE).expect_err("refused");
+        let bad = |runs: &[Run], ram: u64, tail: &[u8]| read(&mut file_with(runs, ram, tail), PAGE, ram).expect_err("refused");
         assert!(matches!(bad(&[Run { first: 15, pages: 2 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
         assert!(matches!(bad(&[Run { first: 0, pages: 2 }, Run { first: 1, pages: 1 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
         assert!(matches!(bad(&[Run { first: 0, pages: 0 }], 16 * PAGE, DEVICES), StateFileError::Damaged(_)));
@@ -334,11 +349,18 @@ mod tests {
         let len_at = HEADER + RUN + PAGE + 4 + 4 + 7;
         f.seek(SeekFrom::Start(len_at)).expect("test step");
         f.write_all(&100u64.to_le_bytes()).expect("test step");
-        assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Damaged(_))));
+        assert!(matches!(read(&mut f, PAGE, 16 * PAGE), Err(StateFileError::Damaged(_))));
         // A table claiming more runs than the file holds is refused before allocating.
         let mut f = file_with(&[Run { first: 0, pages: 1 }], 1 << 40, DEVICES);
         f.seek(SeekFrom::Start(24)).expect("test step");
         f.write_all(&(1u64 << 27).to_le_bytes()).expect("test step");
-        assert!(matches!(read(&mut f, PAGE), Err(StateFileError::Damaged(_))));
+        assert!(matches!(read(&mut f, PAGE, 1 << 40), Err(StateFileError::Damaged(_))));
+        // Saved from another size of RAM than the VM's.
+        assert!(matches!(read(&mut file_with(&[Run { first: 0, pages: 1 }], 16 * PAGE, DEVICES), PAGE, 32 * PAGE), Err(StateFileError::Damaged(_))));
+        // A whole stream far longer than the VM's RAM could make it.
+        let mut f = tempfile::tempfile().expect("test step");
+        f.write_all(b"QEVM\0\0\0\x03\x07").expect("test step");
+        f.set_len(1 << 30).expect("test step");
+        assert!(matches!(read(&mut f, PAGE, 16 * PAGE), Err(StateFileError::Damaged(_))));
     }
 }

@@ -50,12 +50,13 @@ impl SandboxManager {
                 Ok(a) => match crate::snapshot::share_memory(&snap, self.backend.as_ref(), a.kernel.vmlinuz(), a.initramfs.clone()).await {
                     Ok(shared) => Ok(shared),
                     // A paused sandbox's changed pages alone are no state to load whole.
-                    Err(e) if hutch_vmm::saved_state::needs_memory_file(&snap.dir.join("state")).unwrap_or(true) => Err(ManagerError::Internal(format!("making the snapshot's memory: {e}"))),
+                    Err(e) if hutch_vmm::saved_state::is_changed_pages(&snap.dir.join("state")).unwrap_or(true) => Err(ManagerError::Internal(format!("making the snapshot's memory: {e}"))),
                     Err(e) => {
                         tracing::warn!(sandbox = id, "snapshot memory stays private to each restore: {e}");
                         Ok(snap)
                     }
                 },
+                Err(e) if hutch_vmm::saved_state::is_changed_pages(&snap.dir.join("state")).unwrap_or(true) => Err(e),
                 Err(_) => Ok(snap),
             },
             Err(e) => Err(e),
@@ -368,11 +369,12 @@ fn copy_paused(sandbox_dir: &Path, dir: &Path, template: &str, id: &str, token: 
     // Paused without memory: the disk alone, booted by its restores (no token held).
     let memory = sandbox_dir.join(PAUSED_STATE).exists();
     if memory {
+        // Checked before it is copied: QEMU wrote it, and decided its length.
+        let changes = hutch_vmm::saved_state::needs_memory_file(&sandbox_dir.join(PAUSED_STATE), record.spec.ram_bytes()).map_err(|e| ManagerError::Internal(format!("reading the paused state: {e}")))?;
         std::fs::copy(sandbox_dir.join(PAUSED_STATE), dir.join("state")).map_err(|e| io("copying the memory state", e))?;
         // A pause that kept only the pages it changed needs the memory file they were
         // changed from: the snapshot gets its own copy, which `share_memory` then fills
         // with those pages (as a snapshot's shared memory file).
-        let changes = hutch_vmm::saved_state::needs_memory_file(&dir.join("state")).map_err(|e| ManagerError::Internal(format!("reading the paused state: {e}")))?;
         match (&record.spec.memory, changes) {
             (_, false) => {}
             (hutch_vmm::Memory::PrivateFile(base), true) => crate::snapshot::copy_sparse(base, &dir.join("memory")).map_err(|e| io("copying the memory the paused state was saved against", e))?,

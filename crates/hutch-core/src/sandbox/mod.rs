@@ -155,7 +155,7 @@ impl Sandbox {
         let state = dir.join(PAUSED_STATE);
         // A state of changed pages is loaded over the snapshot's memory file the guest
         // mapped when paused (its record still names it); a whole one into plain RAM.
-        let changes = hutch_vmm::saved_state::needs_memory_file(&state).map_err(|source| CreateError::Restore(SnapshotError::StateFile { path: state.display().to_string(), source }))?;
+        let changes = hutch_vmm::saved_state::needs_memory_file(&state, record.spec.ram_bytes()).map_err(|source| CreateError::Restore(SnapshotError::StateFile { path: state.display().to_string(), source }))?;
         if !changes {
             record.spec.memory = Memory::Anonymous;
         }

@@ -5,7 +5,7 @@
 //! a socket hutch hands in as fd 3; `-no-reboot` turns the guest's reset (how the agent powers off) into an exit.
 
 use crate::accel::Accel;
-use crate::backend::{Memory, VmSpec};
+use crate::backend::{ram_mib, Memory, VmSpec};
 use std::ffi::OsString;
 
 /// The guest kernel's command line for a guest whose TSC runs at `tsc_khz`.
@@ -105,20 +105,6 @@ pub fn command_line(spec: &VmSpec, loading: Loading) -> Vec<OsString> {
     push(&["-chardev", &format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off")]);
     push(&["-mon", "chardev=qmp,mode=control"]);
     a
-}
-
-/// The RAM QEMU is given for `memory_mib` asked: the same, but for exactly 2 GiB.
-/// There QEMU's `linuxboot_dma` option ROM leaves the initrd at the very top of low RAM
-/// (it moves it below the firmware's data only when the initrd does not end on the
-/// page of the kernel's `initrd_addr_max`, which at exactly 2 GiB it always does), on
-/// top of SeaBIOS's ACPI tables and virtio queues: the guest sees "no cpio magic" and
-/// never starts. 2 MiB more keeps hugepage alignment and moves the top off that page.
-pub(crate) fn ram_mib(memory_mib: u32) -> u32 {
-    if memory_mib == 2048 {
-        2050
-    } else {
-        memory_mib
-    }
 }
 
 fn memory_backend(spec: &VmSpec) -> String {

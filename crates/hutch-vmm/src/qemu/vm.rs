@@ -120,7 +120,7 @@ impl QemuVm {
         let program = crate::process::find_program(binary).ok_or_else(missing)?;
         let loading = match &spec.incoming {
             Some(incoming) => {
-                let state = read_state(&incoming.state).map_err(|source| StartError::State { path: incoming.state.display().to_string(), source })?;
+                let state = read_state(&incoming.state, spec.ram_bytes()).map_err(|source| StartError::State { path: incoming.state.display().to_string(), source })?;
                 super::args::Loading { no_configuration: !state.configuration }
             }
             None => super::args::Loading::default(),
@@ -311,7 +311,7 @@ impl QemuVm {
             return Err(SnapshotError::Migration { what: "load", detail: "the VM was not started to load a state".into() });
         };
         let mut file = std::fs::File::open(&incoming.state).map_err(|e| SnapshotError::Migration { what: "load", detail: format!("opening the state file: {e}") })?;
-        let state = crate::saved_state::read(&mut file, crate::saved_state::page_size()).map_err(|source| SnapshotError::StateFile { path: incoming.state.display().to_string(), source })?;
+        let state = crate::saved_state::read(&mut file, crate::saved_state::page_size(), self.spec.ram_bytes()).map_err(|source| SnapshotError::StateFile { path: incoming.state.display().to_string(), source })?;
         if let Form::Changes(changes) = &state.form {
             file = self.put_back_pages(file, changes.clone()).await?;
         }
@@ -341,7 +341,7 @@ impl QemuVm {
 
     /// The guest RAM of this QEMU, which maps `memory` as its spec says.
     fn guest_ram(&self, memory: &Path, write: bool) -> Result<GuestRam, SnapshotError> {
-        let bytes = u64::from(super::args::ram_mib(self.spec.memory_mib)) << 20;
+        let bytes = self.spec.ram_bytes();
         let shared = matches!(self.spec.memory, Memory::SharedFile(_));
         GuestRam::open(self.process.pid(), memory, shared, bytes, write, || !self.process.has_exited()).map_err(SnapshotError::GuestRam)
     }
@@ -350,7 +350,7 @@ impl QemuVm {
     async fn other_ram_blocks(&mut self) -> Result<Vec<super::ram_blocks::RamBlock>, SnapshotError> {
         let listed = self.run("x-query-ramblock", None).await?;
         let text = listed.get("human-readable-text").and_then(Value::as_str).unwrap_or_default();
-        super::ram_blocks::others(text).map_err(|detail| SnapshotError::Migration { what: "save", detail })
+        super::ram_blocks::others(text).map_err(|detail| SnapshotError::Migration { what: "listing QEMU's RAM blocks", detail })
     }
 
     /// Writes the saved pages of `changes` (read from `file`) into the RAM of this
@@ -537,8 +537,8 @@ fn chain(e: &dyn std::error::Error) -> String {
 }
 
 /// What the state file at `path` holds.
-fn read_state(path: &Path) -> Result<StateFile, crate::saved_state::StateFileError> {
-    crate::saved_state::read(&mut std::fs::File::open(path)?, crate::saved_state::page_size())
+fn read_state(path: &Path, ram_bytes: u64) -> Result<StateFile, crate::saved_state::StateFileError> {
+    crate::saved_state::read(&mut std::fs::File::open(path)?, crate::saved_state::page_size(), ram_bytes)
 }
 
 /// The host uid process `pid` runs as.
