@@ -36,7 +36,7 @@ pub const MAX_DEVICE_STREAM: u64 = 64 << 20;
 /// QEMU's migration stream: magic, version 3, then the configuration section's tag when
 /// the saving QEMU sent one (`migration.send-configuration`, on by default; QEMU's
 /// device-state-only save never writes it).
-const QEMU_MAGIC: &[u8; 4] = b"QEVM";
+pub const QEMU_MAGIC: &[u8; 4] = b"QEVM";
 const QEMU_CONFIGURATION: u8 = 0x07;
 
 #[derive(Debug, thiserror::Error)]

@@ -361,10 +361,8 @@ impl QemuVm {
         let (Memory::PrivateFile(memory) | Memory::SharedFile(memory)) = &self.spec.memory else {
             return Err(SnapshotError::Migration { what: "load", detail: "the state holds only the pages that differ from a snapshot's memory file, and this VM maps none".into() });
         };
+        // `saved_state::read` took the state only for this VM's RAM size.
         let ram = self.guest_ram(memory, true)?;
-        if changes.ram_bytes != ram.bytes() {
-            return Err(SnapshotError::Migration { what: "load", detail: format!("the state was saved from {} MiB of RAM and this VM has {} MiB", changes.ram_bytes >> 20, ram.bytes() >> 20) });
-        }
         let here = self.other_ram_blocks().await?;
         let mut targets = Vec::new();
         for saved in &changes.blocks {
@@ -373,7 +371,7 @@ impl QemuVm {
                 None => return Err(SnapshotError::Migration { what: "load", detail: format!("this QEMU has no RAM block {:?} of {} bytes, which the state holds", saved.name, saved.len) }),
             }
         }
-        let copied = tokio::task::spawn_blocking(move || {
+        let copied = within_copy_deadline("load", "writing the saved pages", move || {
             use std::io::{Read, Seek};
             let copy = crate::guest_ram::GuestRamError::Copy;
             file.seek(std::io::SeekFrom::Start(changes.pages_at)).map_err(copy)?;
@@ -384,13 +382,9 @@ impl QemuVm {
                 file.read_exact(&mut data).map_err(copy)?;
                 ram.write_raw(addr, &data)?;
             }
-            Ok::<_, crate::guest_ram::GuestRamError>(file)
+            Ok(file)
         });
-        match tokio::time::timeout(PAGE_COPY_WAIT, copied).await {
-            Ok(Ok(done)) => done.map_err(SnapshotError::GuestRam),
-            Ok(Err(e)) => Err(SnapshotError::Migration { what: "load", detail: format!("the page copy stopped: {e}") }),
-            Err(_) => Err(SnapshotError::Timeout { what: "writing the saved pages", secs: PAGE_COPY_WAIT.as_secs() }),
-        }
+        copied.await
     }
 
     /// Writes the pages of the stopped guest that differ from `memory`, and QEMU's other
@@ -400,7 +394,7 @@ impl QemuVm {
         let ram = self.guest_ram(memory, false)?;
         let others = self.other_ram_blocks().await?;
         let (state, page_size) = (state.to_path_buf(), crate::saved_state::page_size());
-        let written = tokio::task::spawn_blocking(move || {
+        let written = within_copy_deadline("save", "copying the changed pages", move || {
             let copy = crate::guest_ram::GuestRamError::Copy;
             let runs = ram.changed()?;
             let blocks = others.into_iter().map(|b| Ok((b.name, ram.read_raw(b.host_addr, b.used)?))).collect::<Result<Vec<_>, crate::guest_ram::GuestRamError>>()?;
@@ -408,13 +402,9 @@ impl QemuVm {
             crate::saved_state::write_header(&mut file, page_size, ram.bytes(), &runs, &blocks).map_err(copy)?;
             ram.copy_out(&runs, &mut file)?;
             crate::saved_state::write_blocks(&mut file, &blocks).map_err(copy)?;
-            Ok::<_, crate::guest_ram::GuestRamError>((file, runs.iter().map(|r| r.pages).sum()))
+            Ok((file, runs.iter().map(|r| r.pages).sum()))
         });
-        match tokio::time::timeout(PAGE_COPY_WAIT, written).await {
-            Ok(Ok(done)) => done.map_err(SnapshotError::GuestRam),
-            Ok(Err(e)) => Err(SnapshotError::Migration { what: "save", detail: format!("the page copy stopped: {e}") }),
-            Err(_) => Err(SnapshotError::Timeout { what: "copying the changed pages", secs: PAGE_COPY_WAIT.as_secs() }),
-        }
+        written.await
     }
 
     /// Has QEMU save its device state (no RAM) and appends it to `file` (QMP
@@ -448,7 +438,7 @@ impl QemuVm {
         devices.seek(std::io::SeekFrom::Start(0)).map_err(|e| failed("reading the device state", e))?;
         let mut stream = Vec::new();
         std::io::Read::read_to_end(&mut std::io::Read::take(&mut devices, MAX_DEVICE_STATE + 1), &mut stream).map_err(|e| failed("reading the device state", e))?;
-        if stream.len() as u64 > MAX_DEVICE_STATE || !stream.starts_with(b"QEVM") {
+        if stream.len() as u64 > MAX_DEVICE_STATE || !stream.starts_with(crate::saved_state::QEMU_MAGIC) {
             return Err(SnapshotError::Migration { what: "save", detail: format!("QEMU's device state is not a migration stream of at most {} MiB", MAX_DEVICE_STATE >> 20) });
         }
         std::io::Write::write_all(file, &stream).map_err(|e| failed("writing the device state", e))
@@ -521,6 +511,20 @@ fn netdev_state(info: &str) -> NetdevState {
             Some(why) => NetdevState::Failed(why.to_string()),
             None => NetdevState::Listening,
         },
+    }
+}
+
+/// Runs a copy between guest RAM and a state file on a blocking thread, within
+/// `PAGE_COPY_WAIT` (`what` names the migration step, `doing` the copy).
+async fn within_copy_deadline<T: Send + 'static>(
+    what: &'static str,
+    doing: &'static str,
+    copy: impl FnOnce() -> Result<T, crate::guest_ram::GuestRamError> + Send + 'static,
+) -> Result<T, SnapshotError> {
+    match tokio::time::timeout(PAGE_COPY_WAIT, tokio::task::spawn_blocking(copy)).await {
+        Ok(Ok(done)) => done.map_err(SnapshotError::GuestRam),
+        Ok(Err(e)) => Err(SnapshotError::Migration { what, detail: format!("the page copy stopped: {e}") }),
+        Err(_) => Err(SnapshotError::Timeout { what: doing, secs: PAGE_COPY_WAIT.as_secs() }),
     }
 }
 
@@ -645,7 +649,7 @@ impl VmHandle for QemuVm {
         // Loading tells a state's form by its first bytes (`saved_state.rs`), and
         // QEMU wrote these: only its own stream counts.
         let mut magic = [0u8; 4];
-        let ours = std::fs::File::open(state).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && magic == *b"QEVM";
+        let ours = std::fs::File::open(state).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic)).is_ok() && magic == *crate::saved_state::QEMU_MAGIC;
         if !ours {
             return Err(SnapshotError::Migration { what: "save", detail: "QEMU wrote something other than a migration stream".into() });
         }
