@@ -94,6 +94,12 @@ impl MemorySnapshot {
         self.dir.join("disk.qcow2")
     }
 
+    /// A new sandbox's overlay on `disk()` at `overlay`, copied from an empty one kept
+    /// in the snapshot (made by the first restore, removed with the snapshot).
+    pub async fn new_overlay(&self, overlay: &Path) -> Result<(), hutch_vmm::disk::DiskError> {
+        hutch_vmm::disk::create_overlay_cached(&self.disk(), &self.dir.join("empty-overlay.qcow2"), overlay).await
+    }
+
     /// Whether it holds a guest's memory to restore (else only a disk to boot on).
     pub fn has_memory(&self) -> bool {
         self.dir.join("state").is_file()

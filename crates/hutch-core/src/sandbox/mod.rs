@@ -97,7 +97,11 @@ impl Sandbox {
         let guard = DirGuard(Some(dir.clone()));
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| CreateError::Dir(dir.clone(), e))?;
         let disk = dir.join("disk.qcow2");
-        hutch_vmm::disk::create_overlay(launch.base, &disk).await.map_err(CreateError::Disk)?;
+        match launch.seed {
+            Some(snapshot) => snapshot.new_overlay(&disk).await,
+            None => hutch_vmm::disk::create_overlay(launch.base, &disk).await,
+        }
+        .map_err(CreateError::Disk)?;
         let overlaid = started.elapsed();
         if let Some(snapshot) = launch.seed {
             snapshot.seed_console(&dir.join("console.log"));
@@ -556,12 +560,15 @@ impl Sandbox {
     /// Stops the VM and removes every file of the sandbox. The disk is thrown away, so
     /// there is nothing to flush: QEMU is told to quit and killed if it lingers.
     pub async fn destroy(mut self) -> Result<(), hutch_vmm::StopError> {
+        let started = Instant::now();
         let result = match self.vm.as_mut() {
-            Some(vm) => vm.stop(Duration::from_secs(2)).await,
+            Some(vm) => vm.kill().await,
             None => Ok(()),
         };
         self.vm = None;
+        let stopped = started.elapsed();
         remove_sandbox_dir(&self.dir);
+        tracing::debug!("destroyed sandbox {} in {:.1} ms: VM stopped {:.1}", self.id, started.elapsed().as_secs_f64() * 1000.0, stopped.as_secs_f64() * 1000.0);
         result
     }
 }

@@ -137,6 +137,14 @@ fn backing_of(image: &Path, f: &mut std::fs::File) -> Result<Option<PathBuf>, Ba
     Ok(Some(if name.is_absolute() { name } else { image.parent().unwrap_or(Path::new("/")).join(name) }))
 }
 
+/// The backing file `image` names, if it is a qcow2 image with one; `image` itself
+/// must be a regular file (a final symlink is not followed).
+pub fn backing_name(image: &Path) -> Result<Option<PathBuf>, BackingError> {
+    let not_file = || std::io::Error::new(std::io::ErrorKind::InvalidInput, "it is not a regular file");
+    let mut file = open_image(image, true).and_then(|f| f.ok_or_else(not_file)).map_err(|e| BackingError::Io(image.to_path_buf(), e))?;
+    backing_of(image, &mut file)
+}
+
 /// Whether `image` is a qcow2 image whose data lives in another file (incompatible
 /// feature bit 2, "external data file"): QEMU and qemu-img open that file by the name
 /// in its header.

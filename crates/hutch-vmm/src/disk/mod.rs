@@ -73,6 +73,41 @@ pub fn flatten_to_raw(layer: &Path, raw: &Path, limit: std::time::Duration) -> R
     Ok(())
 }
 
+/// An empty overlay made earlier on the same base is at most this big (qemu-img's is
+/// a few hundred KiB); anything larger is not one, and is not copied.
+const EMPTY_OVERLAY_MAX: u64 = 4 << 20;
+
+/// An empty overlay on `base` at `overlay`, copied from `cache` when that is an empty
+/// overlay on the same `base`: restoring one snapshot makes the same overlay every
+/// time, and a copy costs well under a millisecond where `qemu-img` costs ~10 ms of
+/// fork, exec and library loading on the start path. A missing or stale `cache` is
+/// replaced by a copy of the new overlay, taken before any VM opened it. `base` must
+/// not change while `cache` exists (a snapshot's frozen disk: the two go together).
+pub async fn create_overlay_cached(base: &Path, cache: &Path, overlay: &Path) -> Result<(), DiskError> {
+    if is_empty_overlay_on(cache, base) && std::fs::copy(cache, overlay).is_ok() {
+        return Ok(());
+    }
+    let _ = std::fs::remove_file(overlay);
+    create_overlay(base, overlay).await?;
+    // Best effort: the next create pays qemu-img again if this fails. Written whole
+    // under a unique name first, so a concurrent create never copies half of it.
+    let partial = cache.with_extension(format!("partial-{}-{}", std::process::id(), PARTIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed)));
+    if let Err(e) = std::fs::copy(overlay, &partial).and_then(|_| std::fs::rename(&partial, cache)) {
+        let _ = std::fs::remove_file(&partial);
+        tracing::debug!(cache = %cache.display(), "keeping an empty overlay for the next create: {e}");
+    }
+    Ok(())
+}
+
+static PARTIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Whether `cache` is a small regular file (not a link) whose qcow2 header names
+/// exactly `base`, with no external data file.
+fn is_empty_overlay_on(cache: &Path, base: &Path) -> bool {
+    let small = std::fs::symlink_metadata(cache).is_ok_and(|m| m.is_file() && m.len() <= EMPTY_OVERLAY_MAX);
+    small && matches!(backing::backing_name(cache), Ok(Some(name)) if name == base) && matches!(backing::has_external_data(cache), Ok(false))
+}
+
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), DiskError> {
     let run = tokio::process::Command::new("qemu-img")
         .args(["create", "-q", "-f", "qcow2", "-F", format_of(base), "-b"])
@@ -93,4 +128,49 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), DiskError
         });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn raw_base(dir: &Path, name: &str) -> std::path::PathBuf {
+        let base = dir.join(name);
+        std::fs::File::create(&base).and_then(|f| f.set_len(8 << 20)).expect("base");
+        base
+    }
+
+    #[tokio::test]
+    async fn an_empty_overlay_is_made_once_then_copied_and_a_stale_one_replaced() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (base, other) = (raw_base(dir.path(), "base.img"), raw_base(dir.path(), "other.img"));
+        let cache = dir.path().join("empty-overlay.qcow2");
+        create_overlay_cached(&base, &cache, &dir.path().join("a.qcow2")).await.expect("first overlay");
+        assert_eq!(backing::backing_name(&cache).expect("cache header"), Some(base.clone()), "the first create keeps its overlay");
+        // A marker past the header shows the second overlay is the cache's copy.
+        let mut kept = std::fs::read(&cache).expect("cache");
+        kept.extend_from_slice(b"copied");
+        std::fs::write(&cache, &kept).expect("mark");
+        create_overlay_cached(&base, &cache, &dir.path().join("b.qcow2")).await.expect("second overlay");
+        assert_eq!(std::fs::read(dir.path().join("b.qcow2")).expect("b"), kept);
+        // An overlay on another base is not one for this base: made anew and kept.
+        create_overlay_cached(&other, &cache, &dir.path().join("c.qcow2")).await.expect("third overlay");
+        assert_eq!(backing::backing_name(&dir.path().join("c.qcow2")).expect("c header"), Some(other.clone()));
+        assert_eq!(backing::backing_name(&cache).expect("cache header"), Some(other));
+        let left: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains("partial")).collect();
+        assert!(left.is_empty(), "no partial cache left: {left:?}");
+    }
+
+    #[tokio::test]
+    async fn a_link_is_never_taken_for_the_cache() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let base = raw_base(dir.path(), "base.img");
+        let real = dir.path().join("real.qcow2");
+        create_overlay(&base, &real).await.expect("overlay");
+        let cache = dir.path().join("empty-overlay.qcow2");
+        std::os::unix::fs::symlink(&real, &cache).expect("link");
+        assert!(!is_empty_overlay_on(&cache, &base));
+        create_overlay_cached(&base, &cache, &dir.path().join("a.qcow2")).await.expect("overlay");
+        assert!(!std::fs::symlink_metadata(&cache).expect("cache").file_type().is_symlink(), "the link was replaced by a file");
+    }
 }
