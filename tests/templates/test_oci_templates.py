@@ -241,8 +241,7 @@ def builds_server(registry, net_world, monkeypatch):
     """A hutch serve whose operator lets API builds pull from the test's loopback
     registry (`--insecure-registry`); the official SDK talks to it. Its templates are
     the shared home's, so the names these tests build are cleared before and after."""
-    for name in SDK_TEMPLATES:
-        shutil.rmtree(shared_home() / "templates" / name, ignore_errors=True)
+    clear_sdk_templates()
     home = new_home("hutch-builds-")
     port = free_port()
     # A warm pool of sdkchild: a rebuild must replace its waiting sandbox.
@@ -253,9 +252,19 @@ def builds_server(registry, net_world, monkeypatch):
     monkeypatch.setenv("E2B_API_KEY", API_KEY)
     yield Server(url, home, proc)
     stop(proc)
+    clear_sdk_templates()
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def clear_sdk_templates():
+    """The SDK tests' templates in the shared home, with their memory snapshots (and
+    those snapshots' lock files): removed under the server's feet, the snapshots would
+    outlive their images and keep the home's pruners from reading their chains."""
+    snapshots = shared_home() / "snapshots" / "templates"
     for name in SDK_TEMPLATES:
         shutil.rmtree(shared_home() / "templates" / name, ignore_errors=True)
-    shutil.rmtree(home, ignore_errors=True)
+        for left in snapshots.glob(f"{name}-*"):
+            shutil.rmtree(left, ignore_errors=True) if left.is_dir() else left.unlink(missing_ok=True)
 
 
 def sdk_template(ctx, registry, variant=None):

@@ -188,6 +188,31 @@ impl SandboxManager {
         }
     }
 
+    /// Lets go of `name` when `key_id` claimed it but no build of it ever finished, as
+    /// E2B deletes a template whose builds all failed: Ok(true) when it was such a claim
+    /// and is gone, Ok(false) when it is not one (a built template, which the caller
+    /// removes whole, or another key's). A build of it still running keeps it (409).
+    pub fn release_unbuilt_template(&self, key_id: &str, name: &str) -> Result<bool, ManagerError> {
+        if hutch_image::from_image::check_name(name).is_err() || self.template_owner(name).as_deref() != Some(key_id) {
+            return Ok(false);
+        }
+        let dir = self.home.template(name);
+        // Under the records' lock: a build of it cannot start in between (a start
+        // claims the name again, so one that waited re-creates the claim).
+        let records = self.builds.records.lock();
+        if dir.join("template.json").is_file() {
+            return Ok(false);
+        }
+        if records.values().any(|r| {
+            let r = r.lock();
+            r.template_id == name && r.status == BuildStatus::Building
+        }) {
+            return Err(ManagerError::Conflict(format!("a build of template '{name}' is running; delete the template once it ends")));
+        }
+        std::fs::remove_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("removing {}: {e}", dir.display())))?;
+        Ok(true)
+    }
+
     /// Starts a template build record (`POST /v3/templates`) of `name` that will get
     /// `tags`: (templateID, buildID, the tags in normal form).
     pub fn new_template_build(&self, key_id: &str, name: &str, tags: &[String], shape: Shape) -> Result<(String, String, Vec<String>), ManagerError> {

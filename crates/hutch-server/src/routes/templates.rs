@@ -262,6 +262,9 @@ pub async fn alias(State(state): State<AppState>, key: KeyId, Path(alias): Path<
 /// `DELETE /templates/{id}`: a template this key built, else (E2B deletes snapshots as
 /// templates) one of its snapshots.
 pub async fn delete(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    if state.manager.release_unbuilt_template(&key.0, &id)? {
+        return Ok(StatusCode::NO_CONTENT);
+    }
     if state.manager.template_owner(&id).as_deref() == Some(key.0.as_str()) {
         let home = state.manager.home().clone();
         let name = id.clone();

@@ -82,3 +82,27 @@ async fn template_tags_are_the_building_keys_alone() {
     assert!(matches!(m.template_alias(&a, "app:nope"), Err(ManagerError::Missing(_))));
     assert!(matches!(m.template_alias(&a, "app:v2"), Ok(false)));
 }
+
+/// A template whose builds all failed is deleted as E2B deletes it: its claim goes (and
+/// only its own key's); a built one is left to the whole removal.
+#[tokio::test]
+async fn a_claim_no_build_finished_is_released_by_its_own_key_only() {
+    let env = Env::new(ManagerConfig::default()).await;
+    let (a, b) = (env.keys[0].clone(), env.keys[1].clone());
+    let m = &env.manager;
+    let (name, _build, _) = m.new_template_build(&a, "failed", &[], hutch_image::template::Shape::default()).expect("claim");
+    let dir = m.home().template(&name);
+    assert!(dir.join("owner").is_file());
+    assert!(!m.release_unbuilt_template(&b, &name).expect("another key"), "another key's claim is not released");
+    assert!(dir.is_dir());
+    assert!(!m.release_unbuilt_template(&a, "../templates/failed").expect("a bad name"));
+    assert!(m.release_unbuilt_template(&a, &name).expect("released"));
+    assert!(!dir.exists(), "the claim's directory is gone");
+    assert!(matches!(m.template_alias(&a, &name), Err(ManagerError::Missing(_))));
+    // A built template is not a claim: the whole removal takes it.
+    std::fs::create_dir_all(m.home().template("built")).expect("dir");
+    std::fs::write(m.home().template("built").join("owner"), &a).expect("owner");
+    std::fs::write(m.home().template("built").join("template.json"), "{}").expect("record");
+    assert!(!m.release_unbuilt_template(&a, "built").expect("built"));
+    assert!(m.home().template("built").join("template.json").is_file());
+}
