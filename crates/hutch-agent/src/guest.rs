@@ -211,14 +211,18 @@ pub fn set_hostname(name: &str) {
     if set.as_deref() == Some(name) {
         return;
     }
+    let mut done = true;
     if nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).as_deref() != Some(name) {
-        let _ = nix::unistd::sethostname(name);
+        done &= nix::unistd::sethostname(name).is_ok();
     }
     let line = format!("{name}\n");
     if std::fs::read_to_string("/etc/hostname").ok().as_deref() != Some(line.as_str()) {
-        let _ = std::fs::write("/etc/hostname", line);
+        done &= std::fs::write("/etc/hostname", line).is_ok();
     }
-    *set = Some(name.to_string());
+    // A step that failed is tried again by the next /init.
+    if done {
+        *set = Some(name.to_string());
+    }
 }
 
 pub fn power_off() {

@@ -161,6 +161,11 @@ pub async fn ensure(home: &HutchHome, artifacts: &Artifacts, backend: &dyn VmBac
     sweep_scratch(home);
     let tmp = Scratch::new(home)?;
     let made = make(artifacts, backend, opts, &tmp.0).await;
+    // A directory here without a manifest is no snapshot (one a pruner removed while a
+    // restore kept its empty overlay in it): it would stop the rename for good.
+    if dir.is_dir() && !dir.join(crate::snapshot::MANIFEST).is_file() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     let result = match made {
         Ok(manifest) => std::fs::rename(&tmp.0, &dir)
             .map_err(|e| TemplateSnapshotError::Dir(dir.clone(), e))

@@ -209,6 +209,8 @@ impl VmHandle for FakeVm {
         Ok(())
     }
     async fn kill(&mut self) -> Result<(), StopError> {
+        // A kill waits for the process to go, as a stop does.
+        pass(&self.holds, Step::Stop).await;
         self.end();
         Ok(())
     }

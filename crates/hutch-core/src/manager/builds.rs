@@ -197,19 +197,27 @@ impl SandboxManager {
             return Ok(false);
         }
         let dir = self.home.template(name);
-        // Under the records' lock: a build of it cannot start in between (a start
-        // claims the name again, so one that waited re-creates the claim).
-        let records = self.builds.records.lock();
-        if dir.join("template.json").is_file() {
-            return Ok(false);
+        // Under the records' lock, as a build's start claims the name and becomes
+        // Building: no build starts in between, and one that starts later claims the
+        // name again. Moved aside under it, removed after.
+        let aside = {
+            let records = self.builds.records.lock();
+            if dir.join("template.json").is_file() {
+                return Ok(false);
+            }
+            if records.values().any(|r| {
+                let r = r.lock();
+                r.template_id == name && r.status == BuildStatus::Building
+            }) {
+                return Err(ManagerError::Conflict(format!("a build of template '{name}' is running; delete the template once it ends")));
+            }
+            let aside = self.home.template(&format!(".released-{name}-{}", new_build_uuid()));
+            std::fs::rename(&dir, &aside).map_err(|e| ManagerError::Internal(format!("moving {} aside: {e}", dir.display())))?;
+            aside
+        };
+        if let Err(e) = std::fs::remove_dir_all(&aside) {
+            tracing::warn!("removing {}: {e}", aside.display());
         }
-        if records.values().any(|r| {
-            let r = r.lock();
-            r.template_id == name && r.status == BuildStatus::Building
-        }) {
-            return Err(ManagerError::Conflict(format!("a build of template '{name}' is running; delete the template once it ends")));
-        }
-        std::fs::remove_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("removing {}: {e}", dir.display())))?;
         Ok(true)
     }
 
@@ -351,11 +359,14 @@ impl SandboxManager {
                 Base::Template(template.clone())
             }
         };
-        // The name may have been claimed by another key since this record was made.
-        self.claim(key_id, template_id)?;
         check_steps(&plan.steps, &self.files_dir(key_id))?;
         let Some(me) = self.me.upgrade() else { return Err(ManagerError::Internal("the server is stopping".into())) };
         {
+            // Claimed and moved on under the records' lock, which a DELETE of an unbuilt
+            // template takes too: it never removes the claim of a build starting now.
+            let _records = self.builds.records.lock();
+            // The name may have been claimed by another key since this record was made.
+            self.claim(key_id, template_id)?;
             // Checked again and moved on in one lock: of two starts racing, one builds.
             let mut r = record.lock();
             if r.status != BuildStatus::Waiting {

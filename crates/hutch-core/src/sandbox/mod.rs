@@ -558,7 +558,8 @@ impl Sandbox {
     }
 
     /// Stops the VM and removes every file of the sandbox. The disk is thrown away, so
-    /// there is nothing to flush: QEMU is told to quit and killed if it lingers.
+    /// there is nothing to flush: QEMU is killed at once (asking it to quit first cost
+    /// ~4 ms more, for a clean shutdown of a disk deleted next).
     pub async fn destroy(mut self) -> Result<(), hutch_vmm::StopError> {
         let started = Instant::now();
         let result = match self.vm.as_mut() {

@@ -84,7 +84,10 @@ const EMPTY_OVERLAY_MAX: u64 = 4 << 20;
 /// replaced by a copy of the new overlay, taken before any VM opened it. `base` must
 /// not change while `cache` exists (a snapshot's frozen disk: the two go together).
 pub async fn create_overlay_cached(base: &Path, cache: &Path, overlay: &Path) -> Result<(), DiskError> {
-    if is_empty_overlay_on(cache, base) && std::fs::copy(cache, overlay).is_ok() {
+    // The copy is checked, not the cache: `overlay` is in the caller's own directory,
+    // while the cache may be replaced in between (homes sharing a snapshot each keep
+    // one naming their own path to it).
+    if std::fs::symlink_metadata(cache).is_ok_and(|m| m.is_file() && m.len() <= EMPTY_OVERLAY_MAX) && std::fs::copy(cache, overlay).is_ok() && is_empty_overlay_on(overlay, base) {
         return Ok(());
     }
     let _ = std::fs::remove_file(overlay);
@@ -101,11 +104,11 @@ pub async fn create_overlay_cached(base: &Path, cache: &Path, overlay: &Path) ->
 
 static PARTIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
-/// Whether `cache` is a small regular file (not a link) whose qcow2 header names
+/// Whether `image` is a small regular file (not a link) whose qcow2 header names
 /// exactly `base`, with no external data file.
-fn is_empty_overlay_on(cache: &Path, base: &Path) -> bool {
-    let small = std::fs::symlink_metadata(cache).is_ok_and(|m| m.is_file() && m.len() <= EMPTY_OVERLAY_MAX);
-    small && matches!(backing::backing_name(cache), Ok(Some(name)) if name == base) && matches!(backing::has_external_data(cache), Ok(false))
+fn is_empty_overlay_on(image: &Path, base: &Path) -> bool {
+    let small = std::fs::symlink_metadata(image).is_ok_and(|m| m.is_file() && m.len() <= EMPTY_OVERLAY_MAX);
+    small && matches!(backing::backing_name(image), Ok(Some(name)) if name == base) && matches!(backing::has_external_data(image), Ok(false))
 }
 
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), DiskError> {
