@@ -31,12 +31,13 @@ impl SandboxManager {
     /// state is copied) as a snapshot in a new directory. Without `memory` only its
     /// disk is kept, and sandboxes started from it boot.
     async fn snapshot_sandbox(&self, id: &str, live: &Arc<Live>, prefix: &str, memory: bool) -> Result<MemorySnapshot, ManagerError> {
+        // Asked before the directory and its pin exist: a failure here leaves neither.
+        let (key_id, asked) = (live.row.key_id.clone(), live.row.template.clone());
+        let template = self.base_template(&key_id, &asked).await?;
         let snap_id = format!("{prefix}{}", hex::encode(rand::random::<[u8; 8]>()));
         let dir = self.snapshots_root().join(&snap_id);
         std::fs::create_dir_all(&dir).map_err(|e| ManagerError::Internal(format!("creating {}: {e}", dir.display())))?;
         self.pinned.lock().insert(dir.clone());
-        let (key_id, asked) = (live.row.key_id.clone(), live.row.template.clone());
-        let template = self.base_template(&key_id, &asked).await?;
         let made = {
             let (id, to, template) = (id.to_string(), dir.clone(), template.clone());
             self.in_owner(live, move |m, live, o| Box::pin(async move { m.snapshot_owned(&id, &live, o, &to, &template).await })).await
