@@ -1,6 +1,7 @@
 //! The QEMU `microvm` backend: one QEMU process per VM, driven over QMP.
 
 mod args;
+pub mod boot_stand_ins;
 pub mod cgroup;
 pub mod jail;
 mod ram_blocks;
