@@ -147,6 +147,10 @@ pub enum StartError {
     Unavailable(BackendCause),
     #[error("starting QEMU")]
     Spawn(#[source] std::io::Error),
+    /// The stand-ins for the kernel and initramfs of a VM that loads a saved state
+    /// (`qemu/boot_stand_ins.rs`) could not be made.
+    #[error("preparing the boot files of a VM that loads a saved state, from the kernel {kernel}")]
+    StandIns { kernel: String, #[source] source: std::io::Error },
     #[error("confining QEMU")]
     Jail(#[source] BackendCause),
     /// The sandbox's disk header no longer names what hutch made it on: its VM rewrote

@@ -36,9 +36,25 @@ pub fn for_loading(spec: &VmSpec) -> std::io::Result<VmSpec> {
     let (kernel, initrd) = (spec.dir.join(KERNEL), spec.dir.join(INITRD));
     let mut stand_in = header;
     stand_in.resize(stand_in.len() + PAGE, 0);
-    std::fs::write(&kernel, stand_in)?;
-    std::fs::write(&initrd, [0u8; PAGE])?;
+    replace(&kernel, &stand_in)?;
+    replace(&initrd, &[0u8; PAGE])?;
     Ok(VmSpec { kernel, initrd, ..spec.clone() })
+}
+
+/// Writes `bytes` as a new file at `path`, replacing whatever was there by a rename: a
+/// QEMU still mapping the old one (being killed after a failed load) keeps its inode
+/// whole, and no link at `path` is followed.
+fn replace(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let partial = path.with_extension("partial");
+    let _ = std::fs::remove_file(&partial);
+    // create_new: O_EXCL, which also refuses a link left at the partial name.
+    let written = std::fs::OpenOptions::new().write(true).create_new(true).open(&partial).and_then(|mut f| f.write_all(bytes));
+    let placed = written.and_then(|()| std::fs::rename(&partial, path));
+    if placed.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    placed
 }
 
 /// The boot header of the bzImage at `kernel` (its setup sectors), or None when it
@@ -111,6 +127,21 @@ mod tests {
         assert!(kernel[3 * 512..].iter().all(|&b| b == 0));
         assert_eq!(std::fs::read(&got.initrd).expect("initrd stand-in").len(), PAGE);
         assert_eq!((got.disk, got.incoming.is_some()), (given.disk, true), "the rest is the spec's");
+    }
+
+    #[test]
+    fn a_link_at_a_stand_in_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().expect("tmp");
+        bzimage(&dir.path().join("vmlinuz"));
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"keep").expect("target");
+        std::os::unix::fs::symlink(&target, dir.path().join(INITRD)).expect("link");
+        let got = for_loading(&spec(dir.path(), dir.path().join("vmlinuz"), true)).expect("stand-ins");
+        assert_eq!(std::fs::read(&target).expect("target"), b"keep");
+        assert!(!std::fs::symlink_metadata(&got.initrd).expect("initrd").file_type().is_symlink());
+        // Made again for the next start of the same VM: replaced whole.
+        for_loading(&spec(dir.path(), dir.path().join("vmlinuz"), true)).expect("again");
+        assert_eq!(std::fs::read(&got.initrd).expect("initrd").len(), PAGE);
     }
 
     #[test]

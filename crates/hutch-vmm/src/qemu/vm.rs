@@ -92,7 +92,7 @@ impl QemuVm {
     pub async fn start(binary: &str, spec: &VmSpec, jail: Option<&super::jail::JailConfig>) -> Result<QemuVm, StartError> {
         use super::args::{AGENT_FD, CONSOLE_FD, NET_FD, QMP_FD};
         use std::os::fd::AsFd;
-        let spec = &super::boot_stand_ins::for_loading(spec).map_err(StartError::Spawn)?;
+        let spec = &super::boot_stand_ins::for_loading(spec).map_err(|source| StartError::StandIns { kernel: spec.kernel.display().to_string(), source })?;
         for sock in [spec.agent_socket(), spec.qmp_socket(), spec.console_socket(), spec.net_socket()] {
             if sock.as_os_str().len() > MAX_SOCKET_PATH {
                 return Err(StartError::PathTooLong(sock.display().to_string()));
