@@ -3,6 +3,9 @@ owner task (issue 11). Before, the server dropped the handler with the connectio
 a pause could stop between QMP `stop` and `cont`, leaving a guest stopped that the
 data plane called paused and the API called running."""
 
+import socket
+import urllib.parse
+
 import httpx
 import pytest
 from e2b import PtySize, Sandbox
@@ -16,6 +19,18 @@ def hang_up(server, method: str, path: str, **kw) -> None:
         httpx.request(method, server.url + path, headers={"X-API-Key": server.key}, timeout=0.05, **kw)
 
 
+def hang_up_once_begun(server, path: str, begun: str) -> None:
+    """POSTs `path` and closes the connection once the server's log says the operation
+    began (a line holding `begun`). A fixed 50 ms hang-up could land before a loaded
+    server had read the request at all, and then no pause began (seen twice in CI)."""
+    url = urllib.parse.urlsplit(server.url)
+    request = f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nX-API-Key: {server.key}\r\nContent-Length: 0\r\n\r\n"
+    log = server.home / "serve.log"
+    with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
+        conn.sendall(request.encode())
+        wait_until(lambda: any(begun in line for line in log.read_text(errors="replace").splitlines()), "the server to begin the operation", timeout=60)
+
+
 def state_of(server, sid: str) -> str:
     return server.api().get(f"/sandboxes/{sid}").json().get("state", "")
 
@@ -24,7 +39,7 @@ def test_an_abandoned_pause_still_pauses_and_the_sandbox_resumes(server):
     sbx = Sandbox.create("base")
     try:
         sbx.files.write("/home/user/kept", "before the pause")
-        hang_up(server, "POST", f"/sandboxes/{sbx.sandbox_id}/pause")
+        hang_up_once_begun(server, f"/sandboxes/{sbx.sandbox_id}/pause", f"pausing (Client, Full) sandbox={sbx.sandbox_id}")
         wait_until(lambda: state_of(server, sbx.sandbox_id) == "paused", "the abandoned pause to finish", timeout=120,
                    detail=lambda: state_of(server, sbx.sandbox_id))
         back = Sandbox.connect(sbx.sandbox_id, timeout=120)
