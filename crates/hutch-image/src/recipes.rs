@@ -111,7 +111,7 @@ pub const RECIPES: &[Recipe] = &[
         // MiB), starts on first use (measured in docs/BENCHMARKS.md).
         // R and Java only from 1 GiB: with them a restored guest uses ~800 MiB.
         warm_up: &[
-            WarmUp { path: "/execute", body: r#"{"code": "import numpy, pandas, matplotlib.pyplot", "warm_up": true}"#, min_memory_mib: 0 },
+            WarmUp { path: "/execute", body: PYTHON_WARM_UP, min_memory_mib: 0 },
             WarmUp { path: "/execute", body: r#"{"code": "true", "language": "bash", "warm_up": true}"#, min_memory_mib: 0 },
             WarmUp { path: "/execute", body: r#"{"code": "process.cwd()", "language": "javascript", "warm_up": true}"#, min_memory_mib: 0 },
             WarmUp { path: "/execute", body: r#"{"code": "getwd()", "language": "r", "warm_up": true}"#, min_memory_mib: 1024 },
@@ -124,6 +124,17 @@ pub const RECIPES: &[Recipe] = &[
         memory_mib: Some(2048),
     },
 ];
+
+/// The Python kernel's warm-up, also the first cell a pooled sandbox runs: the imports
+/// users' code starts with, and once each the three ways a cell answers, each of which
+/// costs ~0.1-1 s the first time under TCG and ~0.02 s after (measured through the
+/// official SDK, docs/BENCHMARKS.md): a result (IPython's display formatters), printed
+/// output, and an error raised in a cell. The error is a real one in a cell run inside
+/// this one, because IPython's handling of it (stack_data reading IPython's own source
+/// for the frame the cell ran in, ~1 s) is what is slow; it is not published (no
+/// `"error"` reaches the warm-up's reply) and `sys.last_*` are cleared, so a user's
+/// `%debug` or `sys.last_value` never sees it. `display` sets no `_`.
+const PYTHON_WARM_UP: &str = r#"{"code": "import numpy, pandas, matplotlib.pyplot\n_hutch_shell = get_ipython()\n_hutch_shell.run_cell(\"print(' ', end='')\\n1\", store_history=False)\n_hutch_shell._showtraceback = lambda *args, **kwargs: None\ntry:\n    _hutch_shell.run_cell(\"_hutch_warm_up_error\", store_history=False)\nfinally:\n    del _hutch_shell._showtraceback\n    _hutch_shell.displayhook.flush()\n    for _hutch_name in (\"last_type\", \"last_value\", \"last_traceback\", \"last_exc\"):\n        vars(__import__(\"sys\")).pop(_hutch_name, None)\n    del _hutch_shell, _hutch_name\n", "warm_up": true}"#;
 
 /// Run by the agent at boot (see hutch-agent): the code-interpreter server, as `user`.
 const CODE_INTERPRETER_START: &str = "#!/bin/sh\n\
@@ -151,4 +162,22 @@ pub fn recipe(name: &str) -> Option<&'static Recipe> {
 /// The guest memory (MiB) the built-in template `name` asks for, if it asks.
 pub fn memory_mib(name: &str) -> Option<u32> {
     recipe(name)?.memory_mib
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A warm-up body is sent as it is written: one that is not the JSON the server
+    /// reads would fail only when a template snapshot is made.
+    #[test]
+    fn every_warm_up_is_a_json_cell_not_counted() {
+        for recipe in RECIPES {
+            for w in recipe.warm_up {
+                let body: serde_json::Value = serde_json::from_str(w.body).unwrap_or_else(|e| panic!("{}: {e}: {}", recipe.name, w.body));
+                assert!(body["code"].is_string(), "{}: {}", recipe.name, w.body);
+                assert_eq!(body["warm_up"], serde_json::Value::Bool(true), "{}: {}", recipe.name, w.body);
+            }
+        }
+    }
 }

@@ -244,9 +244,28 @@ impl StartError {
     }
 }
 
+/// How much of the host's CPU a VM gets while the CPU is contended (it never limits
+/// a VM on an idle host): a VM warming up in a warm pool gives way to the VMs in use.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CpuShare {
+    #[default]
+    Foreground,
+    Background,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("changing the VM's CPU share: {0}")]
+pub struct CpuShareError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
 #[async_trait::async_trait]
 pub trait VmHandle: Send + Sync {
     fn pid(&self) -> Option<u32>;
+    /// Sets the VM's weight against other VMs. Backends that cannot (no CPU controller
+    /// of their own, or unconfined) leave it as it is.
+    fn set_cpu_share(&self, share: CpuShare) -> Result<(), CpuShareError> {
+        let _ = share;
+        Ok(())
+    }
     /// The host end of the agent channel (a unix socket).
     fn agent_socket(&self) -> PathBuf;
     fn console_log(&self) -> PathBuf;

@@ -6,7 +6,7 @@
 //! not know what a guest serves), which can save and load its memory like a real one:
 //! `save` writes the guest's memory to the state file, `load` starts a guest from it.
 
-use crate::backend::{SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
+use crate::backend::{CpuShare, CpuShareError, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use parking_lot::Mutex;
@@ -66,6 +66,8 @@ pub struct FakeBackend {
     /// VMs (by spec id) that have ended on their own, as a guest panic would end them.
     crashed: Arc<Mutex<std::collections::HashSet<String>>>,
     holds: Arc<Mutex<HashMap<Step, Arc<Hold>>>>,
+    /// The CPU share each VM (by spec id) was last given.
+    pub cpu_shares: Arc<Mutex<HashMap<String, CpuShare>>>,
 }
 
 impl FakeBackend {
@@ -108,6 +110,7 @@ struct FakeVm {
     holds: Arc<Mutex<HashMap<Step, Arc<Hold>>>>,
     fail_save: Arc<Mutex<Option<String>>>,
     crashed: Arc<Mutex<std::collections::HashSet<String>>>,
+    cpu_shares: Arc<Mutex<HashMap<String, CpuShare>>>,
     factory: Option<Arc<dyn FakeGuest>>,
     guest: Option<Box<dyn RunningGuest>>,
     run: Run,
@@ -145,6 +148,7 @@ impl VmBackend for FakeBackend {
             holds: self.holds.clone(),
             fail_save: self.fail_save.clone(),
             crashed: self.crashed.clone(),
+            cpu_shares: self.cpu_shares.clone(),
             factory: self.guest.clone(),
             guest: None,
             run: Run::Incoming,
@@ -192,6 +196,10 @@ impl FakeVm {
 impl VmHandle for FakeVm {
     fn pid(&self) -> Option<u32> {
         None
+    }
+    fn set_cpu_share(&self, share: CpuShare) -> Result<(), CpuShareError> {
+        self.cpu_shares.lock().insert(self.spec.id.clone(), share);
+        Ok(())
     }
     fn agent_socket(&self) -> PathBuf {
         self.spec.agent_socket()

@@ -19,4 +19,4 @@ pub mod qmp;
 pub mod saved_state;
 
 pub use accel::{Accel, AccelChoice};
-pub use backend::{AdoptError, Incoming, Memory, Nic, NicHostEnd, PauseSave, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};
+pub use backend::{AdoptError, CpuShare, CpuShareError, Incoming, Memory, Nic, NicHostEnd, PauseSave, SnapshotError, StartError, StopError, VmBackend, VmHandle, VmSpec};

@@ -88,6 +88,8 @@ impl SandboxManager {
     /// beside it.
     pub(super) async fn hand_over(&self, template: &str, pooled: Pooled, opts: &SandboxOptions) -> Result<Option<(Sandbox, Artifacts)>, super::ManagerError> {
         let Pooled { mut sandbox, artifacts, .. } = pooled;
+        // Before the refill starts: from here on the refill gives way to this one.
+        sandbox.set_cpu_share(hutch_vmm::CpuShare::Foreground);
         self.refill(template);
         match sandbox.reinit(opts).await {
             Ok(()) => Ok(Some((sandbox, artifacts))),
@@ -154,7 +156,10 @@ impl SandboxManager {
         // carries the old generation.
         let generation = self.pools.lock().generation(template);
         let artifacts = self.prepare(template).await?;
-        let opts = self.options(template, &Default::default(), &Default::default(), None);
+        // Restored and warmed up in the background: a create running on the host now,
+        // or the first commands of a sandbox just taken, come first (measured:
+        // docs/BENCHMARKS.md). It comes to the foreground when taken (`hand_over`).
+        let opts = SandboxOptions { cpu_share: hutch_vmm::CpuShare::Background, ..self.options(template, &Default::default(), &Default::default(), None) };
         let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(super::ManagerError::Create)?;
         let user = artifacts.template.source.as_ref().and_then(|s| s.defaults.user.clone());
         prewarm(&sandbox, &artifacts, user.as_deref()).await;

@@ -6,7 +6,7 @@ use super::layout::console_tail;
 use hutch_envd::{AgentClient};
 use crate::ids::MemMib;
 use hutch_proto::agent::InitRequest;
-use hutch_vmm::{Accel, VmBackend, VmHandle, VmSpec};
+use hutch_vmm::{Accel, CpuShare, VmBackend, VmHandle, VmSpec};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -33,6 +33,9 @@ pub struct SandboxOptions {
     pub network: hutch_net::Settings,
     /// The operator's network settings and the seam every stack reaches the world by.
     pub net_env: std::sync::Arc<hutch_net::Environment>,
+    /// Its VM's weight on a contended CPU from its start (a pool's sandboxes warm up
+    /// in the background).
+    pub cpu_share: CpuShare,
 }
 
 impl Default for SandboxOptions {
@@ -50,6 +53,7 @@ impl Default for SandboxOptions {
             cold: false,
             network: hutch_net::Settings::default(),
             net_env: std::sync::Arc::new(hutch_net::Environment::default()),
+            cpu_share: CpuShare::Foreground,
         }
     }
 }
@@ -64,6 +68,9 @@ pub(crate) async fn start_vm(
 ) -> Result<(Box<dyn VmHandle>, AgentClient, Option<hutch_net::NetHandle>), CreateError> {
     let limit = opts.boot_timeout;
     let mut vm = backend.start(spec).await.map_err(CreateError::Start)?;
+    if opts.cpu_share != CpuShare::Foreground {
+        set_cpu_share(vm.as_ref(), &spec.id, opts.cpu_share);
+    }
     let agent = if spec.incoming.is_some() {
         vm.load().await.map_err(CreateError::Restore)?;
         vm.resume().await.map_err(CreateError::Restore)?;
@@ -77,6 +84,13 @@ pub(crate) async fn start_vm(
     // packets until now are dropped, as on a cable not yet plugged in.
     let net = start_net(spec, network, &opts.net_env).await?;
     Ok((vm, agent, net))
+}
+
+/// Sets a VM's CPU share; a VM left with the one it had runs on, so a failure is only said.
+pub(crate) fn set_cpu_share(vm: &dyn VmHandle, id: &str, share: CpuShare) {
+    if let Err(e) = vm.set_cpu_share(share) {
+        tracing::warn!(sandbox = id, ?share, "{e}");
+    }
 }
 
 /// Starts the sandbox's network stack on its VM's NIC (none without one). QEMU's

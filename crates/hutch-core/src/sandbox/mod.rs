@@ -463,6 +463,14 @@ impl Sandbox {
         }
     }
 
+    /// Sets its VM's weight on a contended CPU (a pooled sandbox taken by a request
+    /// comes to the foreground).
+    pub fn set_cpu_share(&self, share: hutch_vmm::CpuShare) {
+        if let Some(vm) = self.vm.as_deref() {
+            boot::set_cpu_share(vm, self.id.as_str(), share);
+        }
+    }
+
     /// Hands the guest a new identity, environment, clock and entropy (a pooled
     /// sandbox being taken by a request).
     pub async fn reinit(&mut self, opts: &SandboxOptions) -> Result<(), CreateError> {

@@ -11,6 +11,7 @@
 //! hutch that makes one. A live hutch's empty groups are never touched by another,
 //! so two hutch processes can share a machine.
 
+use crate::backend::CpuShare;
 use std::io::Write;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
@@ -234,6 +235,27 @@ impl Group {
     }
 }
 
+impl Group {
+    /// Sets the VM's CPU weight against its siblings, the other VMs' groups: v1's
+    /// `cpu.shares` (1024 by default, 2 the least) or v2's `cpu.weight` (100, 1).
+    /// Weights only matter while the CPU is contended; the quota stays as it is.
+    pub fn set_cpu_share(&self, share: CpuShare) -> Result<(), CgroupError> {
+        let (shares, weight) = match share {
+            CpuShare::Foreground => ("1024", "100"),
+            CpuShare::Background => ("2", "1"),
+        };
+        for dir in &self.dirs {
+            for (file, value) in [("cpu.shares", shares), ("cpu.weight", weight)] {
+                let path = dir.join(file);
+                if path.exists() {
+                    write(&path, value)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The process's group in the v2 hierarchy (the `0::` line).
 fn own_path_v2(proc_cgroup: &str) -> Option<String> {
     proc_cgroup.lines().find_map(|line| line.strip_prefix("0::")).map(|p| p.trim_start_matches('/').to_string())
@@ -263,6 +285,31 @@ impl Drop for Group {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The share goes to whichever CPU file the group has (v1's memory and pids
+    /// groups have neither), and comes back.
+    #[test]
+    fn a_share_is_written_to_the_cpu_controllers_file() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let (v1_cpu, v1_memory, v2) = (tmp.path().join("cpu"), tmp.path().join("memory"), tmp.path().join("v2"));
+        // Empty: a cgroup file takes each write whole, a regular file would keep a tail.
+        for (dir, file, text) in [(&v1_cpu, "cpu.shares", ""), (&v1_memory, "memory.limit_in_bytes", "default"), (&v2, "cpu.weight", "")] {
+            std::fs::create_dir(dir).expect("dir");
+            std::fs::write(dir.join(file), text).expect("file");
+        }
+        let group = Group { dirs: vec![v1_cpu.clone(), v1_memory.clone(), v2.clone()] };
+        let read = |path: PathBuf| std::fs::read_to_string(path).expect("read");
+        group.set_cpu_share(CpuShare::Background).expect("background");
+        assert_eq!((read(v1_cpu.join("cpu.shares")), read(v2.join("cpu.weight"))), ("2".into(), "1".into()));
+        for file in [v1_cpu.join("cpu.shares"), v2.join("cpu.weight")] {
+            std::fs::write(file, "").expect("emptied");
+        }
+        group.set_cpu_share(CpuShare::Foreground).expect("foreground");
+        assert_eq!((read(v1_cpu.join("cpu.shares")), read(v2.join("cpu.weight"))), ("1024".into(), "100".into()));
+        assert_eq!(read(v1_memory.join("memory.limit_in_bytes")), "default");
+        assert!(!v1_memory.join("cpu.shares").exists(), "a file was made where the controller has none");
+        group.leave();
+    }
 
     #[test]
     fn finds_its_own_group_per_controller() {

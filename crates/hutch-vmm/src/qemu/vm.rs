@@ -4,7 +4,7 @@
 //! neither a panic nor a SIGKILL of `hutch run` leaks QEMU. `hutch serve` starts VMs
 //! without it: they outlive the server, and the next one adopts them.
 
-use crate::backend::{AdoptError, Memory, PauseSave, SnapshotError, StartError, StopError, VmHandle, VmSpec};
+use crate::backend::{AdoptError, CpuShare, CpuShareError, Memory, PauseSave, SnapshotError, StartError, StopError, VmHandle, VmSpec};
 use crate::guest_ram::GuestRam;
 use crate::saved_state::{Form, StateFile};
 use crate::pidfd::PidFd;
@@ -586,6 +586,13 @@ impl Drop for QemuVm {
 impl VmHandle for QemuVm {
     fn pid(&self) -> Option<u32> {
         Some(self.process.pid())
+    }
+
+    fn set_cpu_share(&self, share: CpuShare) -> Result<(), CpuShareError> {
+        match &self.group {
+            Some(group) => group.set_cpu_share(share).map_err(|e| CpuShareError(Box::new(e))),
+            None => Ok(()),
+        }
     }
 
     fn agent_socket(&self) -> PathBuf {

@@ -204,6 +204,28 @@ async fn pooled_sandboxes_count_against_the_limit_and_never_take_its_last_slot()
     env.kill_all().await;
 }
 
+/// A pool's sandboxes start and warm up in the background (they give way on a busy
+/// CPU), and the one a create takes comes to the foreground before its first request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_sandboxes_warm_up_in_the_background_and_come_forward_when_taken() {
+    use hutch_vmm::CpuShare::{Background, Foreground};
+    let env = Env::new(config(3, 1)).await;
+    let key = env.key().to_string();
+    assert!(until(SETTLE, || env.manager.pool_size("base") == 1).await, "the pool did not fill");
+    env.settled().await;
+    let shares = || env.backend.cpu_shares.lock().clone();
+    assert_eq!(shares().values().copied().collect::<Vec<_>>(), [Background], "the pooled VM was not put in the background");
+    let taken = env.manager.create(&key, base()).await.expect("from the pool");
+    assert!(until(SETTLE, || env.manager.pool_size("base") == 1).await, "the pool did not refill");
+    env.settled().await;
+    let mut seen: Vec<_> = shares().values().copied().collect();
+    seen.sort_by_key(|s| *s == Background);
+    assert_eq!(seen, [Foreground, Background], "the taken VM in front, its replacement behind");
+    env.manager.kill(&key, &taken.id).await.expect("kill");
+    env.settled().await;
+    env.kill_all().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_being_created_is_counted_from_admission_and_hidden_until_it_runs() {
     let env = Env::new(config(1, 0)).await;
