@@ -126,14 +126,14 @@ pub const RECIPES: &[Recipe] = &[
 ];
 
 /// The Python kernel's warm-up, also the first cell a pooled sandbox runs: the imports
-/// users' code starts with, and once each the three ways a cell answers, each of which
-/// costs ~0.1-1 s the first time under TCG and ~0.02 s after (measured through the
-/// official SDK, docs/BENCHMARKS.md): a result (IPython's display formatters), printed
-/// output, and an error raised in a cell. The error is a real one in a cell run inside
-/// this one, because IPython's handling of it (stack_data reading IPython's own source
-/// for the frame the cell ran in, ~1 s) is what is slow; it is not published (no
-/// `"error"` reaches the warm-up's reply) and `sys.last_*` are cleared, so a user's
-/// `%debug` or `sys.last_value` never sees it. `display` sets no `_`.
+/// users' code starts with, and once each the three ways a cell answers, which cost
+/// 0.1-1.2 s more the first time than after (through the official SDK under TCG,
+/// docs/BENCHMARKS.md): a result (IPython's display hook and formatters), printed
+/// output, and an error. The error is raised by a cell run inside this one: IPython's
+/// handling of an error that leaves a cell is what is slow (~1.2 s), and formatting
+/// one caught inside a cell did not warm it. Its traceback is not published (no
+/// `"error"` reaches the warm-up's reply), `sys.last_*` are cleared so `%debug` never
+/// finds it, and the display hook's outputs (`_`, `_1`, `Out`) are flushed.
 const PYTHON_WARM_UP: &str = r#"{"code": "import numpy, pandas, matplotlib.pyplot\n_hutch_shell = get_ipython()\n_hutch_shell.run_cell(\"print(' ', end='')\\n1\", store_history=False)\n_hutch_shell._showtraceback = lambda *args, **kwargs: None\ntry:\n    _hutch_shell.run_cell(\"_hutch_warm_up_error\", store_history=False)\nfinally:\n    del _hutch_shell._showtraceback\n    _hutch_shell.displayhook.flush()\n    for _hutch_name in (\"last_type\", \"last_value\", \"last_traceback\", \"last_exc\"):\n        vars(__import__(\"sys\")).pop(_hutch_name, None)\n    del _hutch_shell, _hutch_name\n", "warm_up": true}"#;
 
 /// Run by the agent at boot (see hutch-agent): the code-interpreter server, as `user`.
