@@ -1,16 +1,20 @@
 //! Corrects the guest clock after `/init`, NTP-style. `/init` carries the host's time,
 //! but in a freshly restored guest the first request takes tens of milliseconds to be
 //! handled (TCG translates its whole path anew), so the clock it sets is late by that
-//! much: up to -50 ms was seen with a host core busy. A couple of `/clock` round trips
-//! later the path is warm: the reading with the shortest round trip gives the guest's
-//! offset within half that round trip, and one more call steps the clock by it.
+//! much: up to -50 ms was seen with a host core busy, -80 to -210 under TCG while
+//! other restores ran. By the first `/clock` after `/init` the path is warm (2-15 ms
+//! round trips here): that reading gives the guest's offset within half its round
+//! trip, and one more call steps the clock by it. A second reading, to keep the
+//! tighter of two, cost every create a third call sharing the guest's one vCPU with
+//! its first command (a third of the correction's ~2% of `hutch run -- true`,
+//! docs/BENCHMARKS.md) for a few milliseconds of precision.
 
 use hutch_envd::AgentClient;
 use hutch_proto::agent::{ClockReply, ClockRequest};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Readings taken; the tightest counts.
-const READINGS: usize = 2;
+const READINGS: usize = 1;
 /// Each call's deadline: a guest that does not answer is left as `/init` set it.
 const CALL_WAIT: Duration = Duration::from_secs(2);
 /// Offsets under this are left alone (they are within the measurement's own error).
@@ -54,7 +58,7 @@ pub async fn correct(agent: &AgentClient) -> Option<i64> {
     Some(step)
 }
 
-/// `correct` in the background: a create does not wait for it (it costs 3 round trips).
+/// `correct` in the background: a create does not wait for it (it costs 2 round trips).
 pub fn spawn_correct(agent: &AgentClient) {
     let agent = agent.clone();
     tokio::spawn(async move { correct(&agent).await });
