@@ -101,6 +101,15 @@ async fn start_paths(local: &Local, backend: &QemuBackend, opts: &SandboxOptions
         let speedup = cold.pct(0.5).as_secs_f64() / s.pct(0.5).as_secs_f64().max(1e-9);
         println!("| {} | {} | {} | {ratio:.2} | {speedup:.1}x |", s.name, ms(s.pct(0.5)), ms(s.pct(0.95)));
     }
+    // Each run's paths follow each other within seconds: the median of the runs' own
+    // ratios is not moved by the host's speed drifting between runs (it does, by a
+    // third within an hour here), as the ratio of two medians is.
+    let paired = |s: &Series| {
+        let mut r: Vec<f64> = s.samples.iter().zip(&bare.samples).map(|(a, b)| a.as_secs_f64() / b.as_secs_f64().max(1e-9)).collect();
+        r.sort_by(f64::total_cmp);
+        r.get(r.len() / 2).copied().unwrap_or_default()
+    };
+    println!("\nMedian of each run's own ratio to that run's bare restore + first command: snapshot restore {:.2}, `hutch run -- true` {:.2}.", paired(&restored), paired(&cli));
     println!("\n| until the sandbox is ready, before any command | p50 ms | p95 ms | cold p50 / this p50 |");
     println!("|---|---:|---:|---:|");
     for s in [&restored_ready, &cold_ready] {
