@@ -133,8 +133,10 @@ pub const RECIPES: &[Recipe] = &[
 /// handling of an error that leaves a cell is what is slow (~1.2 s), and formatting
 /// one caught inside a cell did not warm it. Its traceback is not published (no
 /// `"error"` reaches the warm-up's reply), `sys.last_*` are cleared so `%debug` never
-/// finds it, and the display hook's outputs (`_`, `_1`, `Out`) are flushed.
-const PYTHON_WARM_UP: &str = r#"{"code": "import numpy, pandas, matplotlib.pyplot\n_hutch_shell = get_ipython()\n_hutch_shell.run_cell(\"print(' ', end='')\\n1\", store_history=False)\n_hutch_shell._showtraceback = lambda *args, **kwargs: None\ntry:\n    _hutch_shell.run_cell(\"_hutch_warm_up_error\", store_history=False)\nfinally:\n    del _hutch_shell._showtraceback\n    _hutch_shell.displayhook.flush()\n    for _hutch_name in (\"last_type\", \"last_value\", \"last_traceback\", \"last_exc\"):\n        vars(__import__(\"sys\")).pop(_hutch_name, None)\n    del _hutch_shell, _hutch_name\n", "warm_up": true}"#;
+/// finds it, and the display hook's outputs (`_`, `_1`, `Out`) are flushed. The stub
+/// that keeps it unpublished is set inside the `try` and removed in the `finally`, so
+/// no interruption leaves a user's errors unpublished.
+const PYTHON_WARM_UP: &str = r#"{"code": "import numpy, pandas, matplotlib.pyplot\n_hutch_shell = get_ipython()\ntry:\n    _hutch_shell.run_cell(\"print(' ', end='')\\n1\", store_history=False)\n    _hutch_shell._showtraceback = lambda *args, **kwargs: None\n    _hutch_shell.run_cell(\"_hutch_warm_up_error\", store_history=False)\nfinally:\n    vars(_hutch_shell).pop(\"_showtraceback\", None)\n    for _hutch_name in (\"last_type\", \"last_value\", \"last_traceback\", \"last_exc\"):\n        vars(__import__(\"sys\")).pop(_hutch_name, None)\n    if _hutch_shell.displayhook.do_full_cache:\n        _hutch_shell.displayhook.flush()\n    del _hutch_shell, _hutch_name\n", "warm_up": true}"#;
 
 /// Run by the agent at boot (see hutch-agent): the code-interpreter server, as `user`.
 const CODE_INTERPRETER_START: &str = "#!/bin/sh\n\

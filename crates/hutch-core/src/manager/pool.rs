@@ -89,9 +89,14 @@ impl SandboxManager {
     pub(super) async fn hand_over(&self, template: &str, pooled: Pooled, opts: &SandboxOptions) -> Result<Option<(Sandbox, Artifacts)>, super::ManagerError> {
         let Pooled { mut sandbox, artifacts, .. } = pooled;
         // Before the refill starts: from here on the refill gives way to this one.
-        sandbox.set_cpu_share(hutch_vmm::CpuShare::Foreground);
+        // One that stayed behind would run a tenant's code at an eighth of the weight.
+        let forward = sandbox.set_cpu_share(hutch_vmm::CpuShare::Foreground);
         self.refill(template);
-        match sandbox.reinit(opts).await {
+        let taken = match forward {
+            true => sandbox.reinit(opts).await.map_err(|e| e.to_string()),
+            false => Err("its CPU weight could not be set back to the default".to_string()),
+        };
+        match taken {
             Ok(()) => Ok(Some((sandbox, artifacts))),
             Err(e) => {
                 tracing::warn!(template, "a pooled sandbox did not take its identity, discarding it: {e}");
@@ -162,7 +167,10 @@ impl SandboxManager {
         let opts = SandboxOptions { cpu_share: hutch_vmm::CpuShare::Background, ..self.options(template, &Default::default(), &Default::default(), None) };
         let sandbox = Sandbox::create(&self.home, &artifacts, self.backend.as_ref(), &opts).await.map_err(super::ManagerError::Create)?;
         let user = artifacts.template.source.as_ref().and_then(|s| s.defaults.user.clone());
-        prewarm(&sandbox, &artifacts, user.as_deref()).await;
+        if let Err(why) = prewarm(&sandbox, &artifacts, user.as_deref()).await {
+            let _ = sandbox.destroy().await;
+            return Err(super::ManagerError::Internal(format!("a sandbox for the pool was stopped: {why}")));
+        }
         let unwanted = {
             let mut pools = self.pools.lock();
             if self.shutting_down() || pools.generation(template) != generation {
@@ -316,7 +324,8 @@ const PREWARM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// 245-270 ms and the next 52, its first `run_code` 460 ms and the next 145
 /// (docs/BENCHMARKS.md). Best effort: a guest without bash or that user, or whose
 /// service does not answer, is pooled all the same.
-async fn prewarm(sandbox: &Sandbox, artifacts: &Artifacts, user: Option<&str>) {
+/// Warms a sandbox up for the pool; an error says why it must not wait there.
+async fn prewarm(sandbox: &Sandbox, artifacts: &Artifacts, user: Option<&str>) -> Result<(), String> {
     let request = hutch_proto::process::StartRequest {
         process: hutch_proto::process::ProcessConfig { cmd: "/bin/bash".into(), args: vec!["-l".into(), "-c".into(), "true".into()], envs: Default::default(), cwd: None },
         pty: None,
@@ -338,13 +347,17 @@ async fn prewarm(sandbox: &Sandbox, artifacts: &Artifacts, user: Option<&str>) {
     };
     match tokio::time::timeout(PREWARM_WAIT, async { (shell.await, service.await) }).await {
         Ok((shell, service)) => {
+            // An image without bash: the sandbox is as good as one that has it.
             if let Err(e) = shell {
                 tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox's shell up: {e}");
             }
-            if let Err(e) = service {
-                tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox's service up: {e}");
+            match service {
+                Ok(()) => Ok(()),
+                Err(e) => Err(format!("its service's warm-up failed: {e}")),
             }
         }
-        Err(_) => tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox up took more than {} s", PREWARM_WAIT.as_secs()),
+        // The warm-up may still run in the guest: a user would wait behind it, or
+        // find what it left half done.
+        Err(_) => Err(format!("its warm-up took more than {} s", PREWARM_WAIT.as_secs())),
     }
 }

@@ -68,6 +68,7 @@ pub(crate) async fn start_vm(
 ) -> Result<(Box<dyn VmHandle>, AgentClient, Option<hutch_net::NetHandle>), CreateError> {
     let limit = opts.boot_timeout;
     let mut vm = backend.start(spec).await.map_err(CreateError::Start)?;
+    // A pool VM left at the default only gives way less.
     if opts.cpu_share != CpuShare::Foreground {
         set_cpu_share(vm.as_ref(), &spec.id, opts.cpu_share);
     }
@@ -86,10 +87,14 @@ pub(crate) async fn start_vm(
     Ok((vm, agent, net))
 }
 
-/// Sets a VM's CPU share; a VM left with the one it had runs on, so a failure is only said.
-pub(crate) fn set_cpu_share(vm: &dyn VmHandle, id: &str, share: CpuShare) {
-    if let Err(e) = vm.set_cpu_share(share) {
-        tracing::warn!(sandbox = id, ?share, "{e}");
+/// Sets a VM's CPU share; false (and said) if it could not.
+pub(crate) fn set_cpu_share(vm: &dyn VmHandle, id: &str, share: CpuShare) -> bool {
+    match vm.set_cpu_share(share) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(sandbox = id, ?share, "{e}");
+            false
+        }
     }
 }
 

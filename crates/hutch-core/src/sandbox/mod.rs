@@ -464,11 +464,9 @@ impl Sandbox {
     }
 
     /// Sets its VM's weight on a contended CPU (a pooled sandbox taken by a request
-    /// comes to the foreground).
-    pub fn set_cpu_share(&self, share: hutch_vmm::CpuShare) {
-        if let Some(vm) = self.vm.as_deref() {
-            boot::set_cpu_share(vm, self.id.as_str(), share);
-        }
+    /// comes to the foreground); false if it could not (said in the log).
+    pub fn set_cpu_share(&self, share: hutch_vmm::CpuShare) -> bool {
+        self.vm.as_deref().is_none_or(|vm| boot::set_cpu_share(vm, self.id.as_str(), share))
     }
 
     /// Hands the guest a new identity, environment, clock and entropy (a pooled
