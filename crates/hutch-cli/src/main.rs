@@ -38,6 +38,9 @@ enum Command {
     /// Manage the API keys of `hutch serve`.
     #[command(subcommand)]
     Keys(commands::keys::KeysCommand),
+    /// Manage the secrets of `hutch serve`'s API keys (values are read from stdin and never shown).
+    #[command(subcommand)]
+    Secret(commands::secret::SecretCommand),
     /// Templates: build one from an OCI image, list them.
     #[command(subcommand)]
     Template(commands::template::TemplateCommand),
@@ -91,6 +94,7 @@ fn main() {
             Command::Bench(args) => commands::bench::run(args).await,
             Command::Serve(args) => commands::serve::run(args, serve_key).await,
             Command::Keys(cmd) => commands::keys::run(cmd).await,
+            Command::Secret(cmd) => commands::secret::run(cmd).await,
             Command::Template(cmd) => commands::template::run(cmd).await,
             Command::Remote(cmd) => commands::remote::run(cli.server, cmd).await,
             Command::Reaper(args) => commands::reaper::run(args).await,

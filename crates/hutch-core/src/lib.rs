@@ -16,6 +16,7 @@ pub mod orphans;
 pub mod pruning;
 pub mod references;
 pub mod sandbox;
+pub mod secrets;
 pub mod snapshot;
 pub mod store;
 pub mod sweep;

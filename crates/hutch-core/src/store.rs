@@ -115,6 +115,11 @@ impl Store {
         Ok(Store { pool })
     }
 
+    /// The pool, for the tables another module owns (`secrets`).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     pub async fn create_key(&self, name: &str) -> Result<(ApiKeyInfo, String), StoreError> {
         let key = generate_key();
         let info = self.insert_key(name, &key).await?;

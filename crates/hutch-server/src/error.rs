@@ -200,6 +200,26 @@ impl From<ManagerError> for ApiError {
     }
 }
 
+/// Secrets' errors carry fixed sentences, never a value; a server-side one is logged
+/// with its causes and told by incident, as the manager's are.
+impl From<hutch_core::secrets::SecretError> for ApiError {
+    fn from(e: hutch_core::secrets::SecretError) -> Self {
+        use hutch_core::secrets::SecretError;
+        let status = match &e {
+            SecretError::Invalid(_) => StatusCode::BAD_REQUEST,
+            SecretError::NotFound => StatusCode::NOT_FOUND,
+            SecretError::NameTaken | SecretError::TooMany => StatusCode::CONFLICT,
+            SecretError::Store(_) | SecretError::Keys(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        if !status.is_server_error() {
+            return ApiError::new(status, e.to_string());
+        }
+        let incident = format!("{:08x}", rand::random::<u32>());
+        tracing::error!(incident, "{}", hutch_proto::error_chain(&e));
+        ApiError { status, message: format!("the secrets store failed (the server's log has the details under incident {incident})"), logged: true }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ pub mod keys;
 pub mod reaper;
 pub mod remote;
 pub mod run;
+pub mod secret;
 pub mod serve;
 pub mod setup;
 pub mod snapshot;

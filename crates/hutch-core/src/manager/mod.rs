@@ -72,6 +72,8 @@ enum Removal {
 pub struct SandboxManager {
     home: HutchHome,
     store: Store,
+    /// Each API key's secrets (E2B's `/secrets`).
+    secrets: crate::secrets::Secrets,
     backend: Arc<dyn VmBackend>,
     config: ManagerConfig,
     live: Mutex<HashMap<String, Arc<Live>>>,
@@ -117,9 +119,11 @@ impl SandboxManager {
         if let Some(demand) = &mut config.pool.demand {
             demand.default_template = canonical(&demand.default_template);
         }
+        let secrets = crate::secrets::Secrets::new(home.root(), store.clone());
         let manager = Arc::new_cyclic(|me| SandboxManager {
             home,
             store,
+            secrets,
             backend,
             config,
             live: Mutex::new(HashMap::new()),
@@ -183,6 +187,11 @@ impl SandboxManager {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// The API keys' secrets: every caller passes the key it acts for.
+    pub fn secrets(&self) -> &crate::secrets::Secrets {
+        &self.secrets
     }
 
     pub fn config(&self) -> &ManagerConfig {

@@ -5,6 +5,7 @@ mod body;
 mod build_request;
 mod listing;
 mod sandboxes;
+mod secrets;
 mod template_tags;
 mod templates;
 
@@ -35,6 +36,8 @@ pub fn rest() -> Router<AppState> {
         .route("/snapshots", get(sandboxes::list_snapshots))
         .route("/snapshots/archive", post(archives::import))
         .route("/snapshots/{id}/archive", get(archives::export))
+        .route("/secrets", post(secrets::create).get(secrets::list))
+        .route("/secrets/{id}", get(secrets::get_one).post(secrets::update).delete(secrets::delete))
         .route("/templates", get(templates::list))
         .route("/templates/{id}", get(templates::get_one).delete(templates::delete))
         .route("/templates/tags", post(template_tags::assign).delete(template_tags::remove))
