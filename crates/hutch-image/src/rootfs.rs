@@ -176,7 +176,20 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, m
     progress.step(&format!("building template '{name}': Debian {SUITE} with {} ({})", packages.join(", "), if root { "mmdebstrap" } else { "mmdebstrap, unprivileged" }));
     let tree = work.join("tree");
     let tarball = work.join("rootfs.tar");
-    let mut cmd = Command::new("mmdebstrap");
+    // As root, mmdebstrap mounts /proc, /sys and /dev into the tree: in a mount
+    // namespace of its own, so they end with it however it ends. In the host's, a
+    // hutch killed mid-build left four mounts, and mmdebstrap, apt and dpkg building
+    // on into a tree nothing could remove. Its own PID namespace, whose first process
+    // dies with `unshare` (`--kill-child`), which dies with hutch, takes them all.
+    // Unprivileged, mmdebstrap makes its own namespaces.
+    let mut cmd = if root {
+        let mut unshare = Command::new("unshare");
+        unshare.args(["--mount", "--propagation", "private", "--fork", "--pid", "--kill-child", "--", "mmdebstrap"]);
+        crate::run::die_with_thread(&mut unshare);
+        unshare
+    } else {
+        Command::new("mmdebstrap")
+    };
     cmd.args(["--variant=apt", if root { "--mode=root" } else { "--mode=unshare" }, if root { "--format=directory" } else { "--format=tar" }]);
     cmd.arg(format!("--include={}", packages.join(",")));
     for hook in customize_hooks(recipe, &stage, &wheels)? {

@@ -33,6 +33,7 @@ fn package_of(tool: &str) -> &str {
         "apt-get" => "apt",
         "dpkg-deb" => "dpkg",
         "mkfs.ext4" => "e2fsprogs",
+        "unshare" => "util-linux",
         other => other,
     }
 }
@@ -44,6 +45,19 @@ fn describe(cmd: &Command) -> String {
         s.push_str(&a.to_string_lossy());
     }
     s
+}
+
+/// Makes the command's process die with the thread that spawns it (hutch killed, or
+/// a build's thread gone), instead of building on for nobody. Only that process: what
+/// it started must go with it by other means (a PID namespace, for mmdebstrap).
+#[allow(unsafe_code)]
+pub fn die_with_thread(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+    // which is async-signal-safe; it allocates nothing and takes no lock.
+    unsafe {
+        cmd.pre_exec(|| Ok(nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?));
+    }
 }
 
 /// Runs a command, streaming its output lines to `progress` and keeping the last ones
