@@ -183,6 +183,11 @@ fn build_in(home: &HutchHome, recipe: &Recipe, packages: &[&str], work: &Path, m
     // dies with `unshare` (`--kill-child`), which dies with hutch, takes them all.
     // Unprivileged, mmdebstrap makes its own namespaces.
     let mut cmd = if root {
+        // Run by `unshare`, a missing mmdebstrap would read as unshare's failure.
+        let on_path = std::env::var_os("PATH").is_some_and(|path| std::env::split_paths(&path).any(|d| d.join("mmdebstrap").is_file()));
+        if !on_path {
+            return Err(crate::run::ToolError::Missing { tool: "mmdebstrap".into(), package: "mmdebstrap".into() }.into());
+        }
         let mut unshare = Command::new("unshare");
         unshare.args(["--mount", "--propagation", "private", "--fork", "--pid", "--kill-child", "--", "mmdebstrap"]);
         crate::run::die_with_thread(&mut unshare);

@@ -53,10 +53,18 @@ fn describe(cmd: &Command) -> String {
 #[allow(unsafe_code)]
 pub fn die_with_thread(cmd: &mut Command) {
     use std::os::unix::process::CommandExt;
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-    // which is async-signal-safe; it allocates nothing and takes no lock.
+    let parent = std::process::id() as i32;
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2)
+    // and getppid(2), both async-signal-safe; it allocates nothing and takes no lock.
     unsafe {
-        cmd.pre_exec(|| Ok(nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?));
+        cmd.pre_exec(move || {
+            nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGKILL)?;
+            // hutch died between the fork and the prctl: no signal will come.
+            if nix::unistd::getppid().as_raw() != parent {
+                return Err(std::io::Error::from(std::io::ErrorKind::BrokenPipe));
+            }
+            Ok(())
+        });
     }
 }
 

@@ -67,10 +67,13 @@ fn value_from_stdin() -> anyhow::Result<zeroize::Zeroizing<String>> {
     Ok(value)
 }
 
+/// Whose secrets: the key named (a revoked one too, whose secrets can still be listed
+/// and removed), else the only active one.
 async fn key_id(store: &Store, given: Option<String>) -> anyhow::Result<String> {
-    let active: Vec<_> = store.list_keys().await?.into_iter().filter(|k| !k.revoked).collect();
+    let keys = store.list_keys().await?;
+    let active: Vec<_> = keys.iter().filter(|k| !k.revoked).collect();
     match given {
-        Some(id) => active.iter().any(|k| k.id == id).then_some(id.clone()).with_context(|| format!("no active API key with id '{id}' (see `hutch keys list`)")),
+        Some(id) => keys.iter().any(|k| k.id == id).then_some(id.clone()).with_context(|| format!("no API key with id '{id}' (see `hutch keys list`)")),
         None => match active.as_slice() {
             [only] => Ok(only.id.clone()),
             [] => anyhow::bail!("this home has no API key; create one with `hutch keys create`"),
@@ -79,8 +82,20 @@ async fn key_id(store: &Store, given: Option<String>) -> anyhow::Result<String> 
     }
 }
 
+/// What a tenant wrote, safe to print on an operator's terminal: no escape sequences,
+/// no line breaks.
+fn printable(text: &str) -> String {
+    text.chars().flat_map(|c| if c.is_control() { c.escape_default().collect::<Vec<_>>() } else { vec![c] }).collect()
+}
+
 pub async fn run(cmd: SecretCommand) -> anyhow::Result<i32> {
     let home = HutchHome::from_env();
+    // Another user's key files would be unreadable to the server that owns the home.
+    if let Ok(meta) = std::fs::metadata(home.root()) {
+        let owner = std::os::unix::fs::MetadataExt::uid(&meta);
+        let me = nix::unistd::geteuid().as_raw();
+        anyhow::ensure!(owner == me, "{} belongs to uid {owner}, not to this user (uid {me}); run hutch secret as the user that runs hutch serve", home.root().display());
+    }
     home.make_private()?;
     let store = Store::open_file(&home.root().join("hutch.db")).await?;
     let secrets = Secrets::new(home.root(), store.clone());
@@ -104,7 +119,7 @@ pub async fn run(cmd: SecretCommand) -> anyhow::Result<i32> {
             loop {
                 let page = secrets.list(&key, hutch_core::secrets::MAX_PAGE, after.as_deref()).await?;
                 for s in &page.secrets {
-                    let metadata: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                    let metadata: Vec<String> = s.metadata.iter().map(|(k, v)| format!("{}={}", printable(k), printable(v))).collect();
                     crate::output::outln!("{:<31} {:<24} {:>7} {:<26} {}", s.id, s.name, s.version, s.updated_at, metadata.join(","));
                 }
                 match page.next {

@@ -4,15 +4,17 @@
 //! only ciphertext.
 //!
 //! Every value is sealed with AES-256-GCM (ring) under the newest generation, with a
-//! fresh random nonce, and bound by its additional data to the secret, version and API
-//! key it was written for: a ciphertext moved to another row does not open.
+//! fresh random nonce, and bound by its additional data to what the caller names (the
+//! secret, its version, its API key and the generation: `Secrets`), so a ciphertext
+//! moved to another row, or an older one put back, does not open.
 //!
 //! A rotation (`Secrets::rotate_key`) adds a generation, seals every value again under
 //! it in one transaction, and only then removes the older files. Processes share the
 //! directory (a server and `hutch secret`), so whoever seals or opens holds a shared
 //! flock on `.lock` from reading the keys until its row is written or read, and a
 //! rotation holds it exclusively: no value is ever sealed with a generation that a
-//! rotation is about to remove.
+//! rotation is about to remove. A rotation first takes `.gate`, which every shared
+//! holder passes on its way in, so a stream of requests cannot keep it out.
 
 use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM, NONCE_LEN};
 use std::collections::BTreeMap;
@@ -38,6 +40,10 @@ pub enum KeyringError {
     Busy,
     #[error("a stored secret did not open with its key (the database or the key directory was changed outside hutch)")]
     Tampered,
+    #[error("{} holds no key, but this database has secrets sealed with one: restore the directory from where the database came from (hutch will not make a new key that opens none of them)", .0.display())]
+    NoKeys(PathBuf),
+    #[error("the key of generation {0} in the secrets key directory is not the one this database's secrets were sealed with (a directory from another home?); restore the right one")]
+    Mismatch(u32),
     #[error("the system's random number generator failed")]
     Random,
 }
@@ -52,10 +58,11 @@ pub struct Keyring {
     dir: PathBuf,
 }
 
-/// The keys as read under the lock, held for as long as the lock.
+/// The keys as read under the lock, held for as long as the lock (and, for a
+/// rotation, the gate).
 pub struct Keys {
     keys: BTreeMap<u32, Zeroizing<[u8; KEY_LEN]>>,
-    _lock: std::fs::File,
+    _held: Vec<std::fs::File>,
 }
 
 /// A sealed value as stored.
@@ -70,30 +77,38 @@ impl Keyring {
         Keyring { dir: home_root.join("secrets").join("keys") }
     }
 
-    /// Reads the keys under a shared lock, making the first generation if there is none.
-    pub async fn shared(&self) -> Result<Keys, KeyringError> {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Reads the keys under a shared lock. With none there, makes the first
+    /// generation if `may_create` (nothing was ever sealed), else refuses.
+    pub async fn shared(&self, may_create: bool) -> Result<Keys, KeyringError> {
         let dir = self.dir.clone();
         blocking(move || {
-            let lock = lock(&dir, false)?;
+            let held = lock(&dir, false)?;
             let mut keys = read_keys(&dir)?;
             if keys.is_empty() {
+                if !may_create {
+                    return Err(KeyringError::NoKeys(dir));
+                }
                 // Made under the shared lock: two processes making the first key at
-                // once both try `1.key` with create_new, and one of them wins.
+                // once both try `1.key` (a link never replaces a file), and one wins.
                 write_key(&dir, 1)?;
                 keys = read_keys(&dir)?;
             }
-            Ok(Keys { keys, _lock: lock })
+            Ok(Keys { keys, _held: held })
         })
         .await
     }
 
-    /// Reads the keys under the exclusive lock (a rotation).
+    /// Reads the keys under the gate and the exclusive lock (a rotation).
     pub async fn exclusive(&self) -> Result<Keys, KeyringError> {
         let dir = self.dir.clone();
         blocking(move || {
-            let lock = lock(&dir, true)?;
+            let held = lock(&dir, true)?;
             let keys = read_keys(&dir)?;
-            Ok(Keys { keys, _lock: lock })
+            Ok(Keys { keys, _held: held })
         })
         .await
     }
@@ -106,12 +121,17 @@ impl Keyring {
     }
 
     /// Removes every generation but `keep` (under the exclusive lock, once no row
-    /// uses them).
+    /// uses them), and what a writer that died mid-write left.
     pub fn retire_all_but(&self, keys: &mut Keys, keep: u32) -> Result<(), KeyringError> {
         for generation in keys.keys.keys().copied().filter(|g| *g != keep).collect::<Vec<_>>() {
             let path = key_path(&self.dir, generation);
             std::fs::remove_file(&path).map_err(io("removing", &path))?;
             keys.keys.remove(&generation);
+        }
+        for entry in std::fs::read_dir(&self.dir).map_err(io("reading", &self.dir))?.flatten() {
+            if entry.file_name().to_str().is_some_and(|n| n.starts_with('.') && n.contains(".key.")) {
+                let _ = std::fs::remove_file(entry.path());
+            }
         }
         sync_dir(&self.dir)
     }
@@ -123,17 +143,25 @@ impl Keys {
         self.keys.keys().next_back().copied().unwrap_or(1)
     }
 
+    pub fn generations(&self) -> Vec<u32> {
+        self.keys.keys().copied().collect()
+    }
+
+    /// What tells generation `generation`'s key from any other without giving it
+    /// away: HMAC-SHA256 of a fixed text under it, in hex.
+    pub fn fingerprint(&self, generation: u32) -> Result<String, KeyringError> {
+        let bytes = self.keys.get(&generation).ok_or(KeyringError::MissingGeneration(generation))?;
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &bytes[..]);
+        Ok(hex::encode(ring::hmac::sign(&key, b"hutch secrets key fingerprint").as_ref()))
+    }
+
     fn key(&self, generation: u32) -> Result<LessSafeKey, KeyringError> {
         let bytes = self.keys.get(&generation).ok_or(KeyringError::MissingGeneration(generation))?;
         let unbound = UnboundKey::new(&AES_256_GCM, &bytes[..]).map_err(|_| KeyringError::Tampered)?;
         Ok(LessSafeKey::new(unbound))
     }
 
-    /// Seals `plain` under the newest generation, bound to `aad`.
-    pub fn seal(&self, plain: &[u8], aad: &str) -> Result<Sealed, KeyringError> {
-        self.seal_with(self.newest(), plain, aad)
-    }
-
+    /// Seals `plain` under `generation`, bound to `aad`.
     pub fn seal_with(&self, generation: u32, plain: &[u8], aad: &str) -> Result<Sealed, KeyringError> {
         let key = self.key(generation)?;
         let nonce: [u8; NONCE_LEN] = random()?;
@@ -166,22 +194,30 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> Result<T, KeyringErr
     tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| Err(KeyringError::Io { what: "waiting for", path: PathBuf::from("the key task"), source: std::io::Error::other(e.to_string()) }))
 }
 
-/// Makes the directory (0700, its parent too) and takes `.lock` in it.
-fn lock(dir: &Path, exclusive: bool) -> Result<std::fs::File, KeyringError> {
+/// Makes the directory (0700, its parent too) and takes its locks: `.gate` then
+/// `.lock`, both exclusively for a rotation (which keeps both); shared for everyone
+/// else, who lets the gate go once past it. A rotation waiting at the gate thus stops
+/// newcomers while the holders of `.lock` finish.
+fn lock(dir: &Path, exclusive: bool) -> Result<Vec<std::fs::File>, KeyringError> {
     for d in [dir.parent().unwrap_or(dir), dir] {
         std::fs::create_dir_all(d).map_err(io("creating", d))?;
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o700)).map_err(io("restricting", d))?;
     }
-    let path = dir.join(".lock");
-    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path).map_err(io("opening", &path))?;
     let deadline = std::time::Instant::now() + LOCK_WAIT;
+    let gate = take(&dir.join(".gate"), exclusive, deadline)?;
+    let lock = take(&dir.join(".lock"), exclusive, deadline)?;
+    Ok(if exclusive { vec![gate, lock] } else { vec![lock] })
+}
+
+fn take(path: &Path, exclusive: bool, deadline: std::time::Instant) -> Result<std::fs::File, KeyringError> {
+    let file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(path).map_err(io("opening", path))?;
     loop {
         let tried = if exclusive { file.try_lock() } else { file.try_lock_shared() };
         match tried {
             Ok(()) => return Ok(file),
             Err(std::fs::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(10)),
             Err(std::fs::TryLockError::WouldBlock) => return Err(KeyringError::Busy),
-            Err(std::fs::TryLockError::Error(e)) => return Err(KeyringError::Io { what: "locking", path, source: e }),
+            Err(std::fs::TryLockError::Error(e)) => return Err(KeyringError::Io { what: "locking", path: path.to_path_buf(), source: e }),
         }
     }
 }
@@ -204,7 +240,9 @@ fn read_keys(dir: &Path) -> Result<BTreeMap<u32, Zeroizing<[u8; KEY_LEN]>>, Keyr
 fn write_key(dir: &Path, generation: u32) -> Result<(), KeyringError> {
     let key = Zeroizing::new(random::<KEY_LEN>()?);
     let path = key_path(dir, generation);
-    let partial = dir.join(format!(".{generation}.key.{}", std::process::id()));
+    // A name of its own: two writers in one process, or a pid reused after a crash,
+    // never meet at the same partial file.
+    let partial = dir.join(format!(".{generation}.key.{:016x}", rand::random::<u64>()));
     let mut file = std::fs::OpenOptions::new().create_new(true).write(true).mode(0o600).open(&partial).map_err(io("creating", &partial))?;
     file.write_all(&key[..]).and_then(|()| file.sync_all()).map_err(io("writing", &partial))?;
     drop(file);
@@ -231,9 +269,12 @@ mod tests {
     async fn a_value_opens_only_with_its_own_binding_and_survives_a_new_generation() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let ring = Keyring::at(tmp.path());
-        let keys = ring.shared().await.expect("first key");
+        assert!(matches!(ring.shared(false).await, Err(KeyringError::NoKeys(_))), "a key was made where one was owed");
+        let keys = ring.shared(true).await.expect("first key");
         assert_eq!(keys.newest(), 1);
-        let sealed = keys.seal(b"hunter2", "sec_a|1|key").expect("seal");
+        let fingerprint = keys.fingerprint(1).expect("fingerprint");
+        assert_eq!(fingerprint.len(), 64);
+        let sealed = keys.seal_with(1, b"hunter2", "sec_a|1|key").expect("seal");
         assert!(!sealed.ciphertext.windows(7).any(|w| w == b"hunter2"), "the value is stored in the clear");
         assert_eq!(&keys.open(&sealed, "sec_a|1|key").expect("open")[..], b"hunter2");
         assert!(matches!(keys.open(&sealed, "sec_b|1|key"), Err(KeyringError::Tampered)), "opened under another secret's binding");
@@ -250,16 +291,18 @@ mod tests {
         assert_eq!(&keys.open(&again, "sec_a|1|key").expect("open")[..], b"hunter2");
         drop(keys);
         assert!(!tmp.path().join("secrets/keys/1.key").exists());
-        assert_eq!(ring.shared().await.expect("reload").newest(), 2, "a reload made a new first key");
+        let reloaded = ring.shared(false).await.expect("reload");
+        assert_eq!(reloaded.newest(), 2, "a reload made a new first key");
+        assert_ne!(reloaded.fingerprint(2).expect("fingerprint"), fingerprint);
     }
 
     #[tokio::test]
     async fn a_key_file_of_the_wrong_size_is_refused_by_name() {
         let tmp = tempfile::tempdir().expect("tempdir");
         let ring = Keyring::at(tmp.path());
-        drop(ring.shared().await.expect("first key"));
+        drop(ring.shared(true).await.expect("first key"));
         std::fs::write(tmp.path().join("secrets/keys/1.key"), b"short").expect("write");
-        let err = ring.shared().await.err().expect("a short key was read");
+        let err = ring.shared(true).await.err().expect("a short key was read");
         assert!(err.to_string().contains("1.key"), "{err}");
     }
 }

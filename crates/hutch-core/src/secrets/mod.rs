@@ -26,7 +26,7 @@ pub const MAX_PAGE: usize = 100;
 pub enum SecretError {
     #[error("Invalid secrets request: {}", .0.0)]
     Invalid(Invalid),
-    #[error("Secret not found")]
+    #[error("no secret by that name or id for this API key; list them with GET /secrets or `hutch secret ls`")]
     NotFound,
     #[error("a secret with this name exists; update it, or delete it first")]
     NameTaken,
@@ -73,11 +73,15 @@ pub struct Secrets {
     keyring: Keyring,
 }
 
-/// What a sealed value is bound to: another secret's ciphertext, or another key's,
-/// does not open here.
-fn binding(id: &str, key_id: &str) -> String {
-    format!("{id}|{key_id}")
+/// What a sealed value is bound to: another secret's ciphertext, another key's, or
+/// an older version of its own put back from a backup does not open here.
+fn binding(id: &str, version: i64, key_id: &str, generation: u32) -> String {
+    format!("{id}|{version}|{key_id}|{generation}")
 }
+
+/// Writers start their transaction holding SQLite's write lock, so two at once queue
+/// (the busy timeout) instead of one failing on the other's commit.
+const IMMEDIATE: &str = "BEGIN IMMEDIATE";
 
 const COLUMNS: &str = "id, name, current_version, metadata, created_at, updated_at";
 
@@ -107,11 +111,12 @@ impl Secrets {
         let name = rules::name(name)?;
         rules::value(value)?;
         rules::metadata(&metadata)?;
-        let keys = self.keyring.shared().await?;
+        let keys = self.keys().await?;
         let id = rules::new_id();
-        let sealed = keys.seal(value.as_bytes(), &binding(&id, key_id))?;
+        let generation = keys.newest();
+        let sealed = keys.seal_with(generation, value.as_bytes(), &binding(&id, 1, key_id, generation))?;
         let now = crate::store::now_rfc3339();
-        let mut tx = self.store.pool().begin().await?;
+        let mut tx = self.store.pool().begin_with(IMMEDIATE).await?;
         let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM secrets WHERE key_id = ?").bind(key_id).fetch_one(&mut *tx).await?;
         if count >= MAX_PER_KEY {
             return Err(SecretError::TooMany);
@@ -146,31 +151,30 @@ impl Secrets {
         if let Some(m) = &metadata {
             rules::metadata(m)?;
         }
-        let keys = self.keyring.shared().await?;
-        let id = {
-            let mut conn = self.store.pool().acquire().await?;
-            let row = select_one(&mut conn, key_id, &selector).await?.ok_or(SecretError::NotFound)?;
-            row.try_get::<String, _>("id")?
-        };
-        let sealed = keys.seal(value.as_bytes(), &binding(&id, key_id))?;
-        // One statement: two updates at once each count a version.
-        let done = sqlx::query(
-            "UPDATE secrets SET current_version = current_version + 1, metadata = COALESCE(?, metadata), updated_at = ?, key_gen = ?, nonce = ?, ciphertext = ? WHERE id = ? AND key_id = ?",
-        )
-        .bind(metadata.as_ref().map(metadata_json))
-        .bind(crate::store::now_rfc3339())
-        .bind(i64::from(sealed.generation))
-        .bind(&sealed.nonce)
-        .bind(&sealed.ciphertext)
-        .bind(&id)
-        .bind(key_id)
-        .execute(self.store.pool())
-        .await?;
-        drop(keys);
-        if done.rows_affected() == 0 {
-            return Err(SecretError::NotFound);
+        let keys = self.keys().await?;
+        let mut tx = self.store.pool().begin_with(IMMEDIATE).await?;
+        let row = select_one(&mut tx, key_id, &selector).await?.ok_or(SecretError::NotFound)?;
+        let mut secret = info(&row)?;
+        secret.version += 1;
+        if let Some(m) = metadata {
+            secret.metadata = m;
         }
-        self.get(key_id, &id).await
+        secret.updated_at = crate::store::now_rfc3339();
+        let generation = keys.newest();
+        let sealed = keys.seal_with(generation, value.as_bytes(), &binding(&secret.id, secret.version, key_id, generation))?;
+        sqlx::query("UPDATE secrets SET current_version = ?, metadata = ?, updated_at = ?, key_gen = ?, nonce = ?, ciphertext = ? WHERE id = ? AND key_id = ?")
+            .bind(secret.version)
+            .bind(metadata_json(&secret.metadata))
+            .bind(&secret.updated_at)
+            .bind(i64::from(sealed.generation))
+            .bind(&sealed.nonce)
+            .bind(&sealed.ciphertext)
+            .bind(&secret.id)
+            .bind(key_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(secret)
     }
 
     pub async fn get(&self, key_id: &str, selector: &str) -> Result<SecretInfo, SecretError> {
@@ -225,42 +229,85 @@ impl Secrets {
     /// served by any API.
     pub async fn value(&self, key_id: &str, selector: &str) -> Result<Zeroizing<String>, SecretError> {
         let selector = rules::selector(selector)?;
-        let keys = self.keyring.shared().await?;
+        let keys = self.keys().await?;
         let mut conn = self.store.pool().acquire().await?;
         let row = select_one(&mut conn, key_id, &selector).await?.ok_or(SecretError::NotFound)?;
-        let id: String = row.try_get("id")?;
-        let sealed = keyring::Sealed { generation: sealed_generation(&row)?, nonce: row.try_get("nonce")?, ciphertext: row.try_get("ciphertext")? };
-        let plain = keys.open(&sealed, &binding(&id, key_id))?;
+        let (id, version): (String, i64) = (row.try_get("id")?, row.try_get("current_version")?);
+        let sealed = sealed_of(&row)?;
+        let plain = keys.open(&sealed, &binding(&id, version, key_id, sealed.generation))?;
         let text = std::str::from_utf8(&plain).map_err(|_| KeyringError::Tampered)?;
         Ok(Zeroizing::new(text.to_string()))
     }
 
     /// Seals every stored value again under a new key generation, in one transaction,
-    /// then removes the older keys. Returns how many values were sealed again.
+    /// then removes the older keys. Every value is opened before anything changes, so
+    /// one that does not open stops the rotation with nothing done. Returns how many
+    /// values were sealed again.
     pub async fn rotate_key(&self) -> Result<usize, SecretError> {
         let mut keys = self.keyring.exclusive().await?;
-        let next = keys.newest() + 1;
-        self.keyring.add(&mut keys, next)?;
-        let mut tx = self.store.pool().begin().await?;
-        let rows = sqlx::query("SELECT id, key_id, key_gen, nonce, ciphertext FROM secrets").fetch_all(&mut *tx).await?;
+        let mut tx = self.store.pool().begin_with(IMMEDIATE).await?;
+        if keys.generations().is_empty() {
+            let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM secrets").fetch_one(&mut *tx).await?;
+            if stored > 0 {
+                return Err(KeyringError::NoKeys(self.keyring.dir().to_path_buf()).into());
+            }
+        }
+        check_keys(&mut tx, &keys).await?;
+        let rows = sqlx::query("SELECT id, key_id, current_version, key_gen, nonce, ciphertext FROM secrets").fetch_all(&mut *tx).await?;
+        let mut opened = Vec::with_capacity(rows.len());
         for row in &rows {
-            let (id, key_id): (String, String) = (row.try_get("id")?, row.try_get("key_id")?);
-            let bound = binding(&id, &key_id);
-            let sealed = keyring::Sealed { generation: sealed_generation(row)?, nonce: row.try_get("nonce")?, ciphertext: row.try_get("ciphertext")? };
-            let plain = keys.open(&sealed, &bound)?;
-            let again = keys.seal_with(next, &plain, &bound)?;
+            let (id, key_id, version): (String, String, i64) = (row.try_get("id")?, row.try_get("key_id")?, row.try_get("current_version")?);
+            let sealed = sealed_of(row)?;
+            let plain = keys.open(&sealed, &binding(&id, version, &key_id, sealed.generation))?;
+            opened.push((id, key_id, version, plain));
+        }
+        let next = keys.generations().last().copied().unwrap_or(0) + 1;
+        self.keyring.add(&mut keys, next)?;
+        for (id, key_id, version, plain) in &opened {
+            let again = keys.seal_with(next, plain, &binding(id, *version, key_id, next))?;
             sqlx::query("UPDATE secrets SET key_gen = ?, nonce = ?, ciphertext = ? WHERE id = ?")
                 .bind(i64::from(next))
                 .bind(&again.nonce)
                 .bind(&again.ciphertext)
-                .bind(&id)
+                .bind(id)
                 .execute(&mut *tx)
                 .await?;
         }
+        sqlx::query("DELETE FROM secret_keys WHERE generation <> ?").bind(i64::from(next)).execute(&mut *tx).await?;
+        sqlx::query("INSERT OR REPLACE INTO secret_keys (generation, fingerprint) VALUES (?, ?)").bind(i64::from(next)).bind(keys.fingerprint(next)?).execute(&mut *tx).await?;
         tx.commit().await?;
         self.keyring.retire_all_but(&mut keys, next)?;
-        Ok(rows.len())
+        Ok(opened.len())
     }
+
+    /// The keys under a shared lock, checked against the fingerprints this database
+    /// keeps (a generation seen for the first time is recorded). The first key is
+    /// made only for a database that never had one.
+    async fn keys(&self) -> Result<keyring::Keys, SecretError> {
+        let mut conn = self.store.pool().acquire().await?;
+        let known: i64 = sqlx::query_scalar("SELECT (SELECT COUNT(*) FROM secret_keys) + (SELECT COUNT(*) FROM secrets)").fetch_one(&mut *conn).await?;
+        let keys = self.keyring.shared(known == 0).await?;
+        check_keys(&mut conn, &keys).await?;
+        Ok(keys)
+    }
+}
+
+/// Each generation's fingerprint against the one on record; one not on record yet is
+/// recorded (`INSERT OR IGNORE`: two first sights at once keep the same).
+async fn check_keys(conn: &mut sqlx::SqliteConnection, keys: &keyring::Keys) -> Result<(), SecretError> {
+    for generation in keys.generations() {
+        let fingerprint = keys.fingerprint(generation)?;
+        sqlx::query("INSERT OR IGNORE INTO secret_keys (generation, fingerprint) VALUES (?, ?)").bind(i64::from(generation)).bind(&fingerprint).execute(&mut *conn).await?;
+        let recorded: String = sqlx::query_scalar("SELECT fingerprint FROM secret_keys WHERE generation = ?").bind(i64::from(generation)).fetch_one(&mut *conn).await?;
+        if recorded != fingerprint {
+            return Err(KeyringError::Mismatch(generation).into());
+        }
+    }
+    Ok(())
+}
+
+fn sealed_of(row: &sqlx::sqlite::SqliteRow) -> Result<keyring::Sealed, SecretError> {
+    Ok(keyring::Sealed { generation: sealed_generation(row)?, nonce: row.try_get("nonce")?, ciphertext: row.try_get("ciphertext")? })
 }
 
 fn sealed_generation(row: &sqlx::sqlite::SqliteRow) -> Result<u32, SecretError> {

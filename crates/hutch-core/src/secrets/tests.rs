@@ -126,3 +126,56 @@ async fn bad_requests_name_the_rule_and_never_the_value() {
         assert!(err.to_string().starts_with("Invalid secrets request: ") && !err.to_string().contains(value), "{err}");
     }
 }
+
+#[tokio::test]
+async fn a_missing_or_foreign_key_directory_is_refused_not_replaced() {
+    let e = env().await;
+    let a = &e.keys[0];
+    e.secrets.create(a, "kept", "kept value", BTreeMap::new()).await.expect("create");
+    let keys = e.root.join("secrets/keys");
+    let saved = e.root.join("keys-backup");
+    std::fs::rename(&keys, &saved).expect("move the keys away");
+    for attempt in [e.secrets.create(a, "new", "v", BTreeMap::new()).await.map(|_| ()), e.secrets.value(a, "kept").await.map(|_| ())] {
+        let err = attempt.expect_err("worked without the key");
+        assert!(matches!(err, SecretError::Keys(KeyringError::NoKeys(_))), "{err:?}");
+    }
+    assert!(!keys.join("1.key").exists(), "a new first key was made over sealed values");
+    assert!(matches!(e.secrets.rotate_key().await, Err(SecretError::Keys(KeyringError::NoKeys(_)))));
+
+    // Another home's key under the same generation number.
+    let other = env().await;
+    other.secrets.create(&other.keys[0], "theirs", "v", BTreeMap::new()).await.expect("their key");
+    std::fs::remove_dir_all(&keys).ok();
+    copy_dir(&other.root.join("secrets/keys"), &keys);
+    let err = e.secrets.value(a, "kept").await.expect_err("opened with another home's key");
+    assert!(matches!(err, SecretError::Keys(KeyringError::Mismatch(1))), "{err:?}");
+
+    std::fs::remove_dir_all(&keys).expect("remove");
+    std::fs::rename(&saved, &keys).expect("restore the keys");
+    assert_eq!(&*e.secrets.value(a, "kept").await.expect("value"), "kept value");
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("dir");
+    for entry in std::fs::read_dir(from).expect("read").flatten() {
+        std::fs::copy(entry.path(), to.join(entry.file_name())).expect("copy");
+    }
+}
+
+#[tokio::test]
+async fn concurrent_updates_each_count_a_version() {
+    let e = env().await;
+    let a = e.keys[0].clone();
+    e.secrets.create(&a, "busy", "v0", BTreeMap::new()).await.expect("create");
+    let updates: Vec<_> = (0..8)
+        .map(|i| {
+            let (secrets, a) = (e.secrets.clone(), a.clone());
+            tokio::spawn(async move { secrets.update(&a, "busy", &format!("v{}", i + 1), None).await })
+        })
+        .collect();
+    for u in updates {
+        u.await.expect("task").expect("an update failed under contention");
+    }
+    assert_eq!(e.secrets.get(&a, "busy").await.expect("get").version, 9);
+    assert!(e.secrets.value(&a, "busy").await.expect("value").starts_with('v'));
+}

@@ -36,8 +36,6 @@ pub fn rest() -> Router<AppState> {
         .route("/snapshots", get(sandboxes::list_snapshots))
         .route("/snapshots/archive", post(archives::import))
         .route("/snapshots/{id}/archive", get(archives::export))
-        .route("/secrets", post(secrets::create).get(secrets::list))
-        .route("/secrets/{id}", get(secrets::get_one).post(secrets::update).delete(secrets::delete))
         .route("/templates", get(templates::list))
         .route("/templates/{id}", get(templates::get_one).delete(templates::delete))
         .route("/templates/tags", post(template_tags::assign).delete(template_tags::remove))
@@ -53,6 +51,7 @@ pub fn rest() -> Router<AppState> {
         .route("/v2/templates/{id}/builds/{build}", post(templates::start))
         .route("/templates/{id}/builds/{build}/status", get(templates::status))
         .route("/templates/{id}/builds/{build}/logs", get(templates::logs))
+        .merge(secrets::routes())
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no such route") })
 }
 

@@ -47,9 +47,17 @@ fn view(s: &SecretInfo) -> Value {
     json!({ "secretID": s.id, "name": s.name, "currentVersion": s.version, "metadata": s.metadata, "createdAt": s.created_at, "updatedAt": s.updated_at })
 }
 
-/// Marks any answer, error or not, as not to be kept by a cache.
-fn no_store(response: impl IntoResponse) -> Response {
-    let mut response = response.into_response();
+/// The routes, every answer of which (an extractor's refusal, a 405 too) is marked as
+/// not to be kept by a cache.
+pub fn routes() -> axum::Router<AppState> {
+    use axum::routing::{get, post};
+    axum::Router::new()
+        .route("/secrets", post(create).get(list))
+        .route("/secrets/{id}", get(get_one).post(update).delete(delete))
+        .route_layer(axum::middleware::map_response(no_store))
+}
+
+async fn no_store(mut response: Response) -> Response {
     response.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     response
 }
@@ -67,39 +75,32 @@ async fn body<T: DeserializeOwned>(req: Request) -> Result<T, ApiError> {
     serde_json::from_slice(&bytes).map_err(|_| ApiError::bad_request("Invalid secrets request: the body must be a JSON object with a string 'value' (and 'name' to create), and 'metadata' of string values if any"))
 }
 
-pub async fn create(State(state): State<AppState>, key: KeyId, req: Request) -> Response {
-    let made = async {
-        let new: NewSecret = body(req).await?;
-        let info = state.manager.secrets().create(&key.0, &new.name, &new.value, new.metadata.unwrap_or_default()).await?;
-        Ok::<_, ApiError>((StatusCode::CREATED, Json(view(&info))))
-    };
-    no_store(made.await)
+async fn create(State(state): State<AppState>, key: KeyId, req: Request) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let new: NewSecret = body(req).await?;
+    let info = state.manager.secrets().create(&key.0, &new.name, &new.value, new.metadata.unwrap_or_default()).await?;
+    Ok((StatusCode::CREATED, Json(view(&info))))
 }
 
-pub async fn update(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, req: Request) -> Response {
-    let updated = async {
-        let update: SecretUpdate = body(req).await?;
-        let info = state.manager.secrets().update(&key.0, &id, &update.value, update.metadata).await?;
-        Ok::<_, ApiError>(Json(view(&info)))
-    };
-    no_store(updated.await)
+async fn update(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, req: Request) -> Result<Json<Value>, ApiError> {
+    let update: SecretUpdate = body(req).await?;
+    let info = state.manager.secrets().update(&key.0, &id, &update.value, update.metadata).await?;
+    Ok(Json(view(&info)))
 }
 
-pub async fn get_one(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Response {
-    no_store(state.manager.secrets().get(&key.0, &id).await.map(|info| Json(view(&info))).map_err(ApiError::from))
+async fn get_one(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(view(&state.manager.secrets().get(&key.0, &id).await?)))
 }
 
-pub async fn list(State(state): State<AppState>, key: KeyId, QueryParams(q): QueryParams<ListQuery>) -> Response {
-    let page = state.manager.secrets().list(&key.0, q.limit.unwrap_or(MAX_PAGE), q.next_token.as_deref()).await;
-    no_store(page.map_err(ApiError::from).map(|page| {
-        let mut response = Json(Value::Array(page.secrets.iter().map(view).collect())).into_response();
-        if let Some(next) = page.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
-            response.headers_mut().insert("x-next-token", next);
-        }
-        response
-    }))
+async fn list(State(state): State<AppState>, key: KeyId, QueryParams(q): QueryParams<ListQuery>) -> Result<Response, ApiError> {
+    let page = state.manager.secrets().list(&key.0, q.limit.unwrap_or(MAX_PAGE), q.next_token.as_deref()).await?;
+    let mut response = Json(Value::Array(page.secrets.iter().map(view).collect())).into_response();
+    if let Some(next) = page.next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        response.headers_mut().insert("x-next-token", next);
+    }
+    Ok(response)
 }
 
-pub async fn delete(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Response {
-    no_store(state.manager.secrets().delete(&key.0, &id).await.map(|()| StatusCode::NO_CONTENT).map_err(ApiError::from))
+async fn delete(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+    state.manager.secrets().delete(&key.0, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
