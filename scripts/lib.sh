@@ -127,8 +127,9 @@ ensure_host_packages() {
 
 # What the tests need beyond hutch's own packages: Debian's OCI registry (the image pull
 # tests start their own on loopback), htpasswd for its login, and a static busybox (the
-# busybox-only image the template tests build and boot).
-TEST_PACKAGES=(docker-registry apache2-utils busybox-static)
+# busybox-only image the template tests build and boot), and openssl for the test CA
+# and certificates of the HTTPS hosts whose TLS hutch inspects (tests/networld.py).
+TEST_PACKAGES=(docker-registry apache2-utils busybox-static openssl)
 
 # ensure_tools WHAT COMMAND=PACKAGES... : installs from Debian the packages of each
 # COMMAND not on PATH (PACKAGES separated by commas), saying they are WHAT.
@@ -150,7 +151,7 @@ ensure_tools() {
 }
 
 ensure_test_packages() {
-  command -v docker-registry >/dev/null 2>&1 && command -v htpasswd >/dev/null 2>&1 && [ -x /bin/busybox ] && return 0
+  command -v docker-registry >/dev/null 2>&1 && command -v htpasswd >/dev/null 2>&1 && [ -x /bin/busybox ] && command -v openssl >/dev/null 2>&1 && return 0
   [ "$(id -u)" = 0 ] || die "the tests need ${TEST_PACKAGES[*]}; run this as root so it can install them"
   step "installing the tests' Debian packages: ${TEST_PACKAGES[*]}"
   apt-get update -qq || die "apt-get update failed (see above)"

@@ -224,7 +224,9 @@ def server(net_world):
     # The manager's lifecycle at info too (pauses, adoptions): what a failed test's
     # report shows of this server (pytest_runtest_makereport).
     log = "warn,hutch_core::manager=info,hutch_core::orphans=info"
-    proc = launch(home, port, env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map), "HUTCH_LOG": log}, pools=True)
+    # The test CA signs the HTTPS hosts whose TLS hutch inspects (tests/network/test_inspection.py).
+    proc = launch(home, port, "--upstream-ca", str(net_world.tls_ca),
+                  env_extra={"HUTCH_NET_TEST_MAP": str(net_world.map), "HUTCH_LOG": log}, pools=True)
     url = f"http://127.0.0.1:{port}"
     os.environ.update(E2B_API_KEY=API_KEY, E2B_API_URL=url, E2B_SANDBOX_URL=url, HUTCH_API_URL=url, HUTCH_API_KEY=API_KEY)
     yield Server(url, home, proc)

@@ -2,11 +2,19 @@
 internet, and `hutch serve` gets a map (HUTCH_NET_TEST_MAP) from the addresses and names
 guests use to those listeners. The stack dials only what the map names; anything else is
 refused and written to the violations file, which the network tests read. No packet
-leaves this machine."""
+leaves this machine.
 
+HTTPS hosts for the TLS inspection tests come with certificates the `openssl` CLI makes
+at start: inspect.test and plain.test signed by a test CA (`tls_ca`, which the server
+fixture gives `hutch serve --upstream-ca`), untrusted.test by another CA nobody trusts."""
+
+import hashlib
 import json
+import secrets
 import socket
 import socketserver
+import ssl
+import subprocess
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,6 +24,9 @@ from pathlib import Path
 WEB = "93.184.216.34"
 API = "93.184.216.40"
 HTTP_BODY = b"hello from the test host\n"
+# The HTTPS hosts, by name and address (port 443 of each goes to its own listener).
+TLS_HOSTS = {"inspect.test": "93.184.216.60", "plain.test": "93.184.216.61", "untrusted.test": "93.184.216.62"}
+INSPECT, PLAIN, UNTRUSTED = TLS_HOSTS.values()
 
 
 class _Web(BaseHTTPRequestHandler):
@@ -45,6 +56,111 @@ class _UdpEcho(socketserver.BaseRequestHandler):
         sock.sendto(b"udp:" + data, self.client_address)
 
 
+class _Tls(BaseHTTPRequestHandler):
+    """Answers a GET with what arrived: the Host and X-Hutch-Test headers, and only a
+    hash of Authorization (a secret placed there must not come back to the guest in a
+    body). A header sent more than once comes back as a list of its values."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: a client may send several requests on one connection
+
+    def do_GET(self):
+        def one(values):
+            return None if not values else values[0] if len(values) == 1 else values
+        auth = [hashlib.sha256(v.encode("latin-1")).hexdigest() for v in self.headers.get_all("Authorization", [])]
+        seen = {
+            "server": self.server.name,
+            "path": self.path,
+            "host": one(self.headers.get_all("Host", [])),
+            "x_hutch_test": one(self.headers.get_all("X-Hutch-Test", [])),
+            "authorization_sha256": one(auth),
+        }
+        self.server.seen.append(seen)
+        body = (json.dumps(seen) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class _TlsServer(ThreadingHTTPServer):
+    """An HTTPS host: the TLS handshake happens on the connection's own thread, so a
+    client that gives up mid-handshake (hutch refusing this host's certificate) holds up
+    no one else."""
+
+    daemon_threads = True
+
+    def __init__(self, name: str, cert: Path, key: Path, seen: list):
+        super().__init__(("127.0.0.1", 0), _Tls)
+        self.name, self.seen = name, seen
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self.context.set_alpn_protocols(["http/1.1"])
+
+    def finish_request(self, request, client_address):
+        request.settimeout(30)
+        try:
+            tls = self.context.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError):
+            return
+        try:
+            self.RequestHandlerClass(tls, client_address, self)
+        finally:
+            self.shutdown_request(tls)
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+
+# The sections `openssl req` and `openssl x509` read (no reliance on the host's openssl.cnf).
+_CNF = """[req]
+distinguished_name = dn
+prompt = no
+[dn]
+[ca]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[leaf]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+subjectAltName = DNS:{host}
+"""
+_P256 = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes")
+
+
+def make_ca(directory: Path, name: str) -> tuple[Path, Path]:
+    """A self-signed CA (P-256, 30 days): its certificate's and key's paths."""
+    (directory / "ca.cnf").write_text(_CNF.format(host="unused"))
+    cert, key = directory / f"{name}.pem", directory / f"{name}.key"
+    _openssl(directory, "req", "-x509", "-config", "ca.cnf", "-extensions", "ca", *_P256, "-keyout", key.name, "-out", cert.name,
+             "-days", "30", "-subj", f"/CN={name}")
+    return cert, key
+
+
+def make_leaf(directory: Path, host: str, ca: tuple[Path, Path]) -> tuple[Path, Path]:
+    """A server certificate for `host` (its only SAN) signed by `ca`."""
+    cnf = directory / f"{host}.cnf"
+    cnf.write_text(_CNF.format(host=host))
+    cert, key, csr = directory / f"{host}.pem", directory / f"{host}.key", directory / f"{host}.csr"
+    _openssl(directory, "req", "-new", "-config", cnf.name, *_P256, "-keyout", key.name, "-out", csr.name, "-subj", f"/CN={host}")
+    _openssl(directory, "x509", "-req", "-in", csr.name, "-CA", str(ca[0]), "-CAkey", str(ca[1]), "-set_serial", hex(secrets.randbits(63) | 1),
+             "-days", "30", "-extfile", cnf.name, "-extensions", "leaf", "-out", cert.name)
+    return cert, key
+
+
+def cert_sha256(pem: Path) -> str:
+    """The SHA-256 of a PEM certificate's DER, as a guest's `getpeercert(True)` hashes."""
+    return hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem.read_text())).hexdigest()
+
+
 class _Threaded(socketserver.ThreadingMixIn, socketserver.TCPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -66,12 +182,29 @@ class NetWorld:
         self.silent_dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.silent_dns.bind(("127.0.0.1", 0))
         self.silent_dns.setblocking(False)
+        # The HTTPS world: two CAs, a certificate per host, a listener per host, and every
+        # request any of them answered (`tls_seen`), in order.
+        tls = directory / "tls"
+        tls.mkdir()
+        self.tls_ca, ca_key = make_ca(tls, "hutch-test-ca")
+        self.tls_other_ca, other_key = make_ca(tls, "hutch-untrusted-ca")
+        self.tls_seen: list[dict] = []
+        self.tls_servers: dict[str, _TlsServer] = {}
+        self.tls_cert_sha256: dict[str, str] = {}
+        for host in TLS_HOSTS:
+            cert, key = make_leaf(tls, host, (self.tls_other_ca, other_key) if host == "untrusted.test" else (self.tls_ca, ca_key))
+            self.tls_servers[host] = _TlsServer(host.removesuffix(".test"), cert, key, self.tls_seen)
+            self.tls_cert_sha256[host] = cert_sha256(cert)
+        self.plain_cert_sha256 = self.tls_cert_sha256["plain.test"]
+        for s in self.tls_servers.values():
+            threading.Thread(target=s.serve_forever, daemon=True).start()
         self.violations = directory / "net-violations"
         self.violations.write_text("")
         self.map = directory / "net-map.json"
         at = lambda s: f"127.0.0.1:{s.server_address[1]}"
         self.map.write_text(json.dumps({
-            "tcp": {f"{WEB}:80": at(self.web), f"{WEB}:7": at(self.echo), f"{API}:80": at(self.web)},
+            "tcp": {f"{WEB}:80": at(self.web), f"{WEB}:7": at(self.echo), f"{API}:80": at(self.web),
+                    **{f"{ip}:443": at(self.tls_servers[host]) for host, ip in TLS_HOSTS.items()}},
             "udp": {f"{WEB}:7": at(self.udp), f"0.0.0.0:{self.probe_port}": f"127.0.0.1:{self.probe_port}"},
             "dns": {"silent.test": f"127.0.0.1:{self.silent_dns.getsockname()[1]}"},
             # The host's loopback answers echo itself.
@@ -81,6 +214,7 @@ class NetWorld:
                 "api.example.test": [API],
                 "rebind.example.test": ["127.0.0.1"],
                 "metadata.example.test": ["169.254.169.254"],
+                **{host: [ip] for host, ip in TLS_HOSTS.items()},
             },
             "violations": str(self.violations),
         }))
@@ -103,8 +237,12 @@ class NetWorld:
     def violation_lines(self) -> list[str]:
         return [l for l in self.violations.read_text().splitlines() if l]
 
+    def tls_requests(self, server: str) -> list[dict]:
+        """What the HTTPS host `server` ("inspect", "plain" or "untrusted") answered."""
+        return [r for r in self.tls_seen if r["server"] == server]
+
     def close(self):
-        for s in (self.web, self.echo, self.udp):
+        for s in (self.web, self.echo, self.udp, *self.tls_servers.values()):
             s.shutdown()
             s.server_close()
         self.loopback_probe.close()

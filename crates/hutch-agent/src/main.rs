@@ -14,6 +14,7 @@ mod http;
 mod net;
 mod process;
 mod state;
+mod trust;
 
 use std::time::Duration;
 

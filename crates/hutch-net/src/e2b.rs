@@ -3,6 +3,7 @@
 //! addresses, denied addresses, then the internet if it is allowed, so allow beats deny.
 //! Its `*.x` means names below x, not x itself; `*` means every name.
 
+use crate::inspect::{TransformError, Transforms};
 use crate::rules::{normalize_name, parse_cidr, Action, NamePattern, Policy, Rule, Target};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -34,12 +35,18 @@ pub struct E2bNetwork {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {message}")]
 pub struct E2bNetworkError {
-    pub field: &'static str,
+    pub field: String,
     pub message: String,
 }
 
-fn bad(field: &'static str, message: impl Into<String>) -> E2bNetworkError {
-    E2bNetworkError { field, message: message.into() }
+fn bad(field: impl Into<String>, message: impl Into<String>) -> E2bNetworkError {
+    E2bNetworkError { field: field.into(), message: message.into() }
+}
+
+impl From<TransformError> for E2bNetworkError {
+    fn from(e: TransformError) -> Self {
+        E2bNetworkError { field: e.field, message: e.message }
+    }
 }
 
 /// E2B's name for 0.0.0.0/0 in `denyOut`.
@@ -85,6 +92,14 @@ impl E2bNetwork {
     }
 }
 
+/// The header rules of E2B's `network.rules` (none without them).
+pub fn transforms(net: Option<&E2bNetwork>) -> Result<Transforms, E2bNetworkError> {
+    match net.and_then(|n| n.rules.as_ref()) {
+        Some(rules) => Ok(Transforms::from_e2b(rules)?),
+        None => Ok(Transforms::default()),
+    }
+}
+
 /// The rules for E2B's settings. `allow_internet_access` absent means no egress: the
 /// official SDKs always send it (true unless told otherwise).
 pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> Result<Policy, E2bNetworkError> {
@@ -95,9 +110,6 @@ pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> 
     }
     if net.dns_servers.as_ref().is_some_and(|d| !d.is_empty()) {
         return Err(bad("network.dnsServers", "hutch's gateway answers the sandbox's DNS itself (so name rules and rebinding protection hold); leave dnsServers out"));
-    }
-    if net.rules.as_ref().is_some_and(|v| !v.is_null() && v.as_object().is_none_or(|o| !o.is_empty())) {
-        return Err(bad("network.rules", "hutch does not rewrite request headers at the network boundary yet; leave rules out"));
     }
     if let Some(mask) = &net.mask_request_host {
         check_request_host(mask)?;

@@ -5,6 +5,7 @@
 
 pub mod dns;
 pub mod e2b;
+pub mod inspect;
 pub mod log;
 pub mod public_proxy;
 pub mod ranges;

@@ -363,6 +363,9 @@ pub enum DenyReason {
     Rebinding { group: Group },
     /// The upstream did not answer or refused.
     DialFailed { error: String },
+    /// A flow to a host with a network rule that hutch could not inspect, or a
+    /// request on it that the rule could not be applied to.
+    Inspection { error: String },
 }
 
 impl fmt::Display for DenyReason {
@@ -375,6 +378,7 @@ impl fmt::Display for DenyReason {
             DenyReason::ConnectionLimit => write!(f, "the sandbox has too many connections open"),
             DenyReason::Rebinding { group } => write!(f, "the name resolves to a {} address", group.name()),
             DenyReason::DialFailed { error } => write!(f, "the destination did not accept: {error}"),
+            DenyReason::Inspection { error } => write!(f, "{error}"),
         }
     }
 }

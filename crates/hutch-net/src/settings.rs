@@ -2,6 +2,7 @@
 //! process-wide environment every stack of one hutch shares.
 
 use crate::e2b::{self, E2bNetwork, E2bNetworkError};
+use crate::inspect::{SecretVault, Transforms, Upstream};
 use crate::ranges::{Group, HostAddrs};
 use crate::rules::{Policy, Reach};
 use crate::seam::Seam;
@@ -13,6 +14,10 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settings {
     pub policy: Policy,
+    /// Headers set on HTTPS requests to chosen hosts (E2B's `network.rules`), by TLS
+    /// inspection.
+    #[serde(default, skip_serializing_if = "Transforms::is_empty")]
+    pub transforms: Transforms,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub e2b: Option<E2bSettings>,
 }
@@ -28,13 +33,14 @@ pub struct E2bSettings {
 
 impl Settings {
     pub fn native(policy: Policy) -> Settings {
-        Settings { policy, e2b: None }
+        Settings { policy, transforms: Transforms::default(), e2b: None }
     }
 
     /// From E2B's `allow_internet_access` and `network` (on create or update).
     pub fn from_e2b(allow_internet_access: Option<bool>, network: Option<E2bNetwork>) -> Result<Settings, E2bNetworkError> {
         let policy = e2b::policy(allow_internet_access, network.as_ref())?;
-        Ok(Settings { policy, e2b: Some(E2bSettings { allow_internet_access, network }) })
+        let transforms = e2b::transforms(network.as_ref())?;
+        Ok(Settings { policy, transforms, e2b: Some(E2bSettings { allow_internet_access, network }) })
     }
 }
 
@@ -44,6 +50,10 @@ pub struct Environment {
     pub reach: Reach,
     pub seam: Arc<dyn Seam>,
     pub limits: Limits,
+    /// How inspected flows check their servers (`--upstream-ca`).
+    pub upstream: Arc<Upstream>,
+    /// Where rules' `${e2b.secrets.NAME}` are read from (none: rules cannot name secrets).
+    pub vault: Option<Arc<dyn SecretVault>>,
 }
 
 impl std::fmt::Debug for Environment {
@@ -55,7 +65,13 @@ impl std::fmt::Debug for Environment {
 impl Default for Environment {
     /// The real world through this host's resolver, nothing protected opened.
     fn default() -> Self {
-        Environment { reach: Reach { open: Vec::new(), also_public: Vec::new(), host: HostAddrs::of_this_machine() }, seam: Arc::new(crate::seam::Direct::default()), limits: Limits::default() }
+        Environment {
+            reach: Reach { open: Vec::new(), also_public: Vec::new(), host: HostAddrs::of_this_machine() },
+            seam: Arc::new(crate::seam::Direct::default()),
+            limits: Limits::default(),
+            upstream: Arc::new(Upstream::default()),
+            vault: None,
+        }
     }
 }
 
@@ -64,6 +80,6 @@ impl Environment {
     /// `open` lists protected groups the operator lets rules reach, `also_public`
     /// reserved ranges this deployment counts as public.
     pub fn from_env(open: Vec<Group>, also_public: Vec<ipnet::IpNet>) -> Result<Environment, String> {
-        Ok(Environment { reach: Reach { open, also_public, host: HostAddrs::of_this_machine() }, seam: crate::seam::from_env()?, limits: Limits::default() })
+        Ok(Environment { reach: Reach { open, also_public, host: HostAddrs::of_this_machine() }, seam: crate::seam::from_env()?, ..Environment::default() })
     }
 }

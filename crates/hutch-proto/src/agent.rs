@@ -23,6 +23,10 @@ pub struct InitRequest {
     pub sandbox_id: Option<String>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
+    /// The sandbox's TLS inspection CA (PEM), which every process is to trust; None:
+    /// the guest trusts no hutch CA (one an earlier `/init` installed is removed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<String>,
     /// Host randomness (base64) the agent mixes into the guest RNG and reseeds from: a
     /// guest restored from a snapshot would otherwise share its RNG state with every
     /// other clone of that snapshot.

@@ -36,6 +36,7 @@ pub async fn init(State(st): State<AgentState>, body: Bytes) -> Response {
     let image = image_defaults();
     let mut env_vars = image.env.clone();
     env_vars.extend(req.env_vars);
+    crate::trust::apply(req.ca_bundle.as_deref(), &mut env_vars);
     if let Some(id) = &req.sandbox_id {
         // The real id, whatever an image's Env said.
         env_vars.insert("E2B_SANDBOX_ID".into(), id.clone());

@@ -57,6 +57,10 @@ pub struct ServeArgs {
     /// documentation address, say); repeat for more.
     #[arg(long = "net-public", value_name = "CIDR")]
     pub net_public: Vec<hutch_net::IpNet>,
+    /// A PEM file of CA certificates trusted, besides this host's, when hutch checks
+    /// the real server of a host whose network rules it inspects (repeatable).
+    #[arg(long = "upstream-ca", value_name = "FILE")]
+    pub upstream_ca: Vec<std::path::PathBuf>,
     /// What an E2B-style create that does not mention allow_internet_access (the
     /// newest official SDKs' default) gets: `public` as on E2B, or `none`.
     #[arg(long, default_value = "public", value_parser = ["public", "none"])]
@@ -152,7 +156,10 @@ pub async fn run(args: ServeArgs, key: Option<String>) -> anyhow::Result<i32> {
             memory: args.key_max_memory,
             free_disk_mib: args.key_max_free_disk,
         },
-        net_env: std::sync::Arc::new(hutch_net::Environment::from_env(args.net_open.clone(), args.net_public.clone()).map_err(anyhow::Error::msg)?),
+        net_env: std::sync::Arc::new(hutch_net::Environment {
+            upstream: std::sync::Arc::new(hutch_net::inspect::Upstream::with_ca_files(&args.upstream_ca)?),
+            ..hutch_net::Environment::from_env(args.net_open.clone(), args.net_public.clone()).map_err(anyhow::Error::msg)?
+        }),
         internet_by_default: args.egress_default == "public",
         insecure_registries: args.insecure_registries.clone(),
     };

@@ -73,6 +73,7 @@ impl SandboxManager {
         let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
         opts.cold = spec.cold;
         opts.network = spec.network.clone().unwrap_or_default();
+        self.check_rules(key_id, &mut opts.network).await?;
         let named = self.store.snapshot(key_id, &template).await?;
         // A template another API key built is not this one's to start (nor to learn of).
         if named.is_none() && self.template_owner(&name).is_some_and(|o| o != key_id) {
@@ -92,6 +93,11 @@ impl SandboxManager {
             return Err(ManagerError::ShuttingDown);
         }
         let NewSandbox { key_id, template, spec, token, timeout, mut opts, origin } = new;
+        if !opts.network.transforms.is_empty() && opts.inspect_ca.is_none() {
+            // Its own CA: no other sandbox's guest trusts it.
+            let ca = hutch_net::inspect::SandboxCa::generate().map_err(|e| ManagerError::Internal(format!("making the sandbox's inspection CA: {e}")))?;
+            opts.inspect_ca = Some(Arc::new(ca));
+        }
         let pool = match &origin {
             Origin::Template { template, pooled: true } => Some(super::canonical(template)),
             _ => None,
@@ -325,7 +331,7 @@ const POOL_START_WAIT: Duration = Duration::from_secs(60);
 /// A pooled sandbox handed over (`hand_over`), with this create's network settings:
 /// pooled sandboxes wait with no egress.
 async fn start_pooled(mut sandbox: Sandbox, artifacts: Artifacts, opts: &SandboxOptions) -> Result<(Sandbox, Artifacts), ManagerError> {
-    if let Err(e) = sandbox.set_network(opts.network.clone()) {
+    if let Err(e) = sandbox.set_network(opts.network.clone(), &opts.net_env) {
         let _ = sandbox.destroy().await;
         return Err(ManagerError::Create(e));
     }

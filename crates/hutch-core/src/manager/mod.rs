@@ -120,6 +120,8 @@ impl SandboxManager {
             demand.default_template = canonical(&demand.default_template);
         }
         let secrets = crate::secrets::Secrets::new(home.root(), store.clone());
+        // Rules' `${e2b.secrets.NAME}` are read from this server's store.
+        config.net_env = Arc::new(hutch_net::Environment { vault: Some(Arc::new(secrets.clone())), ..(*config.net_env).clone() });
         let manager = Arc::new_cyclic(|me| SandboxManager {
             home,
             store,
@@ -384,19 +386,47 @@ impl SandboxManager {
     /// Replaces the sandbox's network settings (E2B's `PUT /sandboxes/{id}/network`):
     /// a running sandbox's stack follows them at once and keeps open connections; a
     /// paused one's take effect when it resumes.
-    pub async fn set_network(&self, key_id: &str, id: &str, settings: hutch_net::Settings) -> Result<(), ManagerError> {
+    pub async fn set_network(&self, key_id: &str, id: &str, mut settings: hutch_net::Settings) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
         let dir = live.row.dir.clone();
+        self.check_rules(key_id, &mut settings).await?;
+        if !settings.transforms.is_empty() && !Path::new(&dir).join(hutch_net::inspect::ca::CA_CERT_FILE).exists() {
+            return Err(ManagerError::InvalidArgument(
+                "network.rules: this sandbox was created without header rules, so its guest does not trust hutch's inspection CA; create a sandbox with the rules it needs".into(),
+            ));
+        }
+        let env = self.config.net_env.clone();
         self.in_owner(&live, move |_, _, o| {
             Box::pin(async move {
                 match o.sandbox_mut() {
-                    Some(sandbox) => sandbox.set_network(settings),
+                    Some(sandbox) => sandbox.set_network(settings, &env),
                     None => crate::sandbox::layout::record_network(Path::new(&dir), settings).map_err(CreateError::Record),
                 }
                 .map_err(|e| ManagerError::Internal(format!("keeping the network settings: {}", hutch_proto::error_chain(&e))))
             })
         })
         .await
+    }
+
+    /// Binds header rules to the API key whose secrets they name; a secret that key
+    /// does not have is a 400, so a typo never reaches the destination as a bad header.
+    pub(super) async fn check_rules(&self, key_id: &str, settings: &mut hutch_net::Settings) -> Result<(), ManagerError> {
+        if settings.transforms.is_empty() {
+            return Ok(());
+        }
+        settings.transforms.secrets_of = Some(key_id.to_string());
+        for name in settings.transforms.secret_names() {
+            match self.secrets.get(key_id, &name).await {
+                Ok(_) => {}
+                Err(crate::secrets::SecretError::NotFound | crate::secrets::SecretError::Invalid(_)) => {
+                    return Err(ManagerError::InvalidArgument(format!(
+                        "network.rules: no secret named `{name}` for this API key; create it first (POST /secrets or `hutch secret create`)"
+                    )))
+                }
+                Err(e) => return Err(ManagerError::Internal(format!("reading the secrets the network rules name: {}", hutch_proto::error_chain(&e)))),
+            }
+        }
+        Ok(())
     }
 
     /// The sandbox's network settings, read from its record (written whole by a

@@ -36,6 +36,9 @@ pub struct SandboxOptions {
     /// Its VM's weight on a contended CPU from its start (a pool's sandboxes warm up
     /// in the background).
     pub cpu_share: CpuShare,
+    /// The CA of its TLS inspection, when its network rules set headers: saved in its
+    /// directory, its certificate handed to the guest at `/init`.
+    pub inspect_ca: Option<std::sync::Arc<hutch_net::inspect::SandboxCa>>,
 }
 
 impl Default for SandboxOptions {
@@ -54,6 +57,7 @@ impl Default for SandboxOptions {
             network: hutch_net::Settings::default(),
             net_env: std::sync::Arc::new(hutch_net::Environment::default()),
             cpu_share: CpuShare::Foreground,
+            inspect_ca: None,
         }
     }
 }
@@ -106,8 +110,27 @@ pub(crate) async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env
     if spec.nic.is_none() {
         return Ok(None);
     }
+    let inspector = inspector(&spec.dir, settings, env)?;
     let link = tokio::net::UnixStream::connect(spec.net_socket()).await.map_err(CreateError::Net)?;
-    Ok(Some(hutch_net::NetHandle::start(link, settings.policy.clone(), env.reach.clone(), env.seam.clone(), env.limits.clone())))
+    let net = hutch_net::NetHandle::start(link, settings.policy.clone(), env.reach.clone(), env.seam.clone(), env.limits.clone());
+    net.set_inspector(inspector);
+    Ok(Some(net))
+}
+
+/// The TLS inspection for `settings`' header rules, with the CA saved in the
+/// sandbox's directory `dir` (None without rules). Rules without a CA are an error,
+/// never rules left unapplied.
+pub(crate) fn inspector(dir: &Path, settings: &hutch_net::Settings, env: &hutch_net::Environment) -> Result<Option<std::sync::Arc<hutch_net::inspect::Inspector>>, CreateError> {
+    if settings.transforms.is_empty() {
+        return Ok(None);
+    }
+    let ca = hutch_net::inspect::SandboxCa::load(dir).map_err(CreateError::Inspection)?.ok_or(CreateError::NoInspectionCa)?;
+    Ok(Some(std::sync::Arc::new(hutch_net::inspect::Inspector {
+        ca: std::sync::Arc::new(ca),
+        transforms: settings.transforms.clone(),
+        upstream: env.upstream.clone(),
+        vault: env.vault.clone(),
+    })))
 }
 
 /// Connects to the agent and initializes the guest, retrying on a fresh session when
@@ -160,6 +183,7 @@ pub(crate) async fn init_guest(agent: &AgentClient, id: &str, opts: &SandboxOpti
         sandbox_id: Some(id.to_string()),
         metadata: opts.metadata.clone(),
         entropy: Some(hutch_proto::b64::encode(&entropy)),
+        ca_bundle: opts.inspect_ca.as_ref().map(|ca| ca.cert_pem().to_string()),
         ..InitRequest::default()
     };
     // Bounded: a guest that lost the session must not hang the create.

@@ -8,6 +8,10 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CreateError {
+    #[error("the sandbox's TLS inspection CA")]
+    Inspection(#[source] hutch_net::inspect::ca::CaError),
+    #[error("the sandbox has network rules that set headers but no inspection CA (it was made without rules; create a sandbox with the rules it needs)")]
+    NoInspectionCa,
     #[error("creating the sandbox directory {0}")]
     Dir(PathBuf, #[source] std::io::Error),
     #[error("creating the sandbox disk")]

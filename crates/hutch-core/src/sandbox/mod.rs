@@ -123,6 +123,9 @@ impl Sandbox {
             // A restored guest has a NIC only if its snapshot's VM had one.
             nic: launch.seed.is_none_or(|s| s.manifest.nic).then(guest_nic),
         };
+        if let Some(ca) = &opts.inspect_ca {
+            ca.save(&dir).map_err(CreateError::Inspection)?;
+        }
         let record = VmRecord { spec, base_snapshot: launch.base_snapshot, network: opts.network.clone() };
         let (mut vm, agent, net) = start_vm(backend, &record.spec, &record.network, opts, started).await?;
         let connected = started.elapsed();
@@ -156,6 +159,9 @@ impl Sandbox {
     pub async fn resume(dir: &Path, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
         let (mut record, id) = read_record(dir).map_err(CreateError::Record)?;
+        // The guest is told its CA again (it kept it; a host that lost the file says none).
+        let ca = hutch_net::inspect::SandboxCa::load(dir).map_err(CreateError::Inspection)?;
+        let opts = &SandboxOptions { inspect_ca: ca.map(std::sync::Arc::new), ..opts.clone() };
         let state = dir.join(PAUSED_STATE);
         // A state of changed pages is loaded over the snapshot's memory file the guest
         // mapped when paused (its record still names it); a whole one into plain RAM.
@@ -472,6 +478,9 @@ impl Sandbox {
     /// Hands the guest a new identity, environment, clock and entropy (a pooled
     /// sandbox being taken by a request).
     pub async fn reinit(&mut self, opts: &SandboxOptions) -> Result<(), CreateError> {
+        if let Some(ca) = &opts.inspect_ca {
+            ca.save(&self.dir).map_err(CreateError::Inspection)?;
+        }
         self.agent = init_guest(&self.agent, self.id.as_str(), opts).await?;
         Ok(())
     }
@@ -492,12 +501,14 @@ impl Sandbox {
 
     /// Replaces the sandbox's network settings: its stack follows them at once (open
     /// connections stay), and they are kept for resumes and adoptions.
-    pub fn set_network(&mut self, settings: hutch_net::Settings) -> Result<(), CreateError> {
+    pub fn set_network(&mut self, settings: hutch_net::Settings, env: &hutch_net::Environment) -> Result<(), CreateError> {
+        let inspector = boot::inspector(&self.dir, &settings, env)?;
         let mut record = self.record.clone();
         record.network = settings;
         write_record(&self.dir, &record)?;
         if let Some(net) = &self.net {
             net.set_policy(record.network.policy.clone());
+            net.set_inspector(inspector);
         }
         self.record = record;
         Ok(())

@@ -326,3 +326,16 @@ async fn select_one(conn: &mut sqlx::SqliteConnection, key_id: &str, selector: &
 
 #[cfg(test)]
 mod tests;
+
+/// Rules' `${e2b.secrets.NAME}` placeholders are filled in from here, on the host,
+/// per request: an update reaches the next request, a deleted secret fails it.
+#[async_trait::async_trait]
+impl hutch_net::inspect::SecretVault for Secrets {
+    async fn reveal(&self, owner: &str, name: &str) -> Result<Zeroizing<String>, String> {
+        match self.value(owner, name).await {
+            Ok(value) => Ok(value),
+            Err(SecretError::NotFound | SecretError::Invalid(_)) => Err(format!("secret `{name}` no longer exists for the API key that made the sandbox")),
+            Err(e) => Err(format!("secret `{name}` could not be read: {}", hutch_proto::error_chain(&e))),
+        }
+    }
+}

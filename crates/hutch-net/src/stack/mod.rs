@@ -21,6 +21,7 @@ pub use link::{LinkError, MAX_FRAME};
 
 use event::{Event, FlowKey};
 use crate::dns::{self, DnsContext, Pins};
+use crate::inspect::{self, Inspector};
 use crate::log::{LogView, NetLog};
 use crate::rules::{DenyReason, Dest, Policy, Proto, Reach};
 use crate::seam::Seam;
@@ -71,6 +72,8 @@ impl Default for Limits {
 /// What the stack and its reporters share.
 pub struct Shared {
     policy: RwLock<Arc<Policy>>,
+    /// TLS inspection for the hosts with header rules (none without rules).
+    inspector: RwLock<Option<Arc<Inspector>>>,
     pub reach: Reach,
     pub seam: Arc<dyn Seam>,
     pins: Mutex<Pins>,
@@ -114,6 +117,7 @@ impl NetHandle {
     pub fn start(link: UnixStream, policy: Policy, reach: Reach, seam: Arc<dyn Seam>, limits: Limits) -> NetHandle {
         let shared = Arc::new(Shared {
             policy: RwLock::new(Arc::new(policy)),
+            inspector: RwLock::new(None),
             reach,
             seam,
             pins: Mutex::new(Pins::default()),
@@ -142,6 +146,11 @@ impl NetHandle {
 
     pub fn policy(&self) -> Arc<Policy> {
         self.shared.policy()
+    }
+
+    /// Replaces the inspection of hosts with rules: new flows follow it; open ones stay.
+    pub fn set_inspector(&self, inspector: Option<Arc<Inspector>>) {
+        *self.shared.inspector.write() = inspector;
     }
 
     pub fn log(&self) -> LogView {
@@ -174,8 +183,9 @@ struct Stack {
     dev: device::Queues,
     sockets: SocketSet<'static>,
     tcp: HashMap<FlowKey, tcp::TcpFlow>,
-    /// SYNs waiting for their dial, by connection.
-    dialing: HashMap<FlowKey, Vec<u8>>,
+    /// SYNs waiting for their dial, by connection, with what the gate needs when
+    /// the flow is to a host with a rule.
+    dialing: HashMap<FlowKey, (Vec<u8>, Option<inspect::gate::Flow>)>,
     udp: udp::UdpFlows,
     tasks: JoinSet<()>,
     events: mpsc::Sender<Event>,
@@ -262,6 +272,14 @@ impl Stack {
         self.shared.pins.lock().names(ip, Instant::now())
     }
 
+    /// The inspector and the guest's names for `dst`, when a flow there goes through
+    /// the gate.
+    fn inspected(&self, dst: SocketAddrV4) -> Option<(Arc<Inspector>, Vec<String>)> {
+        let inspector = self.shared.inspector.read().clone()?;
+        let names = self.names_for(*dst.ip());
+        inspector.wants(dst.port(), &names).then_some((inspector, names))
+    }
+
     /// The policy's answer for a new flow, logged when it is no.
     fn decide(&self, proto: Proto, dst: SocketAddrV4) -> Result<(), DenyReason> {
         let names = self.names_for(*dst.ip());
@@ -327,6 +345,7 @@ impl Stack {
             self.dev.tx.extend(packets::refuse_syn(&frame));
             return;
         }
+        let gate = self.inspected(dst).map(|(inspector, names)| inspect::gate::Flow { dst, names, inspector, log: self.shared.log.clone() });
         let route = match self.shared.seam.route(SocketAddr::V4(dst), Proto::Tcp) {
             Ok(r) => r,
             Err(e) => {
@@ -335,7 +354,7 @@ impl Stack {
                 return;
             }
         };
-        self.dialing.insert(key, frame);
+        self.dialing.insert(key, (frame, gate));
         let events = self.events.clone();
         let timeout = self.limits.dial_timeout;
         self.tasks.spawn(async move {
@@ -370,13 +389,21 @@ impl Stack {
     fn event(&mut self, ev: Event) {
         match ev {
             Event::Dialed { key, result } => {
-                let Some(syn) = self.dialing.remove(&key) else { return };
-                match result {
-                    Ok(stream) => {
+                let Some((syn, gate)) = self.dialing.remove(&key) else { return };
+                match (result, gate) {
+                    (Ok(stream), None) => {
                         let _ = stream.set_nodelay(true);
                         self.open(key, syn, stream)
                     }
-                    Err(error) => {
+                    (Ok(stream), Some(flow)) => {
+                        let _ = stream.set_nodelay(true);
+                        // As large as the flow's socket buffers, so the gate is no
+                        // narrower than a direct flow.
+                        let (ours, theirs) = tokio::io::duplex(256 * 1024);
+                        self.tasks.spawn(inspect::gate(theirs, stream, flow));
+                        self.open(key, syn, ours)
+                    }
+                    (Err(error), _) => {
                         let (_, dst) = key;
                         self.shared.log.flow_denied(Proto::Tcp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::DialFailed { error });
                         self.dev.tx.extend(packets::refuse_syn(&syn));
@@ -405,6 +432,14 @@ impl Stack {
             return;
         }
         if self.udp.send(src, dst, &payload) {
+            return;
+        }
+        if dst.port() == 443 && self.inspected(dst).is_some() {
+            // QUIC would carry HTTP past the rule: refused at once, so clients fall
+            // back to TCP (browsers, curl and Go's HTTP/3 clients all do).
+            let error = "QUIC to a host with a network rule is refused so the client uses TLS over TCP".to_string();
+            self.shared.log.flow_denied(Proto::Udp, IpAddr::V4(*dst.ip()), dst.port(), self.names_for(*dst.ip()).first().cloned(), DenyReason::Inspection { error });
+            self.dev.tx.extend(packets::unreachable(frame, Icmpv4DstUnreachable::PortUnreachable));
             return;
         }
         if self.decide(Proto::Udp, dst).is_err() {

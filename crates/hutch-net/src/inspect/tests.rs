@@ -1,0 +1,238 @@
+//! The gate between an in-process guest (a rustls client on a pipe, trusting the
+//! sandbox's CA as the agent makes guests do) and loopback HTTPS servers with
+//! certificates of a test CA, standing in for the hosts a sandbox reaches.
+
+use super::gate::Flow;
+use super::*;
+use crate::log::NetLog;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use std::net::{SocketAddr, SocketAddrV4};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const DEADLINE: Duration = Duration::from_secs(10);
+const SECRET: &str = "sk-test-0123456789";
+
+/// A test CA and a certificate it signed for `hosts`.
+fn issued(hosts: &[&str]) -> (CertificateDer<'static>, CertificateDer<'static>, PrivateKeyDer<'static>) {
+    let ca_key = rcgen::KeyPair::generate().expect("key");
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca = ca_params.self_signed(&ca_key).expect("ca");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().expect("key");
+    let leaf = rcgen::CertificateParams::new(hosts.iter().map(|h| h.to_string()).collect::<Vec<_>>()).expect("params").signed_by(&key, &issuer).expect("leaf");
+    (ca.der().clone(), leaf.der().clone(), PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())))
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// An HTTPS server on loopback that answers each request with the headers it got
+/// (`name: value` lines, lower-cased names, in order) and its own name.
+async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>, name: &'static str) -> SocketAddr {
+    let mut config = rustls::ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect("versions").with_no_client_auth().with_single_cert(vec![leaf], key).expect("cert");
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((conn, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(conn).await else { return };
+                let service = hyper::service::service_fn(move |req: ::http::Request<hyper::body::Incoming>| async move {
+                    let mut seen = format!("server: {name}\n");
+                    for (k, v) in req.headers() {
+                        seen.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
+                    }
+                    Ok::<_, std::convert::Infallible>(::http::Response::new(Full::new(Bytes::from(seen))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+            });
+        }
+    });
+    addr
+}
+
+struct Vault;
+
+#[async_trait::async_trait]
+impl SecretVault for Vault {
+    async fn reveal(&self, owner: &str, name: &str) -> Result<zeroize::Zeroizing<String>, String> {
+        match (owner, name) {
+            ("key-1", "token") => Ok(zeroize::Zeroizing::new(SECRET.to_string())),
+            _ => Err(format!("secret `{name}` no longer exists")),
+        }
+    }
+}
+
+struct World {
+    ca: Arc<SandboxCa>,
+    inspector: Arc<Inspector>,
+    /// Host name → its loopback server.
+    servers: std::collections::HashMap<&'static str, SocketAddr>,
+    /// The test CA that signed every server but `untrusted.test`.
+    test_ca: CertificateDer<'static>,
+    _dir: tempfile::TempDir,
+}
+
+async fn world() -> World {
+    let (test_ca, inspect_leaf, inspect_key) = issued(&["inspect.test", "gone.test"]);
+    // plain.test's CA is trusted too; untrusted.test's is not.
+    let (plain_ca, plain_leaf, plain_key) = issued(&["plain.test"]);
+    let (_, untrusted_leaf, untrusted_key) = issued(&["untrusted.test"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pem = |der: &CertificateDer| format!("-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n", base64_lines(der));
+    std::fs::write(dir.path().join("ca.pem"), pem(&test_ca) + &pem(&plain_ca)).expect("write");
+    let upstream = Upstream::with_ca_files(&[dir.path().join("ca.pem")]).expect("CA file");
+    let rules = serde_json::json!({
+        "inspect.test": [{"transform": {"headers": {"X-Hutch-Test": "literal", "Authorization": "Bearer ${e2b.secrets.token}"}}}],
+        "gone.test": [{"transform": {"headers": {"Authorization": "${e2b.secrets.missing}"}}}],
+        "untrusted.test": [{}],
+    });
+    let mut transforms = Transforms::from_e2b(&rules).expect("rules");
+    transforms.secrets_of = Some("key-1".into());
+    let ca = Arc::new(SandboxCa::generate().expect("ca"));
+    let inspector = Arc::new(Inspector { ca: ca.clone(), transforms, upstream: Arc::new(upstream), vault: Some(Arc::new(Vault)) });
+    let mut servers = std::collections::HashMap::new();
+    servers.insert("inspect.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "inspect").await);
+    servers.insert("gone.test", https_server(inspect_leaf, inspect_key, "gone").await);
+    servers.insert("plain.test", https_server(plain_leaf, plain_key, "plain").await);
+    servers.insert("untrusted.test", https_server(untrusted_leaf, untrusted_key, "untrusted").await);
+    World { ca, inspector, servers, test_ca, _dir: dir }
+}
+
+fn base64_lines(der: &CertificateDer) -> String {
+    use base64::Engine;
+    let text = base64::engine::general_purpose::STANDARD.encode(der.as_ref());
+    text.as_bytes().chunks(64).map(|c| std::str::from_utf8(c).expect("ascii")).collect::<Vec<_>>().join("\n")
+}
+
+/// What the guest got for one TLS connection to `sni` (dialed at `server`): the
+/// certificate it was shown and the answers to `requests` (raw HTTP/1.1 heads).
+struct Seen {
+    cert: Option<CertificateDer<'static>>,
+    answer: Result<String, String>,
+}
+
+async fn guest_request(w: &World, sni: &str, server: &str, pinned: &[&str], trust: &[CertificateDer<'static>], request: &str, log: &NetLog) -> Seen {
+    let upstream = tokio::net::TcpStream::connect(w.servers[server]).await.expect("dial");
+    let (guest, ours) = tokio::io::duplex(64 * 1024);
+    let flow = Flow { dst: SocketAddrV4::new([93, 184, 216, 60].into(), 443), names: pinned.iter().map(|s| s.to_string()).collect(), inspector: w.inspector.clone(), log: log.clone() };
+    tokio::spawn(gate(ours, upstream, flow));
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in trust {
+        roots.add(cert.clone()).expect("root");
+    }
+    let mut config = rustls::ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect("versions").with_root_certificates(roots).with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let run = async {
+        let mut tls = connector.connect(ServerName::try_from(sni.to_string()).expect("name"), guest).await.map_err(|e| format!("handshake: {e}"))?;
+        let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.clone().into_owned());
+        tls.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
+        let mut answer = Vec::new();
+        let _ = tls.read_to_end(&mut answer).await;
+        Ok::<_, String>((cert, String::from_utf8_lossy(&answer).into_owned()))
+    };
+    match tokio::time::timeout(DEADLINE, run).await.expect("the flow ends within the deadline") {
+        Ok((cert, answer)) => Seen { cert, answer: Ok(answer) },
+        Err(e) => Seen { cert: None, answer: Err(e) },
+    }
+}
+
+fn get(host: &str, extra: &str) -> String {
+    format!("GET / HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n")
+}
+
+fn ca_cert(w: &World) -> CertificateDer<'static> {
+    rustls::pki_types::pem::PemObject::from_pem_slice(w.ca.cert_pem().as_bytes()).expect("pem")
+}
+
+#[tokio::test]
+async fn a_host_with_a_rule_gets_its_headers_set_with_the_secret_filled_in() {
+    let w = world().await;
+    let log = NetLog::default();
+    let seen = guest_request(&w, "inspect.test", "inspect.test", &["inspect.test"], &[ca_cert(&w)], &get("inspect.test", "X-Hutch-Test: guest\r\nAuthorization: Bearer guest\r\n"), &log).await;
+    let answer = seen.answer.expect("answered");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("server: inspect\n"), "{answer}");
+    assert!(answer.contains("x-hutch-test: literal\n") && !answer.contains("x-hutch-test: guest"), "the rule overrides the guest's header: {answer}");
+    assert!(answer.contains(&format!("authorization: Bearer {SECRET}\n")) && !answer.contains("Bearer guest"), "{answer}");
+    let leaf = seen.cert.expect("a certificate");
+    assert_ne!(leaf, w.test_ca);
+    // The guest was shown hutch's leaf, which the sandbox CA signed (its handshake trusted only that CA).
+    assert!(log.view().denials.is_empty(), "{:?}", log.view().denials);
+}
+
+#[tokio::test]
+async fn a_request_for_another_host_is_misdirected_and_not_sent() {
+    let w = world().await;
+    let log = NetLog::default();
+    let seen = guest_request(&w, "inspect.test", "inspect.test", &["inspect.test"], &[ca_cert(&w)], &get("plain.test", ""), &log).await;
+    let answer = seen.answer.expect("answered");
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
+    assert!(!answer.contains("server: inspect"), "nothing reached the server: {answer}");
+    let denials = log.view().denials;
+    assert!(denials.iter().any(|d| d.message.contains("`plain.test`")), "{denials:?}");
+}
+
+#[tokio::test]
+async fn a_host_without_a_rule_and_an_unpinned_name_are_relayed_untouched() {
+    let w = world().await;
+    let log = NetLog::default();
+    // No rule for plain.test: the guest sees the server's own certificate (it trusts the test CAs only).
+    let mut trust_servers: Vec<CertificateDer<'static>> = Vec::new();
+    let pem = std::fs::read(w._dir.path().join("ca.pem")).expect("read");
+    for cert in CertificateDer::pem_slice_iter(&pem) {
+        trust_servers.push(cert.expect("cert"));
+    }
+    use rustls::pki_types::pem::PemObject;
+    let plain = guest_request(&w, "plain.test", "plain.test", &["plain.test", "inspect.test"], &trust_servers, &get("plain.test", "X-Hutch-Test: guest\r\n"), &log).await;
+    let answer = plain.answer.expect("answered");
+    assert!(answer.contains("server: plain\n") && answer.contains("x-hutch-test: guest\n"), "{answer}");
+    // inspect.test's rule applies only when the guest resolved inspect.test to this address.
+    let unpinned = guest_request(&w, "inspect.test", "inspect.test", &["other.test"], &trust_servers, &get("inspect.test", ""), &log).await;
+    let answer = unpinned.answer.expect("answered by the server itself");
+    assert!(answer.contains("server: inspect\n") && !answer.contains("x-hutch-test"), "{answer}");
+    assert!(log.view().denials.is_empty());
+}
+
+#[tokio::test]
+async fn an_upstream_that_does_not_verify_or_a_missing_secret_fails_closed() {
+    let w = world().await;
+    let log = NetLog::default();
+    let untrusted = guest_request(&w, "untrusted.test", "untrusted.test", &["untrusted.test"], &[ca_cert(&w)], &get("untrusted.test", ""), &log).await;
+    assert!(untrusted.answer.is_err() || untrusted.answer.as_ref().is_ok_and(|a| a.is_empty()), "no answer: {:?}", untrusted.answer);
+    let denials = log.view().denials;
+    assert!(denials.iter().any(|d| d.name.as_deref() == Some("untrusted.test") && d.message.contains("certificate")), "{denials:?}");
+    let gone = guest_request(&w, "gone.test", "gone.test", &["gone.test"], &[ca_cert(&w)], &get("gone.test", ""), &log).await;
+    let answer = gone.answer.expect("answered by hutch");
+    assert!(answer.starts_with("HTTP/1.1 502") && answer.contains("`missing`") && !answer.contains("server: gone"), "{answer}");
+}
+
+#[test]
+fn a_saved_ca_loads_back_and_signs_leaves_its_certificate_verifies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = SandboxCa::generate().expect("ca");
+    ca.save(dir.path()).expect("save");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir.path().join(ca::CA_KEY_FILE)).expect("key").permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let loaded = SandboxCa::load(dir.path()).expect("load").expect("there");
+    assert_eq!(loaded.cert_pem(), ca.cert_pem());
+    let leaf = loaded.leaf("inspect.test").expect("leaf");
+    let root: CertificateDer = rustls::pki_types::pem::PemObject::from_pem_slice(ca.cert_pem().as_bytes()).expect("pem");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(root).expect("root");
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider()).build().expect("verifier");
+    let now = rustls::pki_types::UnixTime::now();
+    use rustls::client::danger::ServerCertVerifier;
+    verifier.verify_server_cert(&leaf.cert[0], &leaf.cert[1..], &ServerName::try_from("inspect.test").expect("name"), &[], now).expect("the loaded CA's leaf verifies against the saved certificate");
+    assert!(SandboxCa::load(tempfile::tempdir().expect("t").path()).expect("no error").is_none());
+}

@@ -1,0 +1,299 @@
+//! E2B's `network.rules`: per host, headers set on every HTTPS request the sandbox
+//! sends there (overriding the guest's own), whose values may name the API key's
+//! secrets as `${e2b.secrets.NAME}`. The host side fills those in; the guest never
+//! holds the value. Checked on create and update with E2B's limits, kept in the
+//! sandbox's record as the client wrote them.
+
+use crate::rules::normalize_name;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use zeroize::Zeroizing;
+
+/// E2B's limits (infra `sandbox_create.go`).
+pub const MAX_HOSTS: usize = 10;
+pub const MAX_HEADERS: usize = 20;
+pub const MAX_HEADER_NAME: usize = 64;
+pub const MAX_HEADER_VALUE: usize = 2048;
+pub const MAX_SECRETS_PER_HOST: usize = 32;
+
+const SECRET_PREFIX: &str = "${e2b.secrets.";
+const IDENTITY_PREFIX: &str = "${e2b.identity.tokens.";
+
+/// The headers to set, by host as E2B writes it: `api.x.com`, or `*.x.com` for any
+/// name below x.com (not x.com itself).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Transforms {
+    /// The API key whose secrets the placeholders name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secrets_of: Option<String>,
+    pub hosts: BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// A rule E2B would refuse, or one hutch does not do. `field` names where, in the
+/// request's JSON; the message never quotes a header's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct TransformError {
+    pub field: String,
+    pub message: String,
+}
+
+fn bad(field: impl Into<String>, message: impl Into<String>) -> TransformError {
+    TransformError { field: field.into(), message: message.into() }
+}
+
+/// One piece of a header's value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Part<'a> {
+    Text(&'a str),
+    Secret(String),
+}
+
+/// A header value cut into text and `${e2b.secrets.NAME}` placeholders (the name
+/// trimmed and lower-cased, as E2B normalizes it). `Err` says what is malformed.
+pub fn parse_value(value: &str) -> Result<Vec<Part<'_>>, &'static str> {
+    let mut parts = Vec::new();
+    let mut rest = value;
+    while let Some(at) = rest.find("${") {
+        if at > 0 {
+            parts.push(Part::Text(&rest[..at]));
+        }
+        let tail = &rest[at..];
+        if tail.starts_with(IDENTITY_PREFIX) {
+            return Err("names a workload identity token; hutch has no workload identity, so only ${e2b.secrets.NAME} placeholders work");
+        }
+        let Some(inner) = tail.strip_prefix(SECRET_PREFIX) else {
+            // Text of the guest's own that happens to hold `${`: E2B keeps it as is.
+            parts.push(Part::Text("${"));
+            rest = &tail[2..];
+            continue;
+        };
+        let Some(end) = inner.find('}') else { return Err("contains a malformed E2B placeholder (no closing `}`)") };
+        let name = inner[..end].trim();
+        if name.is_empty() || name.contains("${") || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+            return Err("contains a malformed E2B placeholder (a secret's name is letters, digits, `_` and `-`)");
+        }
+        parts.push(Part::Secret(name.to_ascii_lowercase()));
+        rest = &inner[end + 1..];
+    }
+    if !rest.is_empty() {
+        parts.push(Part::Text(rest));
+    }
+    Ok(parts)
+}
+
+impl Transforms {
+    /// From E2B's `network.rules` (`{host: [{"transform": {"headers": {…}}}]}`).
+    pub fn from_e2b(rules: &serde_json::Value) -> Result<Transforms, TransformError> {
+        let mut hosts = BTreeMap::new();
+        let Some(map) = rules.as_object() else {
+            return if rules.is_null() { Ok(Transforms::default()) } else { Err(bad("network.rules", "is an object of host → list of rules")) };
+        };
+        if map.len() > MAX_HOSTS {
+            return Err(bad("network.rules", format!("names {} hosts; at most {MAX_HOSTS} may have rules", map.len())));
+        }
+        for (key, list) in map {
+            let field = format!("network.rules.{key}");
+            let host = rule_host(key).map_err(|m| bad(&field, m))?;
+            let Some(list) = list.as_array() else { return Err(bad(&field, "is a list of rules")) };
+            if list.len() > 1 {
+                return Err(bad(&field, "has more than one rule; a host takes one rule"));
+            }
+            let mut headers = BTreeMap::new();
+            if let Some(rule) = list.first() {
+                let Some(rule) = rule.as_object() else { return Err(bad(&field, "holds a rule that is not an object")) };
+                if let Some(other) = rule.keys().find(|k| *k != "transform") {
+                    return Err(bad(&field, format!("has `{other}`; a rule takes only `transform`")));
+                }
+                if let Some(transform) = rule.get("transform").filter(|t| !t.is_null()) {
+                    let Some(transform) = transform.as_object() else { return Err(bad(format!("{field}.transform"), "is an object")) };
+                    if let Some(other) = transform.keys().find(|k| *k != "headers") {
+                        return Err(bad(format!("{field}.transform"), format!("has `{other}`; a transform takes only `headers`")));
+                    }
+                    if let Some(given) = transform.get("headers").filter(|h| !h.is_null()) {
+                        headers = check_headers(&format!("{field}.transform.headers"), given)?;
+                    }
+                }
+            }
+            if hosts.insert(host, headers).is_some() {
+                return Err(bad(&field, "names a host that another key names too (keys are compared lower-cased)"));
+            }
+        }
+        Ok(Transforms { secrets_of: None, hosts })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.hosts.is_empty()
+    }
+
+    /// Every secret the rules name.
+    pub fn secret_names(&self) -> BTreeSet<String> {
+        let mut names = BTreeSet::new();
+        for value in self.hosts.values().flat_map(|h| h.values()) {
+            for part in parse_value(value).unwrap_or_default() {
+                if let Part::Secret(name) = part {
+                    names.insert(name);
+                }
+            }
+        }
+        names
+    }
+
+    /// The headers for `host` (a lower-case name): an exact key wins over wildcards,
+    /// and the longest wildcard over shorter ones; rules are not merged.
+    pub fn for_host(&self, host: &str) -> Option<&BTreeMap<String, String>> {
+        if let Some(headers) = self.hosts.get(host) {
+            return Some(headers);
+        }
+        self.hosts
+            .iter()
+            .filter_map(|(key, headers)| key.strip_prefix("*.").filter(|apex| host.len() > apex.len() + 1 && host.ends_with(apex) && host.as_bytes()[host.len() - apex.len() - 1] == b'.').map(|apex| (apex.len(), headers)))
+            .max_by_key(|(len, _)| *len)
+            .map(|(_, headers)| headers)
+    }
+
+    /// Whether any of `names` has a rule.
+    pub fn covers_any(&self, names: &[String]) -> bool {
+        names.iter().any(|n| self.for_host(n).is_some())
+    }
+}
+
+fn rule_host(key: &str) -> Result<String, String> {
+    let key = key.trim();
+    if key == "*" {
+        return Err("`*` is not a host; name one, or `*.domain` for the names below it".into());
+    }
+    if key.parse::<std::net::IpAddr>().is_ok() || crate::rules::parse_cidr(key).is_some() {
+        return Err("is an address; hutch applies rules by the TLS server name, so key them by domain".into());
+    }
+    match key.strip_prefix("*.") {
+        Some(apex) => normalize_name(key, apex).map(|a| format!("*.{a}")).map_err(|e| e.reason),
+        None => normalize_name(key, key).map_err(|e| e.reason),
+    }
+}
+
+fn check_headers(field: &str, given: &serde_json::Value) -> Result<BTreeMap<String, String>, TransformError> {
+    let Some(given) = given.as_object() else { return Err(bad(field, "is an object of header name → value")) };
+    if given.len() > MAX_HEADERS {
+        return Err(bad(field, format!("sets {} headers; at most {MAX_HEADERS}", given.len())));
+    }
+    let mut headers = BTreeMap::new();
+    let mut secrets = BTreeSet::new();
+    for (name, value) in given {
+        let at = format!("{field}.{name}");
+        if name.len() > MAX_HEADER_NAME || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(bad(&at, format!("is not a header name (a token of at most {MAX_HEADER_NAME} bytes)")));
+        }
+        if is_hop_by_hop(name) {
+            return Err(bad(&at, "is a connection header; a transform sets request headers only"));
+        }
+        let Some(value) = value.as_str() else { return Err(bad(&at, "is a string")) };
+        if value.len() > MAX_HEADER_VALUE {
+            return Err(bad(&at, format!("is longer than {MAX_HEADER_VALUE} bytes")));
+        }
+        if http::HeaderValue::from_str(value).is_err() {
+            return Err(bad(&at, "holds a byte a header value cannot (CR, LF, NUL or another control character, or non-ASCII)"));
+        }
+        for part in parse_value(value).map_err(|m| bad(&at, m))? {
+            if let Part::Secret(name) = part {
+                secrets.insert(name);
+            }
+        }
+        headers.insert(name.to_ascii_lowercase(), value.to_string());
+    }
+    if secrets.len() > MAX_SECRETS_PER_HOST {
+        return Err(bad(field, format!("names {} secrets; a host's rule names at most {MAX_SECRETS_PER_HOST}", secrets.len())));
+    }
+    Ok(headers)
+}
+
+/// Headers that describe the connection, not the request: a rule setting one could
+/// split or smuggle requests between hutch and the server.
+fn is_hop_by_hop(name: &str) -> bool {
+    ["host", "connection", "content-length", "transfer-encoding", "upgrade", "te", "trailer", "keep-alive", "proxy-connection", "expect"].iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// A header value with its placeholders filled in by `reveal`.
+pub async fn render<F, Fut>(value: &str, reveal: F) -> Result<Zeroizing<String>, String>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Zeroizing<String>, String>>,
+{
+    let mut out = Zeroizing::new(String::with_capacity(value.len()));
+    for part in parse_value(value).map_err(str::to_string)? {
+        match part {
+            Part::Text(t) => out.push_str(t),
+            Part::Secret(name) => out.push_str(&reveal(name).await?),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rules(v: serde_json::Value) -> Result<Transforms, TransformError> {
+        Transforms::from_e2b(&v)
+    }
+
+    #[test]
+    fn exact_beats_wildcards_and_the_longest_wildcard_wins() {
+        let t = rules(json!({
+            "api.x.com": [{"transform": {"headers": {"A": "exact"}}}],
+            "*.x.com": [{"transform": {"headers": {"A": "short"}}}],
+            "*.eu.x.com": [{"transform": {"headers": {"A": "long"}}}],
+            "Other.COM": [{}],
+        }))
+        .expect("valid");
+        let a = |h: &str| t.for_host(h).and_then(|m| m.get("a")).cloned();
+        assert_eq!(a("api.x.com").as_deref(), Some("exact"));
+        assert_eq!(a("b.x.com").as_deref(), Some("short"));
+        assert_eq!(a("a.eu.x.com").as_deref(), Some("long"));
+        assert_eq!(a("x.com"), None, "a wildcard is not its apex");
+        assert_eq!(a("evilx.com"), None);
+        assert!(t.for_host("other.com").is_some_and(|m| m.is_empty()), "a rule without a transform still inspects");
+        assert!(t.covers_any(&["nope.org".into(), "b.x.com".into()]));
+        assert!(!t.covers_any(&["x.com".into()]));
+    }
+
+    #[test]
+    fn placeholders_are_found_and_malformed_ones_refused() {
+        assert_eq!(parse_value("Bearer ${e2b.secrets. OpenAI }!").expect("ok"), vec![Part::Text("Bearer "), Part::Secret("openai".into()), Part::Text("!")]);
+        assert_eq!(parse_value("a${b}c").expect("ok"), vec![Part::Text("a"), Part::Text("${"), Part::Text("b}c")]);
+        assert!(parse_value("${e2b.secrets.x").is_err());
+        assert!(parse_value("${e2b.secrets.a b}").is_err());
+        assert!(parse_value("${e2b.secrets.${e2b.secrets.a}}").is_err());
+        assert!(parse_value("${e2b.identity.tokens.aws}").is_err());
+        let t = rules(json!({"a.com": [{"transform": {"headers": {"X": "${e2b.secrets.one}-${e2b.secrets.TWO}"}}}]})).expect("valid");
+        assert_eq!(t.secret_names().into_iter().collect::<Vec<_>>(), ["one", "two"]);
+    }
+
+    #[test]
+    fn bad_rules_name_the_field_and_never_the_value() {
+        let field = |v: serde_json::Value| rules(v).expect_err("refused").field;
+        assert_eq!(field(json!({"*": [{}]})), "network.rules.*");
+        assert_eq!(field(json!({"10.0.0.0/8": [{}]})), "network.rules.10.0.0.0/8");
+        assert_eq!(field(json!({"a.com": [{}, {}]})), "network.rules.a.com");
+        assert_eq!(field(json!({"a.com": [{"transform": {"headers": {"Bad Name": "v"}}}]})), "network.rules.a.com.transform.headers.Bad Name");
+        assert_eq!(field(json!({"a.com": [{"transform": {"headers": {"Host": "v"}}}]})), "network.rules.a.com.transform.headers.Host");
+        let secret = "sk-live-do-not-show";
+        let err = rules(json!({"a.com": [{"transform": {"headers": {"X": format!("{secret}\r\nEvil: 1")}}}]})).expect_err("CRLF");
+        assert_eq!(err.field, "network.rules.a.com.transform.headers.X");
+        assert!(!err.to_string().contains(secret));
+        let long = "v".repeat(MAX_HEADER_VALUE + 1);
+        assert!(rules(json!({"a.com": [{"transform": {"headers": {"X": long}}}]})).is_err());
+        let many: serde_json::Map<String, serde_json::Value> = (0..=MAX_HOSTS).map(|i| (format!("h{i}.com"), json!([{}]))).collect();
+        assert_eq!(field(serde_json::Value::Object(many)), "network.rules");
+        assert!(rules(json!({"A.com": [{}], "a.com": [{}]})).is_err(), "the same host twice");
+    }
+
+    #[tokio::test]
+    async fn render_fills_in_each_placeholder() {
+        let out = render("Bearer ${e2b.secrets.k}/${e2b.secrets.k}", |name| async move { Ok(Zeroizing::new(format!("<{name}>"))) }).await.expect("rendered");
+        assert_eq!(out.as_str(), "Bearer <k>/<k>");
+        let gone = render("${e2b.secrets.gone}", |_| async { Err("no such secret".to_string()) }).await;
+        assert_eq!(gone.expect_err("missing"), "no such secret");
+    }
+}

@@ -1,0 +1,84 @@
+//! How hutch checks the real server of an inspected flow: the host's roots (read once,
+//! on the first inspected flow) and the CAs the operator gives (`hutch serve
+//! --upstream-ca FILE`, read at start so a bad file stops the server with its name).
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+/// The one protocol inspected flows speak on both sides, for now.
+pub const HTTP1: &[u8] = b"http/1.1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamCaError {
+    #[error("cannot read the upstream CA file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path} holds no PEM certificate; give --upstream-ca a PEM file of CA certificates")]
+    Empty { path: PathBuf },
+    #[error("{path} is not a PEM file of certificates: {message}")]
+    Parse { path: PathBuf, message: String },
+}
+
+#[derive(Default)]
+pub struct Upstream {
+    extra: Vec<CertificateDer<'static>>,
+    config: OnceLock<Result<Arc<rustls::ClientConfig>, String>>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").field("extra_cas", &self.extra.len()).finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    /// The host's roots and the certificates in each of `files`.
+    pub fn with_ca_files(files: &[PathBuf]) -> Result<Upstream, UpstreamCaError> {
+        let mut extra = Vec::new();
+        for path in files {
+            extra.extend(read_pem(path)?);
+        }
+        Ok(Upstream { extra, config: OnceLock::new() })
+    }
+
+    /// The client configuration, made on first use.
+    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        self.config.get_or_init(|| self.make()).clone()
+    }
+
+    fn make(&self) -> Result<Arc<rustls::ClientConfig>, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        let native = rustls_native_certs::load_native_certs();
+        for error in &native.errors {
+            tracing::warn!("reading the host's CA certificates: {error}");
+        }
+        let (_, unusable) = roots.add_parsable_certificates(native.certs);
+        if unusable > 0 {
+            tracing::debug!("{unusable} of the host's CA certificates were not usable");
+        }
+        for cert in &self.extra {
+            roots.add(cert.clone()).map_err(|e| format!("an --upstream-ca certificate is not a usable CA: {e}"))?;
+        }
+        if roots.is_empty() {
+            return Err("this host has no CA certificates (install ca-certificates) and none was given with --upstream-ca".into());
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![HTTP1.to_vec()];
+        Ok(Arc::new(config))
+    }
+}
+
+fn read_pem(path: &Path) -> Result<Vec<CertificateDer<'static>>, UpstreamCaError> {
+    let bytes = std::fs::read(path).map_err(|source| UpstreamCaError::Read { path: path.to_path_buf(), source })?;
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&bytes).collect::<Result<_, _>>().map_err(|e| UpstreamCaError::Parse { path: path.to_path_buf(), message: e.to_string() })?;
+    if certs.is_empty() {
+        return Err(UpstreamCaError::Empty { path: path.to_path_buf() });
+    }
+    Ok(certs)
+}

@@ -1,0 +1,234 @@
+"""TLS inspection with E2B's `network.rules`, through the official SDK: for a host with a
+rule, hutch ends the guest's TLS with the sandbox's own CA (which the guest's curl,
+Python and Node trust) and sets the rule's headers on every request, a secret's
+`${e2b.secrets.NAME}` replaced by its value on the host, so the guest never holds it.
+Hosts without a rule keep their own certificate; a Host header that is not the TLS
+name is 421; an upstream whose certificate does not verify fails closed; QUIC to an
+inspected host is refused so clients fall back to TCP. The HTTPS hosts are loopback
+listeners behind the test map (tests/networld.py) that answer with what they received,
+the Authorization header only as its SHA-256. One sandbox serves every check."""
+
+import hashlib
+import json
+import secrets
+
+import pytest
+from e2b import CommandExitException, Sandbox, Secret
+
+from conftest import wait_until
+from networld import UNTRUSTED
+
+SECRET_NAME = "hutch-inspection-token"
+SECRET_VALUE = "sk-hutch-inspect-" + secrets.token_hex(12)
+# What inspect.test must receive, whatever the guest sent.
+INSPECTED = {
+    "server": "inspect",
+    "host": "inspect.test",
+    "x_hutch_test": "literal-value",
+    "authorization_sha256": hashlib.sha256(f"Bearer {SECRET_VALUE}".encode()).hexdigest(),
+}
+SYSTEM_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The image's bundle with the sandbox's CA appended, in tmpfs, bind-mounted over SYSTEM_BUNDLE.
+HUTCH_BUNDLE = "/run/hutch/ca-bundle.crt"
+
+# Runs inside the guest: `python3 /tmp/probe.py NAME JSON_ARGS` prints one JSON value.
+PROBE = r'''
+import errno, hashlib, http.client, json, os, socket, ssl, stat, sys, time, urllib.request
+
+def fetch(url, headers):
+    # The guest's own trust store, as any Python program gets it (SSL_CERT_FILE).
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
+        return json.loads(r.read())
+
+def peer(host, path, headers):
+    # Not verified: plain.test's real certificate is signed by a CA the guest does not
+    # trust; the test compares its hash with the one the host served.
+    conn = http.client.HTTPSConnection(host, timeout=30, context=ssl._create_unverified_context())
+    conn.request("GET", path, headers=headers)
+    der = conn.sock.getpeercert(binary_form=True)
+    body = json.loads(conn.getresponse().read())
+    conn.close()
+    return {"cert_sha256": hashlib.sha256(der).hexdigest(), "body": body}
+
+def udp(host, port):
+    # What the network sees of QUIC's first flight: a datagram to port 443.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5)
+        s.connect((host, port))
+        t = time.monotonic()
+        s.send(b"\xc0quic-initial")
+        try:
+            return {"answer": s.recv(65536).decode(errors="replace")}
+        except OSError as e:
+            return {"err": errno.errorcode.get(e.errno) or type(e).__name__, "ms": round((time.monotonic() - t) * 1000)}
+
+def leaks(reversed_value):
+    # The value comes reversed, so this process's own argv does not hold it.
+    needle = reversed_value[::-1].encode()
+    hits, proc, scanned = [], 0, []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        for part in ("environ", "cmdline"):
+            try:
+                data = open(f"/proc/{pid}/{part}", "rb").read()
+            except OSError:
+                continue  # gone since the listing
+            proc += 1
+            if needle in data:
+                hits.append(f"/proc/{pid}/{part}")
+    def scan(path, follow=True):
+        try:
+            st = os.stat(path) if follow else os.lstat(path)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > 8 << 20:
+                return
+            data = open(path, "rb").read()
+        except OSError:
+            return  # gone since the listing
+        scanned.append(path)
+        if needle in data:
+            hits.append(path)
+    # The trust store and hutch's CA by name (links followed), then every small file where
+    # configuration and environment live.
+    for path in ("/etc/ssl/certs/ca-certificates.crt", "/run/hutch/ca-bundle.crt", "/run/hutch/ca.pem"):
+        scan(path)
+    ca_files = list(scanned)
+    for top in ("/etc", "/run", "/home", "/root", "/tmp", "/usr/local"):
+        for where, _, names in os.walk(top):
+            for name in names:
+                scan(os.path.join(where, name), follow=False)
+    env = {k: os.environ.get(k) for k in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "NODE_EXTRA_CA_CERTS")}
+    return {"hits": sorted(set(hits)), "proc": proc, "files": len(scanned), "env": env, "ca_files": ca_files}
+
+print(json.dumps(globals()[sys.argv[1]](*json.loads(sys.argv[2]))))
+'''
+
+# Node 18's global fetch (undici), which reads NODE_EXTRA_CA_CERTS.
+NODE_FETCH = 'fetch("https://inspect.test/node").then(r => r.text()).then(t => process.stdout.write(t))'
+
+
+@pytest.fixture(scope="module")
+def secret(server):
+    info = Secret.create(SECRET_NAME, SECRET_VALUE)
+    yield info
+    assert Secret.destroy(info.secret_id)
+
+
+@pytest.fixture(scope="module")
+def sbx(server, net_world, secret):
+    network = {
+        "allow_out": ["inspect.test", "plain.test", "untrusted.test"],
+        "deny_out": ["0.0.0.0/0"],
+        "rules": {
+            "inspect.test": [{"transform": {"headers": {
+                "X-Hutch-Test": "literal-value",
+                "Authorization": f"Bearer {Secret.fill(secret.name)}",
+            }}}],
+            "untrusted.test": [{"transform": {"headers": {"X-Hutch-Test": "x"}}}],
+        },
+    }
+    s = Sandbox.create("base", network=network, timeout=900)
+    try:
+        s.files.write("/tmp/probe.py", PROBE)
+        yield s
+    finally:
+        s.kill()
+
+
+def guest(sbx, command: str, user: str = "user") -> tuple[int, str, str]:
+    """Runs `command` in the guest: its exit code, stdout and stderr, whatever the code."""
+    try:
+        r = sbx.commands.run(command, user=user, timeout=180)
+    except CommandExitException as e:
+        return e.exit_code, e.stdout, e.stderr
+    return r.exit_code, r.stdout, r.stderr
+
+
+def probe_command(name: str, *args) -> str:
+    arg = json.dumps(list(args)).replace("'", "'\\''")
+    return f"python3 /tmp/probe.py {name} '{arg}'"
+
+
+def json_lines(out: str) -> list[dict]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def fields(got: dict, like: dict) -> dict:
+    """`got` cut down to `like`'s keys, to compare the two."""
+    return {k: got.get(k) for k in like}
+
+
+def test_curl_python_and_node_get_the_rules_headers_over_the_guests_own(sbx):
+    code, out, err = guest(sbx, " && ".join([
+        "curl -sS --max-time 30 https://inspect.test/curl",
+        # The guest's own X-Hutch-Test and Authorization are replaced, not joined.
+        probe_command("fetch", "https://inspect.test/urllib", {"X-Hutch-Test": "guest", "Authorization": "Bearer guest"}),
+        f"node -e '{NODE_FETCH}'",
+        # Two requests on one connection (curl keeps it open when hutch does): both rewritten.
+        "curl -sS --max-time 30 -H 'X-Hutch-Test: guest' -H 'Authorization: Bearer guest' https://inspect.test/again-1 https://inspect.test/again-2",
+    ]))
+    assert code == 0, err
+    got = json_lines(out)
+    assert [g["path"] for g in got] == ["/curl", "/urllib", "/node", "/again-1", "/again-2"], out
+    for g in got:
+        assert fields(g, INSPECTED) == INSPECTED, g
+
+
+def test_the_secret_reaches_the_host_but_nothing_the_guest_or_api_shows(server, sbx):
+    code, out, err = guest(sbx, "curl -sS --max-time 30 -o /dev/null https://inspect.test/before-scan && "
+                           + probe_command("leaks", SECRET_VALUE[::-1]), user="root")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["hits"] == [], f"the secret's value is in the guest: {r['hits']}"
+    # The scan read what it should have: every process, the trust store and hutch's CA.
+    assert r["proc"] >= 20 and r["files"] >= 100, r
+    assert r["ca_files"] == [SYSTEM_BUNDLE, HUTCH_BUNDLE, "/run/hutch/ca.pem"], r
+    assert r["env"] == {"SSL_CERT_FILE": HUTCH_BUNDLE, "REQUESTS_CA_BUNDLE": HUTCH_BUNDLE,
+                        "CURL_CA_BUNDLE": HUTCH_BUNDLE, "NODE_EXTRA_CA_CERTS": "/run/hutch/ca.pem"}, r["env"]
+    api = server.api()
+    for path in (f"/sandboxes/{sbx.sandbox_id}", f"/sandboxes/{sbx.sandbox_id}/network"):
+        view = api.get(path)
+        assert view.status_code == 200 and SECRET_VALUE not in view.text, path
+    assert SECRET_VALUE not in (server.home / "serve.log").read_text(errors="replace")
+
+
+def test_an_inspected_host_shows_hutchs_certificate_and_others_their_own(sbx, net_world):
+    headers = {"X-Hutch-Test": "guest"}
+    code, out, err = guest(sbx, probe_command("peer", "inspect.test", "/peer", headers) + " && "
+                           + probe_command("peer", "plain.test", "/peer", headers))
+    assert code == 0, err
+    inspected, plain = json_lines(out)
+    assert inspected["cert_sha256"] != net_world.tls_cert_sha256["inspect.test"], "hutch must end an inspected host's TLS"
+    assert fields(inspected["body"], INSPECTED) == INSPECTED, inspected
+    # No rule: the bytes pass untouched, the server's own certificate and headers.
+    assert plain["cert_sha256"] == net_world.plain_cert_sha256
+    assert plain["body"] == {"server": "plain", "path": "/peer", "host": "plain.test", "x_hutch_test": "guest", "authorization_sha256": None}
+
+
+def test_a_host_header_other_than_the_tls_name_is_421_and_not_forwarded(sbx, net_world):
+    code, out, err = guest(sbx, "curl -sS --max-time 30 -o /dev/null -w '%{http_code}' -H 'Host: plain.test' https://inspect.test/misdirected")
+    assert (code, out) == (0, "421"), err
+    assert [r for r in net_world.tls_seen if r["path"] == "/misdirected"] == []
+
+
+def test_an_upstream_whose_certificate_does_not_verify_fails_closed(server, sbx, net_world):
+    code, out, err = guest(sbx, "curl -sS --max-time 30 https://untrusted.test/untrusted")
+    # Refused at the TLS handshake or reset, not a name or connection refusal (6, 7) or a
+    # hang (28), and never an answer.
+    assert code not in (0, 6, 7, 28), (code, out, err)
+    assert net_world.tls_requests("untrusted") == []
+
+    def denial():
+        log = server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]
+        return [d for d in log["denials"] if (d.get("ip") == UNTRUSTED or d.get("name") == "untrusted.test")
+                and "certificate" in d["message"].lower()]
+    wait_until(denial, "a denial of untrusted.test naming its certificate in the network log", timeout=15,
+               detail=lambda: server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]["denials"])
+
+
+def test_quic_to_an_inspected_host_is_refused(sbx, net_world):
+    before = net_world.violation_lines()
+    code, out, err = guest(sbx, probe_command("udp", "inspect.test", 443))
+    assert code == 0, err
+    r = json.loads(out)
+    # Port unreachable at once, so clients fall back to TCP; and nothing was dialed.
+    assert r.get("err") == "ECONNREFUSED" and r["ms"] < 1000, r
+    assert net_world.violation_lines() == before
