@@ -27,6 +27,9 @@ HTTP_BODY = b"hello from the test host\n"
 # The HTTPS hosts, by name and address (port 443 of each goes to its own listener).
 TLS_HOSTS = {"inspect.test": "93.184.216.60", "plain.test": "93.184.216.61", "untrusted.test": "93.184.216.62"}
 INSPECT, PLAIN, UNTRUSTED = TLS_HOSTS.values()
+# The SOCKS5 proxy a sandbox's `egressProxy` names, and the login it takes.
+SOCKS, SOCKS_PORT = "93.184.216.70", 1080
+SOCKS_USER, SOCKS_PASSWORD = "hutch-user", "hutch-proxy-password"
 
 
 class _Web(BaseHTTPRequestHandler):
@@ -166,6 +169,73 @@ class _Threaded(socketserver.ThreadingMixIn, socketserver.TCPServer):
     allow_reuse_address = True
 
 
+def _pipe(src: socket.socket, dst: socket.socket):
+    try:
+        while data := src.recv(65536):
+            dst.sendall(data)
+    except OSError:
+        pass
+    finally:
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+class _Socks5(socketserver.BaseRequestHandler):
+    """A SOCKS5 proxy (RFC 1928, login by RFC 1929) that reaches the test world's hosts
+    itself (`server.routes`: name or address and port → loopback listener) and records
+    every CONNECT it was asked for in `server.seen`."""
+
+    def handle(self):
+        c = self.request
+        def read(n):
+            data = b""
+            while len(data) < n:
+                chunk = c.recv(n - len(data))
+                if not chunk:
+                    raise ConnectionError("closed")
+                data += chunk
+            return data
+        try:
+            _, n = read(2)
+            methods = read(n)
+            if 2 not in methods:
+                c.sendall(b"\x05\xff")
+                return
+            c.sendall(b"\x05\x02")
+            _, ulen = read(2)
+            user = read(ulen).decode()
+            (plen,) = read(1)
+            password = read(plen).decode()
+            if (user, password) != (SOCKS_USER, SOCKS_PASSWORD):
+                c.sendall(b"\x01\x01")
+                return
+            c.sendall(b"\x01\x00")
+            _, cmd, _, atyp = read(4)
+            if atyp == 3:
+                host = read(read(1)[0]).decode()
+            elif atyp == 1:
+                host = socket.inet_ntoa(read(4))
+            else:
+                return
+            port = int.from_bytes(read(2), "big")
+            self.server.seen.append({"user": user, "host": host, "port": port, "by_name": atyp == 3})
+            target = self.server.routes.get(f"{host}:{port}")
+            if cmd != 1 or target is None:
+                c.sendall(b"\x05\x04\x00\x01" + bytes(6))
+                return
+            up = socket.create_connection(target, timeout=10)
+            c.sendall(b"\x05\x00\x00\x01" + bytes(6))
+            t = threading.Thread(target=_pipe, args=(up, c), daemon=True)
+            t.start()
+            _pipe(c, up)
+            t.join(30)
+            up.close()
+        except (OSError, ConnectionError):
+            pass
+
+
 class NetWorld:
     def __init__(self, directory: Path):
         self.web = ThreadingHTTPServer(("127.0.0.1", 0), _Web)
@@ -198,13 +268,20 @@ class NetWorld:
         self.plain_cert_sha256 = self.tls_cert_sha256["plain.test"]
         for s in self.tls_servers.values():
             threading.Thread(target=s.serve_forever, daemon=True).start()
+        # The SOCKS5 proxy, which reaches example.test's web server by name or address.
+        self.socks = _Threaded(("127.0.0.1", 0), _Socks5)
+        self.socks.seen = []
+        self.socks.routes = {f"example.test:80": self.web.server_address, f"{WEB}:80": self.web.server_address}
+        threading.Thread(target=self.socks.serve_forever, daemon=True).start()
+        self.socks_open = True
         self.violations = directory / "net-violations"
         self.violations.write_text("")
         self.map = directory / "net-map.json"
         at = lambda s: f"127.0.0.1:{s.server_address[1]}"
         self.map.write_text(json.dumps({
             "tcp": {f"{WEB}:80": at(self.web), f"{WEB}:7": at(self.echo), f"{API}:80": at(self.web),
-                    **{f"{ip}:443": at(self.tls_servers[host]) for host, ip in TLS_HOSTS.items()}},
+                    **{f"{ip}:443": at(self.tls_servers[host]) for host, ip in TLS_HOSTS.items()},
+                    f"{SOCKS}:{SOCKS_PORT}": at(self.socks)},
             "udp": {f"{WEB}:7": at(self.udp), f"0.0.0.0:{self.probe_port}": f"127.0.0.1:{self.probe_port}"},
             "dns": {"silent.test": f"127.0.0.1:{self.silent_dns.getsockname()[1]}"},
             # The host's loopback answers echo itself.
@@ -215,6 +292,7 @@ class NetWorld:
                 "rebind.example.test": ["127.0.0.1"],
                 "metadata.example.test": ["169.254.169.254"],
                 **{host: [ip] for host, ip in TLS_HOSTS.items()},
+                "socks.test": [SOCKS],
             },
             "violations": str(self.violations),
         }))
@@ -241,7 +319,15 @@ class NetWorld:
         """What the HTTPS host `server` ("inspect", "plain" or "untrusted") answered."""
         return [r for r in self.tls_seen if r["server"] == server]
 
+    def stop_socks(self):
+        """The proxy goes down: its port refuses connections from now on."""
+        if self.socks_open:
+            self.socks.shutdown()
+            self.socks.server_close()
+            self.socks_open = False
+
     def close(self):
+        self.stop_socks()
         for s in (self.web, self.echo, self.udp, *self.tls_servers.values()):
             s.shutdown()
             s.server_close()

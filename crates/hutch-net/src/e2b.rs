@@ -4,6 +4,7 @@
 //! Its `*.x` means names below x, not x itself; `*` means every name.
 
 use crate::inspect::{TransformError, Transforms};
+use crate::socks5::EgressProxy;
 use crate::rules::{normalize_name, parse_cidr, Action, NamePattern, Policy, Rule, Target};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -92,6 +93,58 @@ impl E2bNetwork {
     }
 }
 
+/// E2B's `network.egressProxy` (None without one), checked for form: `address` is
+/// `host:port`, a password needs a username, each at most 255 bytes (RFC 1929). Where
+/// the address resolves is checked against the operator's ranges by the server.
+pub fn egress_proxy(net: Option<&E2bNetwork>) -> Result<Option<EgressProxy>, E2bNetworkError> {
+    const FIELD: &str = "network.egressProxy";
+    let Some(given) = net.and_then(|n| n.egress_proxy.as_ref()).filter(|v| !v.is_null()) else { return Ok(None) };
+    let Some(given) = given.as_object() else { return Err(bad(FIELD, "is an object with address, username and password")) };
+    if let Some(other) = given.keys().find(|k| !["address", "username", "password", "tls"].contains(&k.as_str())) {
+        return Err(bad(FIELD, format!("has `{other}`; an egress proxy takes address, username, password and tls")));
+    }
+    if given.get("tls").is_some_and(|t| !t.is_null() && *t != serde_json::Value::Bool(false)) {
+        return Err(bad(format!("{FIELD}.tls"), "hutch speaks SOCKS5 to the proxy without TLS for now; leave tls out"));
+    }
+    let text = |key: &str| match given.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(bad(format!("{FIELD}.{key}"), "is a string")),
+    };
+    let address = text("address")?.ok_or_else(|| bad(format!("{FIELD}.address"), "is required: the proxy's host:port"))?;
+    if address.contains("://") {
+        return Err(bad(format!("{FIELD}.address"), format!("`{address}` has a scheme; give the egress proxy as host:port (hutch speaks SOCKS5 to it)")));
+    }
+    let (host, port) = address.trim().rsplit_once(':').ok_or_else(|| bad(format!("{FIELD}.address"), format!("`{address}` is not host:port")))?;
+    let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(|| bad(format!("{FIELD}.address"), format!("`{address}` has no port of 1-65535")))?;
+    let host = match host.parse::<std::net::Ipv4Addr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) if host.contains(':') || host.starts_with('[') => return Err(bad(format!("{FIELD}.address"), "is an IPv6 address; sandboxes' traffic is IPv4, so give an IPv4 address or a name")),
+        Err(_) => normalize_name(host, host).map_err(|e| bad(format!("{FIELD}.address"), e.reason))?,
+    };
+    let (username, password) = (text("username")?, text("password")?);
+    if password.is_some() && username.is_none() {
+        return Err(bad(format!("{FIELD}.password"), "is given without a username; RFC 1929 logs in with both"));
+    }
+    for (key, value) in [("username", &username), ("password", &password)] {
+        if value.as_ref().is_some_and(|v| v.is_empty() || v.len() > 255) {
+            return Err(bad(format!("{FIELD}.{key}"), "is 1-255 bytes (RFC 1929)"));
+        }
+    }
+    Ok(Some(EgressProxy { host, port, username, password }))
+}
+
+/// `net` as API views show it: without the egress proxy's password or CA certificate.
+pub fn shown(mut net: E2bNetwork) -> E2bNetwork {
+    if let Some(serde_json::Value::Object(proxy)) = &mut net.egress_proxy {
+        proxy.remove("password");
+        if let Some(serde_json::Value::Object(tls)) = proxy.get_mut("tls") {
+            tls.remove("caCert");
+        }
+    }
+    net
+}
+
 /// The header rules of E2B's `network.rules` (none without them).
 pub fn transforms(net: Option<&E2bNetwork>) -> Result<Transforms, E2bNetworkError> {
     match net.and_then(|n| n.rules.as_ref()) {
@@ -105,9 +158,6 @@ pub fn transforms(net: Option<&E2bNetwork>) -> Result<Transforms, E2bNetworkErro
 pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> Result<Policy, E2bNetworkError> {
     let empty = E2bNetwork::default();
     let net = net.unwrap_or(&empty);
-    if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(bad("network.egressProxy", "hutch does not send sandbox traffic through an egress proxy; leave egressProxy out"));
-    }
     if net.dns_servers.as_ref().is_some_and(|d| !d.is_empty()) {
         return Err(bad("network.dnsServers", "hutch's gateway answers the sandbox's DNS itself (so name rules and rebinding protection hold); leave dnsServers out"));
     }
@@ -202,7 +252,15 @@ mod tests {
         assert_eq!(policy(Some(true), Some(&net(&[], &["example.com"]))).expect_err("domain").field, "network.denyOut");
         assert!(policy(Some(true), Some(&net(&["10.0.0.1/8"], &[]))).expect_err("host bits").message.contains("host bits"));
         assert!(policy(Some(true), Some(&net(&["exa*mple.com"], &[ALL_TRAFFIC]))).expect_err("wildcard").message.contains("wildcard"));
-        let proxy = E2bNetwork { egress_proxy: Some(serde_json::json!({"url": "socks5://x"})), ..Default::default() };
-        assert_eq!(policy(Some(true), Some(&proxy)).expect_err("proxy").field, "network.egressProxy");
+        let proxy = |v: serde_json::Value| egress_proxy(Some(&E2bNetwork { egress_proxy: Some(v), ..Default::default() }));
+        assert_eq!(proxy(serde_json::json!({"url": "socks5://x"})).expect_err("url").field, "network.egressProxy");
+        assert_eq!(proxy(serde_json::json!({"address": "p.example:0"})).expect_err("port").field, "network.egressProxy.address");
+        assert_eq!(proxy(serde_json::json!({"address": "p.example:1080", "password": "x"})).expect_err("no user").field, "network.egressProxy.password");
+        assert_eq!(proxy(serde_json::json!({"address": "p.example:1080", "tls": true})).expect_err("tls").field, "network.egressProxy.tls");
+        let ok = proxy(serde_json::json!({"address": "P.Example:1080", "username": "u", "password": "secret-pw"})).expect("valid").expect("some");
+        assert_eq!((ok.host.as_str(), ok.port, ok.login()), ("p.example", 1080, Some(("u", "secret-pw"))));
+        assert!(!format!("{ok:?}").contains("secret-pw"));
+        let shown = shown(E2bNetwork { egress_proxy: Some(serde_json::json!({"address": "p:1", "username": "u", "password": "secret-pw"})), ..Default::default() });
+        assert!(!serde_json::to_string(&shown).expect("json").contains("secret-pw"));
     }
 }

@@ -11,6 +11,7 @@ pub mod public_proxy;
 pub mod ranges;
 pub mod rules;
 pub mod seam;
+pub mod socks5;
 pub mod stack;
 
 pub use log::{LogView, NetLog};

@@ -3,6 +3,7 @@
 
 use crate::e2b::{self, E2bNetwork, E2bNetworkError};
 use crate::inspect::{SecretVault, Transforms, Upstream};
+use crate::socks5::EgressProxy;
 use crate::ranges::{Group, HostAddrs};
 use crate::rules::{Policy, Reach};
 use crate::seam::Seam;
@@ -18,6 +19,9 @@ pub struct Settings {
     /// inspection.
     #[serde(default, skip_serializing_if = "Transforms::is_empty")]
     pub transforms: Transforms,
+    /// The SOCKS5 proxy the sandbox's TCP is opened through (E2B's `egressProxy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<EgressProxy>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub e2b: Option<E2bSettings>,
 }
@@ -33,14 +37,26 @@ pub struct E2bSettings {
 
 impl Settings {
     pub fn native(policy: Policy) -> Settings {
-        Settings { policy, transforms: Transforms::default(), e2b: None }
+        Settings { policy, transforms: Transforms::default(), egress_proxy: None, e2b: None }
     }
 
     /// From E2B's `allow_internet_access` and `network` (on create or update).
     pub fn from_e2b(allow_internet_access: Option<bool>, network: Option<E2bNetwork>) -> Result<Settings, E2bNetworkError> {
         let policy = e2b::policy(allow_internet_access, network.as_ref())?;
-        let transforms = e2b::transforms(network.as_ref())?;
-        Ok(Settings { policy, transforms, e2b: Some(E2bSettings { allow_internet_access, network }) })
+        let mut settings = Settings::with_e2b_extras(policy, network.as_ref())?;
+        settings.e2b = Some(E2bSettings { allow_internet_access, network: network.map(e2b::shown) });
+        Ok(settings)
+    }
+
+    /// `policy`, with the header rules and egress proxy of E2B's `network` (kept, without
+    /// the proxy's password, to show back).
+    pub fn with_e2b_extras(policy: Policy, network: Option<&E2bNetwork>) -> Result<Settings, E2bNetworkError> {
+        Ok(Settings {
+            policy,
+            transforms: e2b::transforms(network)?,
+            egress_proxy: e2b::egress_proxy(network)?,
+            e2b: network.map(|n| E2bSettings { allow_internet_access: None, network: Some(e2b::shown(n.clone())) }),
+        })
     }
 }
 

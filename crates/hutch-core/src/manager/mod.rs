@@ -408,9 +408,14 @@ impl SandboxManager {
         .await
     }
 
-    /// Binds header rules to the API key whose secrets they name; a secret that key
+    /// Checks what a sandbox's network settings need from the world. Binds header rules to the API key whose secrets they name; a secret that key
     /// does not have is a 400, so a typo never reaches the destination as a bad header.
+    /// The egress proxy's address must resolve now, outside the protected ranges.
     pub(super) async fn check_rules(&self, key_id: &str, settings: &mut hutch_net::Settings) -> Result<(), ManagerError> {
+        if let Some(proxy) = &settings.egress_proxy {
+            let env = &self.config.net_env;
+            hutch_net::stack::proxy_address(proxy, env.seam.as_ref(), &env.reach).await.map_err(|e| ManagerError::InvalidArgument(format!("network.egressProxy.address: {e}")))?;
+        }
         if settings.transforms.is_empty() {
             return Ok(());
         }

@@ -114,6 +114,7 @@ pub(crate) async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env
     let link = tokio::net::UnixStream::connect(spec.net_socket()).await.map_err(CreateError::Net)?;
     let net = hutch_net::NetHandle::start(link, settings.policy.clone(), env.reach.clone(), env.seam.clone(), env.limits.clone());
     net.set_inspector(inspector);
+    net.set_egress_proxy(settings.egress_proxy.clone());
     Ok(Some(net))
 }
 
@@ -125,12 +126,7 @@ pub(crate) fn inspector(dir: &Path, settings: &hutch_net::Settings, env: &hutch_
         return Ok(None);
     }
     let ca = hutch_net::inspect::SandboxCa::load(dir).map_err(CreateError::Inspection)?.ok_or(CreateError::NoInspectionCa)?;
-    Ok(Some(std::sync::Arc::new(hutch_net::inspect::Inspector {
-        ca: std::sync::Arc::new(ca),
-        transforms: settings.transforms.clone(),
-        upstream: env.upstream.clone(),
-        vault: env.vault.clone(),
-    })))
+    Ok(Some(std::sync::Arc::new(hutch_net::inspect::Inspector::new(std::sync::Arc::new(ca), settings.transforms.clone(), env.upstream.clone(), env.vault.clone()))))
 }
 
 /// Connects to the agent and initializes the guest, retrying on a fresh session when

@@ -35,6 +35,13 @@ pub enum StartKind {
     Adopted,
 }
 
+/// `opts` with the inspection CA saved in the sandbox's directory `dir`: a resumed or
+/// rebooted guest is told the CA its stack inspects with (none if it has none).
+fn with_saved_ca(dir: &Path, opts: &SandboxOptions) -> Result<SandboxOptions, CreateError> {
+    let ca = hutch_net::inspect::SandboxCa::load(dir).map_err(CreateError::Inspection)?;
+    Ok(SandboxOptions { inspect_ca: ca.map(std::sync::Arc::new), ..opts.clone() })
+}
+
 pub struct Sandbox {
     id: SandboxId,
     dir: PathBuf,
@@ -159,9 +166,7 @@ impl Sandbox {
     pub async fn resume(dir: &Path, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
         let (mut record, id) = read_record(dir).map_err(CreateError::Record)?;
-        // The guest is told its CA again (it kept it; a host that lost the file says none).
-        let ca = hutch_net::inspect::SandboxCa::load(dir).map_err(CreateError::Inspection)?;
-        let opts = &SandboxOptions { inspect_ca: ca.map(std::sync::Arc::new), ..opts.clone() };
+        let opts = &with_saved_ca(dir, opts)?;
         let state = dir.join(PAUSED_STATE);
         // A state of changed pages is loaded over the snapshot's memory file the guest
         // mapped when paused (its record still names it); a whole one into plain RAM.
@@ -376,6 +381,7 @@ impl Sandbox {
     pub async fn reboot(dir: &Path, artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOptions) -> Result<Sandbox, CreateError> {
         let started = Instant::now();
         let (mut record, id) = read_record(dir).map_err(CreateError::Record)?;
+        let opts = &with_saved_ca(dir, opts)?;
         let file = |e| CreateError::Dir(dir.to_path_buf(), e);
         if dir.join(PAUSED_STATE).exists() {
             std::fs::write(dir.join(PAUSED_DISK), b"").map_err(file)?;
@@ -509,6 +515,7 @@ impl Sandbox {
         if let Some(net) = &self.net {
             net.set_policy(record.network.policy.clone());
             net.set_inspector(inspector);
+            net.set_egress_proxy(record.network.egress_proxy.clone());
         }
         self.record = record;
         Ok(())

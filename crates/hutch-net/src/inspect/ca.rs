@@ -10,6 +10,11 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
+
+/// `O_NOFOLLOW`: a partial file is never opened through a link someone left.
+fn libc_o_nofollow() -> i32 {
+    nix::fcntl::OFlag::O_NOFOLLOW.bits()
+}
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -64,6 +69,10 @@ fn ca_params() -> CertificateParams {
     name.push(DnType::CommonName, "hutch sandbox inspection CA");
     params.distinguished_name = name;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    // Long enough for a sandbox paused for years; not rcgen's default of 4096.
+    let wall = time::OffsetDateTime::now_utc();
+    params.not_before = wall - LEAF_VALID_BEFORE;
+    params.not_after = wall + time::Duration::days(3650);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
     params
 }
@@ -86,16 +95,27 @@ impl SandboxCa {
         &self.cert_pem
     }
 
-    /// Writes the CA into `dir`: the key 0600, created new (an existing file is an error).
+    /// Writes the CA into `dir`, each file whole (a new file renamed into place), the
+    /// key 0600 and first: the certificate, which `load` looks for, comes last.
     pub fn save(&self, dir: &Path) -> Result<(), CaError> {
         let write = |name: &str, data: &[u8], mode: u32| {
             let path = dir.join(name);
-            let file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(mode).open(&path);
-            file.and_then(|mut f| f.write_all(data).and_then(|()| f.sync_all())).map_err(|source| CaError::File { path: path.display().to_string(), source })
+            let partial = dir.join(format!(".{name}.partial"));
+            let _ = std::fs::remove_file(&partial);
+            let written = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .custom_flags(libc_o_nofollow())
+                .open(&partial)
+                .and_then(|mut f| f.write_all(data).and_then(|()| f.sync_all()))
+                .and_then(|()| std::fs::rename(&partial, &path));
+            written.map_err(|source| CaError::File { path: path.display().to_string(), source })
         };
         let key = zeroize::Zeroizing::new(self.issuer.key().serialize_pem());
         write(CA_KEY_FILE, key.as_bytes(), 0o600)?;
-        write(CA_CERT_FILE, self.cert_pem.as_bytes(), 0o644)
+        write(CA_CERT_FILE, self.cert_pem.as_bytes(), 0o644)?;
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|source| CaError::File { path: dir.display().to_string(), source })
     }
 
     /// The CA saved in `dir`, or None if there is none.

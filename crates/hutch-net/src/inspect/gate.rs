@@ -21,19 +21,32 @@ const HELLO_MAX: usize = 16 * 1024;
 /// How long the guest has to send its ClientHello, and each side its handshake.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 
+/// The stack's inspector, which a sandbox's network update replaces.
+pub type Current = Arc<parking_lot::RwLock<Option<Arc<Inspector>>>>;
+
 /// What the stack knew when it allowed the flow.
 pub struct Flow {
     pub dst: SocketAddrV4,
     /// The names the guest resolved to `dst` (the DNS pins).
     pub names: Vec<String>,
+    /// The inspector when the flow began: it decides whether to inspect.
     pub inspector: Arc<Inspector>,
+    /// The inspector now: each request follows the rules in force when it is sent.
+    pub current: Current,
     pub log: NetLog,
 }
 
 impl Flow {
+    /// Logs why the flow, or one request on it, was refused. The host is a name with a
+    /// rule (so one the tenant wrote); guest text in `error` is escaped and bounded by
+    /// whoever put it there.
     pub(super) fn refuse(&self, host: &str, error: String) {
-        tracing::info!(host, "inspected flow refused: {error}");
+        tracing::debug!(host, "inspected flow refused: {error}");
         self.log.flow_denied(Proto::Tcp, IpAddr::V4(*self.dst.ip()), self.dst.port(), Some(host.to_string()), DenyReason::Inspection { error });
+    }
+
+    pub(super) fn current(&self) -> Option<Arc<Inspector>> {
+        self.current.read().clone()
     }
 }
 
@@ -52,7 +65,10 @@ where
     let (bytes, hello) = match tokio::time::timeout(HANDSHAKE_WAIT, read_hello(&mut guest)).await {
         Ok(Ok(read)) => read,
         Ok(Err(_)) => return,
-        Err(_) => return flow.refuse(&flow.names.join(","), format!("the guest sent no TLS ClientHello within {} s", HANDSHAKE_WAIT.as_secs())),
+        Err(_) => {
+            let host = flow.names.iter().find(|n| flow.inspector.transforms.for_host(n).is_some()).cloned().unwrap_or_default();
+            return flow.refuse(&host, format!("the guest sent no TLS ClientHello within {} s", HANDSHAKE_WAIT.as_secs()));
+        }
     };
     let host = hello.as_ref().and_then(|h| h.sni.clone());
     let inspected = host.as_deref().filter(|h| flow.inspector.transforms.for_host(h).is_some() && flow.names.iter().any(|n| n == h));
@@ -105,7 +121,7 @@ where
 {
     if let Some(offered) = &hello.alpn {
         if !offered.iter().any(|p| p == HTTP1) {
-            let names: Vec<_> = offered.iter().map(|p| String::from_utf8_lossy(p).into_owned()).collect();
+            let names: Vec<_> = offered.iter().take(4).map(|p| super::http::shown(&String::from_utf8_lossy(p))).collect();
             return Err(format!("the guest offered only {} over TLS; hutch inspects HTTP/1.1", names.join(", ")));
         }
     }

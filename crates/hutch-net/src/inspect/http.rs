@@ -6,18 +6,33 @@ use super::gate::Flow;
 use super::transforms;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, HOST};
-use http::{Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 type Answer = Response<Either<Incoming, Full<Bytes>>>;
 
 /// A request's deadline for the server's answer to begin (its body then streams
 /// without one, as a download may take long).
-const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(300);
+const ANSWER_WAIT: Duration = Duration::from_secs(300);
+/// How long a guest has to send a request's head, and how large the head may be:
+/// bounded like any other flow's buffers.
+const HEAD_WAIT: Duration = Duration::from_secs(30);
+const HEAD_MAX: usize = 64 * 1024;
+const HEADERS_MAX: usize = 128;
+
+/// Aborts the upstream connection's task when the relay ends, however it ends.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 pub async fn relay<G, U>(guest: G, upstream: U, host: &str, flow: Arc<Flow>) -> Result<(), String>
 where
@@ -26,51 +41,80 @@ where
 {
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
+        .max_buf_size(HEAD_MAX)
         .handshake::<_, Incoming>(TokioIo::new(upstream))
         .await
         .map_err(|e| format!("HTTP with {host} could not start: {e}"))?;
-    let upstream_task = tokio::spawn(connection);
+    let _upstream = AbortOnDrop(tokio::spawn(async move {
+        let _ = connection.await;
+    }));
     let sender = Arc::new(tokio::sync::Mutex::new(sender));
     let host = Arc::new(host.to_string());
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (sender, host, flow) = (sender.clone(), host.clone(), flow.clone());
         async move { Ok::<_, std::convert::Infallible>(forward(req, &sender, &host, &flow).await) }
     });
-    let served = hyper::server::conn::http1::Builder::new().preserve_header_case(true).serve_connection(TokioIo::new(guest), service).await;
-    upstream_task.abort();
     // A guest that goes away mid-request is not a refusal.
-    let _ = served;
+    let _ = hyper::server::conn::http1::Builder::new()
+        .preserve_header_case(true)
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_WAIT)
+        .max_buf_size(HEAD_MAX)
+        .max_headers(HEADERS_MAX)
+        .serve_connection(TokioIo::new(guest), service)
+        .await;
     Ok(())
 }
 
 async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>, host: &str, flow: &Flow) -> Answer {
-    if !for_host(&req, host) {
-        let asked = req.headers().get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("none").to_string();
-        flow.refuse(host, format!("a request over TLS for {host} named the host `{asked}`; hutch applies a host's rule only to requests for that host"));
+    if let Err(asked) = for_host(&req, host) {
+        flow.refuse(host, format!("a request over TLS for {host} named the host {asked}; hutch applies a host's rule only to requests for that host"));
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: this connection is for {host}; a request for another host needs a connection of its own\n"));
+    }
+    // Methods that echo the request back (with the rule's headers in it), or open a tunnel.
+    if [Method::TRACE, Method::CONNECT].contains(req.method()) || req.method().as_str().eq_ignore_ascii_case("TRACK") {
+        flow.refuse(host, format!("a {} request to {host}; hutch does not send it with the rule's headers", req.method()));
+        return refusal(StatusCode::METHOD_NOT_ALLOWED, format!("hutch: {} is not sent to a host with a network rule\n", req.method()));
     }
     if req.headers().contains_key(http::header::UPGRADE) {
         flow.refuse(host, "the guest asked to upgrade the connection (a WebSocket?); hutch does not relay upgrades on inspected hosts yet".into());
         return refusal(StatusCode::NOT_IMPLEMENTED, format!("hutch: connection upgrades (WebSockets) to {host} are not relayed while {host} has a network rule\n"));
     }
-    if let Some(rule) = flow.inspector.transforms.for_host(host) {
-        for (name, template) in rule {
-            let inspector = &flow.inspector;
-            let value = match transforms::render(template, |secret| inspector.reveal(secret)).await {
-                Ok(v) => v,
-                Err(why) => {
-                    flow.refuse(host, format!("header {name} of {host}'s rule: {why}"));
-                    return refusal(StatusCode::BAD_GATEWAY, format!("hutch: the network rule for {host} could not be applied: {why}\n"));
-                }
-            };
-            let Ok(mut value) = HeaderValue::from_str(&value) else {
-                flow.refuse(host, format!("header {name} of {host}'s rule: a secret's value holds a byte a header cannot"));
-                return refusal(StatusCode::BAD_GATEWAY, format!("hutch: the network rule for {host} could not be applied: a secret's value cannot be sent in header {name}\n"));
-            };
-            value.set_sensitive(true);
-            let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else { continue };
-            req.headers_mut().insert(name, value);
-        }
+    // The rule in force now: one changed or removed since the connection opened applies.
+    let Some(inspector) = flow.current() else {
+        flow.refuse(host, format!("{host} no longer has a network rule; the guest is to open a new connection"));
+        return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: the network rules changed; open a new connection to {host}\n"));
+    };
+    let Some(rule) = inspector.transforms.for_host(host) else {
+        flow.refuse(host, format!("{host} no longer has a network rule; the guest is to open a new connection"));
+        return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: the network rules changed; open a new connection to {host}\n"));
+    };
+    // The request goes to the verified host, by that name, in origin form.
+    let origin = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
+    match origin.parse::<Uri>() {
+        Ok(uri) => *req.uri_mut() = uri,
+        Err(_) => return refusal(StatusCode::BAD_REQUEST, "hutch: the request's target is not a path\n".into()),
+    }
+    let Ok(host_value) = HeaderValue::from_str(host) else {
+        return refusal(StatusCode::BAD_REQUEST, "hutch: the host is not a header value\n".into());
+    };
+    req.headers_mut().insert(HOST, host_value);
+    for (name, template) in rule {
+        let value = match transforms::render(template, |secret| inspector.reveal(secret)).await {
+            Ok(v) => v,
+            Err(why) => {
+                // The guest hears only that it failed; the reason is the network log's.
+                flow.refuse(host, format!("header {name} of {host}'s rule: {why}"));
+                return refusal(StatusCode::BAD_GATEWAY, format!("hutch: the network rule for {host} could not be applied; see the sandbox's network log\n"));
+            }
+        };
+        let Ok(mut value) = HeaderValue::from_str(&value) else {
+            flow.refuse(host, format!("header {name} of {host}'s rule: a secret's value holds a byte a header cannot"));
+            return refusal(StatusCode::BAD_GATEWAY, format!("hutch: the network rule for {host} could not be applied; see the sandbox's network log\n"));
+        };
+        value.set_sensitive(true);
+        let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else { continue };
+        req.headers_mut().insert(name, value);
     }
     let sent = async {
         let mut sender = sender.lock().await;
@@ -90,16 +134,36 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
     }
 }
 
-/// Whether the request's Host (or absolute URI) names `host`, on the default port.
-fn for_host(req: &Request<Incoming>, host: &str) -> bool {
-    let named = match req.uri().authority() {
-        Some(authority) => Some(authority.as_str().to_string()),
-        None => req.headers().get(HOST).and_then(|h| h.to_str().ok()).map(str::to_string),
+/// Checks that the request is for `host` on the default port: exactly one Host header
+/// naming it, and an absolute URI, if the request has one, naming it too. `Err` holds
+/// what it named instead, escaped and cut short for the log.
+fn for_host(req: &Request<Incoming>, host: &str) -> Result<(), String> {
+    let same = |named: &str| {
+        let named = named.to_ascii_lowercase();
+        let bare = named.strip_suffix(":443").unwrap_or(&named);
+        bare.strip_suffix('.').unwrap_or(bare) == host
     };
-    let Some(named) = named else { return false };
-    let named = named.to_ascii_lowercase();
-    let bare = named.strip_suffix(":443").unwrap_or(&named);
-    bare.strip_suffix('.').unwrap_or(bare) == host
+    let hosts: Vec<_> = req.headers().get_all(HOST).iter().collect();
+    let named = match hosts.as_slice() {
+        [one] => one.to_str().map_err(|_| "a Host that is not text".to_string())?,
+        [] => return Err("no Host".into()),
+        _ => return Err("more than one Host".into()),
+    };
+    if !same(named) {
+        return Err(shown(named));
+    }
+    if let Some(authority) = req.uri().authority() {
+        if authority.as_str().contains('@') || !same(authority.as_str()) {
+            return Err(shown(authority.as_str()));
+        }
+    }
+    Ok(())
+}
+
+/// Guest text for the log: escaped, at most 128 characters.
+pub(super) fn shown(text: &str) -> String {
+    let escaped: String = text.escape_debug().take(128).collect();
+    format!("`{escaped}`")
 }
 
 fn refusal(status: StatusCode, body: String) -> Answer {

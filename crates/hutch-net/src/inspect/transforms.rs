@@ -219,7 +219,8 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<Zeroizing<String>, String>>,
 {
-    let mut out = Zeroizing::new(String::with_capacity(value.len()));
+    // Room for the values too, so growing leaves no copy of a secret in freed memory.
+    let mut out = Zeroizing::new(String::with_capacity(value.len() + 8 * 1024));
     for part in parse_value(value).map_err(str::to_string)? {
         match part {
             Part::Text(t) => out.push_str(t),

@@ -22,6 +22,7 @@ pub use link::{LinkError, MAX_FRAME};
 use event::{Event, FlowKey};
 use crate::dns::{self, DnsContext, Pins};
 use crate::inspect::{self, Inspector};
+use crate::socks5::{self, EgressProxy};
 use crate::log::{LogView, NetLog};
 use crate::rules::{DenyReason, Dest, Policy, Proto, Reach};
 use crate::seam::Seam;
@@ -73,7 +74,9 @@ impl Default for Limits {
 pub struct Shared {
     policy: RwLock<Arc<Policy>>,
     /// TLS inspection for the hosts with header rules (none without rules).
-    inspector: RwLock<Option<Arc<Inspector>>>,
+    inspector: inspect::gate::Current,
+    /// The SOCKS5 proxy allowed TCP goes through (none: dialed directly).
+    proxy: RwLock<Option<Arc<EgressProxy>>>,
     pub reach: Reach,
     pub seam: Arc<dyn Seam>,
     pins: Mutex<Pins>,
@@ -117,7 +120,8 @@ impl NetHandle {
     pub fn start(link: UnixStream, policy: Policy, reach: Reach, seam: Arc<dyn Seam>, limits: Limits) -> NetHandle {
         let shared = Arc::new(Shared {
             policy: RwLock::new(Arc::new(policy)),
-            inspector: RwLock::new(None),
+            inspector: Default::default(),
+            proxy: RwLock::new(None),
             reach,
             seam,
             pins: Mutex::new(Pins::default()),
@@ -146,6 +150,11 @@ impl NetHandle {
 
     pub fn policy(&self) -> Arc<Policy> {
         self.shared.policy()
+    }
+
+    /// Replaces the egress proxy: new connections go through it; open ones stay.
+    pub fn set_egress_proxy(&self, proxy: Option<EgressProxy>) {
+        *self.shared.proxy.write() = proxy.map(Arc::new);
     }
 
     /// Replaces the inspection of hosts with rules: new flows follow it; open ones stay.
@@ -280,22 +289,28 @@ impl Stack {
         inspector.wants(dst.port(), &names).then_some((inspector, names))
     }
 
-    /// The policy's answer for a new flow, logged when it is no.
-    fn decide(&self, proto: Proto, dst: SocketAddrV4) -> Result<(), DenyReason> {
+    /// The policy's answer for a new flow, logged when it is no. Yes comes with the
+    /// name the allowing rule matched, when it was a name rule.
+    fn decide(&self, proto: Proto, dst: SocketAddrV4) -> Result<Option<String>, DenyReason> {
         let names = self.names_for(*dst.ip());
         let dest = Dest { ip: IpAddr::V4(*dst.ip()), proto, port: dst.port(), names: &names };
-        let verdict = self.shared.policy().check(&dest, &self.shared.reach).map(|_| ()).and_then(|()| {
+        let policy = self.shared.policy();
+        let verdict = policy.check(&dest, &self.shared.reach).and_then(|rule| {
             if self.flows() >= self.limits.max_flows {
                 Err(DenyReason::ConnectionLimit)
             } else {
-                Ok(())
+                Ok(rule)
             }
         });
         match &verdict {
-            Ok(()) => self.shared.log.flow_allowed(),
+            Ok(_) => self.shared.log.flow_allowed(),
             Err(reason) => self.shared.log.flow_denied(proto, dest.ip, dst.port(), names.first().cloned(), reason.clone()),
         }
-        verdict
+        let rule = verdict?;
+        Ok(match &policy.rules[rule].target {
+            crate::rules::Target::Name(pattern) => names.into_iter().find(|n| pattern.matches(n)),
+            _ => None,
+        })
     }
 
     fn inbound(&mut self, frame: Vec<u8>) {
@@ -341,26 +356,37 @@ impl Stack {
             self.dev.tx.extend(packets::refuse_syn(&frame));
             return;
         }
-        if self.decide(Proto::Tcp, dst).is_err() {
+        let Ok(by_name) = self.decide(Proto::Tcp, dst) else {
             self.dev.tx.extend(packets::refuse_syn(&frame));
             return;
-        }
-        let gate = self.inspected(dst).map(|(inspector, names)| inspect::gate::Flow { dst, names, inspector, log: self.shared.log.clone() });
-        let route = match self.shared.seam.route(SocketAddr::V4(dst), Proto::Tcp) {
-            Ok(r) => r,
-            Err(e) => {
-                self.shared.log.flow_denied(Proto::Tcp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::DialFailed { error: e.0 });
-                self.dev.tx.extend(packets::refuse_syn(&frame));
-                return;
+        };
+        let gate = self.inspected(dst).map(|(inspector, names)| inspect::gate::Flow { dst, names, inspector, current: self.shared.inspector.clone(), log: self.shared.log.clone() });
+        let proxy = self.shared.proxy.read().clone();
+        // Through a proxy, the proxy reaches the destination; hutch dials only the proxy.
+        let dial = match proxy {
+            Some(proxy) => {
+                // A flow a name rule allowed is asked for by that name, as E2B does.
+                let target = match by_name {
+                    Some(name) => socks5::Target::Name(name, dst.port()),
+                    None => socks5::Target::Addr(dst),
+                };
+                Dial::Proxy { proxy, target, seam: self.shared.seam.clone(), reach: self.shared.reach.clone() }
             }
+            None => match self.shared.seam.route(SocketAddr::V4(dst), Proto::Tcp) {
+                Ok(route) => Dial::Direct(route),
+                Err(e) => {
+                    self.shared.log.flow_denied(Proto::Tcp, IpAddr::V4(*dst.ip()), dst.port(), None, DenyReason::DialFailed { error: e.0 });
+                    self.dev.tx.extend(packets::refuse_syn(&frame));
+                    return;
+                }
+            },
         };
         self.dialing.insert(key, (frame, gate));
         let events = self.events.clone();
         let timeout = self.limits.dial_timeout;
         self.tasks.spawn(async move {
-            let result = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(route)).await {
-                Ok(Ok(s)) => Ok(s),
-                Ok(Err(e)) => Err(e.to_string()),
+            let result = match tokio::time::timeout(timeout, dial.connect()).await {
+                Ok(r) => r,
                 Err(_) => Err(format!("no answer within {} s", timeout.as_secs())),
             };
             let _ = events.send(Event::Dialed { key, result }).await;
@@ -397,9 +423,9 @@ impl Stack {
                     }
                     (Ok(stream), Some(flow)) => {
                         let _ = stream.set_nodelay(true);
-                        // As large as the flow's socket buffers, so the gate is no
-                        // narrower than a direct flow.
-                        let (ours, theirs) = tokio::io::duplex(256 * 1024);
+                        // The smoltcp socket buffers in front of it; this only joins
+                        // the two, so it stays small (hyper and TLS buffer too).
+                        let (ours, theirs) = tokio::io::duplex(64 * 1024);
                         self.tasks.spawn(inspect::gate(theirs, stream, flow));
                         self.open(key, syn, ours)
                     }
@@ -524,6 +550,39 @@ impl Stack {
         }
         self.udp.expire(Instant::now());
     }
+}
+
+/// How an allowed TCP flow's upstream is opened.
+enum Dial {
+    Direct(SocketAddr),
+    Proxy { proxy: Arc<EgressProxy>, target: socks5::Target, seam: Arc<dyn Seam>, reach: Reach },
+}
+
+impl Dial {
+    async fn connect(self) -> Result<tokio::net::TcpStream, String> {
+        match self {
+            Dial::Direct(route) => tokio::net::TcpStream::connect(route).await.map_err(|e| e.to_string()),
+            Dial::Proxy { proxy, target, seam, reach } => {
+                let at = proxy_address(&proxy, seam.as_ref(), &reach).await.map_err(|e| format!("the egress proxy {}:{}: {e}", proxy.host, proxy.port))?;
+                let mut stream = tokio::net::TcpStream::connect(at).await.map_err(|e| format!("the egress proxy {}:{} did not accept: {e}", proxy.host, proxy.port))?;
+                socks5::connect(&mut stream, &target, proxy.login()).await.map_err(|e| format!("the egress proxy {}:{}: {e}", proxy.host, proxy.port))?;
+                Ok(stream)
+            }
+        }
+    }
+}
+
+/// Where to dial `proxy`: its name resolved now (as E2B does at every dial), refused
+/// when it resolves into a range the operator protects.
+pub async fn proxy_address(proxy: &EgressProxy, seam: &dyn Seam, reach: &Reach) -> Result<SocketAddr, String> {
+    let ip = match proxy.host.parse::<Ipv4Addr>() {
+        Ok(ip) => ip,
+        Err(_) => *seam.lookup(&proxy.host).await.map_err(|e| format!("its name does not resolve: {e}"))?.first().ok_or("its name has no IPv4 address")?,
+    };
+    if let Some(reason) = reach.refusal(IpAddr::V4(ip)) {
+        return Err(format!("it resolves to {ip}, which sandboxes may not reach: {reason}"));
+    }
+    seam.route(SocketAddr::V4(SocketAddrV4::new(ip, proxy.port)), Proto::Tcp).map_err(|e| e.0)
 }
 
 /// DNS over TCP: two-byte length, message, both ways. Each question takes one of the

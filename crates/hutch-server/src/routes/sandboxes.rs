@@ -98,8 +98,7 @@ fn network_settings(
             }
             let parsed = rules.iter().map(|r| hutch_net::Rule::parse(r)).collect::<Result<Vec<_>, _>>().map_err(|e| ApiError::bad_request(format!("egress: {e}")))?;
             let policy = hutch_net::Policy::new(parsed).map_err(|e| ApiError::bad_request(format!("egress: {}", e.reason)))?;
-            let transforms = hutch_net::e2b::transforms(network.as_ref()).map_err(|e| ApiError::bad_request(e.to_string()))?;
-            Ok(hutch_net::Settings { policy, transforms, e2b: network.map(|n| hutch_net::E2bSettings { allow_internet_access: None, network: Some(n) }) })
+            hutch_net::Settings::with_e2b_extras(policy, network.as_ref()).map_err(|e| ApiError::bad_request(e.to_string()))
         }
         None => hutch_net::Settings::from_e2b(allow_internet_access, network).map_err(|e| ApiError::bad_request(e.to_string())),
     }
