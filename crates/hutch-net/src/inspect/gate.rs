@@ -5,11 +5,8 @@
 
 use super::rewind::Rewind;
 use super::upstream::HTTP1;
-use super::Inspector;
-use crate::log::NetLog;
-use crate::rules::{DenyReason, Proto};
+use super::flow::Flow;
 use rustls::server::Acceptor;
-use std::net::{IpAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
@@ -20,35 +17,6 @@ use tokio::net::TcpStream;
 const HELLO_MAX: usize = 16 * 1024;
 /// How long the guest has to send its ClientHello, and each side its handshake.
 const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
-
-/// The stack's inspector, which a sandbox's network update replaces.
-pub type Current = Arc<parking_lot::RwLock<Option<Arc<Inspector>>>>;
-
-/// What the stack knew when it allowed the flow.
-pub struct Flow {
-    pub dst: SocketAddrV4,
-    /// The names the guest resolved to `dst` (the DNS pins).
-    pub names: Vec<String>,
-    /// The inspector when the flow began: it decides whether to inspect.
-    pub inspector: Arc<Inspector>,
-    /// The inspector now: each request follows the rules in force when it is sent.
-    pub current: Current,
-    pub log: NetLog,
-}
-
-impl Flow {
-    /// Logs why the flow, or one request on it, was refused. The host is a name with a
-    /// rule (so one the tenant wrote); guest text in `error` is escaped and bounded by
-    /// whoever put it there.
-    pub(super) fn refuse(&self, host: &str, error: String) {
-        tracing::debug!(host, "inspected flow refused: {error}");
-        self.log.flow_denied(Proto::Tcp, IpAddr::V4(*self.dst.ip()), self.dst.port(), Some(host.to_string()), DenyReason::Inspection { error });
-    }
-
-    pub(super) fn current(&self) -> Option<Arc<Inspector>> {
-        self.current.read().clone()
-    }
-}
 
 struct Hello {
     sni: Option<String>,

@@ -2,7 +2,7 @@
 //! be for the host the TLS was for, gets the host's rule applied, and goes on over the
 //! one upstream connection; the answer streams back as it came.
 
-use super::gate::Flow;
+use super::flow::Flow;
 use super::transforms;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, HOST};

@@ -8,8 +8,10 @@
 //! byte for byte, as without rules.
 
 pub mod ca;
-pub(crate) mod gate;
+pub mod flow;
+mod gate;
 mod http;
+mod inspector;
 mod rewind;
 #[cfg(test)]
 mod tests;
@@ -17,72 +19,7 @@ pub mod transforms;
 pub mod upstream;
 
 pub use ca::SandboxCa;
+pub use inspector::{Inspector, SecretVault};
 pub use gate::run as gate;
 pub use transforms::{TransformError, Transforms};
 pub use upstream::{Upstream, UpstreamCaError};
-
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
-use zeroize::Zeroizing;
-
-/// Where the host keeps secrets' values (hutch-core's store). A sandbox's rules name
-/// secrets of the API key that made it (`Transforms::secrets_of`).
-#[async_trait::async_trait]
-pub trait SecretVault: Send + Sync {
-    /// The current value of `owner`'s secret `name`. The error is a sentence for the
-    /// network log: it never holds a value.
-    async fn reveal(&self, owner: &str, name: &str) -> Result<Zeroizing<String>, String>;
-}
-
-/// How long a secret's value read from the vault serves requests before it is read
-/// again (an update or deletion reaches requests within this), and how long a read may take.
-const REVEALED_FOR: Duration = Duration::from_secs(10);
-const REVEAL_WAIT: Duration = Duration::from_secs(5);
-
-/// One sandbox's inspection: its CA, its rules, and how it reaches upstreams and secrets.
-pub struct Inspector {
-    pub ca: Arc<SandboxCa>,
-    pub transforms: Transforms,
-    pub upstream: Arc<Upstream>,
-    vault: Option<Arc<dyn SecretVault>>,
-    /// Values read lately, so a guest's stream of requests is not a stream of reads of
-    /// the store every tenant shares.
-    revealed: tokio::sync::Mutex<HashMap<String, (Instant, Zeroizing<String>)>>,
-}
-
-impl std::fmt::Debug for Inspector {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inspector").field("hosts", &self.transforms.hosts.keys().collect::<Vec<_>>()).finish_non_exhaustive()
-    }
-}
-
-impl Inspector {
-    pub fn new(ca: Arc<SandboxCa>, transforms: Transforms, upstream: Arc<Upstream>, vault: Option<Arc<dyn SecretVault>>) -> Inspector {
-        Inspector { ca, transforms, upstream, vault, revealed: Default::default() }
-    }
-
-    /// Whether a flow to an address the guest resolved under `names` goes through the gate.
-    pub fn wants(&self, port: u16, names: &[String]) -> bool {
-        port == 443 && self.transforms.covers_any(names)
-    }
-
-    async fn reveal(&self, name: String) -> Result<Zeroizing<String>, String> {
-        let (Some(vault), Some(owner)) = (&self.vault, &self.transforms.secrets_of) else {
-            return Err(format!("secret `{name}` cannot be read: this hutch has no secrets store"));
-        };
-        // Held across the read: one sandbox reads one value at a time.
-        let mut revealed = self.revealed.lock().await;
-        if let Some((at, value)) = revealed.get(&name) {
-            if at.elapsed() < REVEALED_FOR {
-                return Ok(value.clone());
-            }
-        }
-        let value = match tokio::time::timeout(REVEAL_WAIT, vault.reveal(owner, &name)).await {
-            Ok(read) => read?,
-            Err(_) => return Err(format!("secret `{name}` could not be read within {} s", REVEAL_WAIT.as_secs())),
-        };
-        revealed.insert(name, (Instant::now(), value.clone()));
-        Ok(value)
-    }
-}

@@ -2,7 +2,7 @@
 //! sandbox's CA as the agent makes guests do) and loopback HTTPS servers with
 //! certificates of a test CA, standing in for the hosts a sandbox reaches.
 
-use super::gate::Flow;
+use super::flow::Flow;
 use super::*;
 use crate::log::NetLog;
 use bytes::Bytes;
@@ -10,6 +10,7 @@ use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use std::net::{SocketAddr, SocketAddrV4};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

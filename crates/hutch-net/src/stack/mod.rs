@@ -74,7 +74,7 @@ impl Default for Limits {
 pub struct Shared {
     policy: RwLock<Arc<Policy>>,
     /// TLS inspection for the hosts with header rules (none without rules).
-    inspector: inspect::gate::Current,
+    inspector: inspect::flow::Current,
     /// The SOCKS5 proxy allowed TCP goes through (none: dialed directly).
     proxy: RwLock<Option<Arc<EgressProxy>>>,
     pub reach: Reach,
@@ -194,7 +194,7 @@ struct Stack {
     tcp: HashMap<FlowKey, tcp::TcpFlow>,
     /// SYNs waiting for their dial, by connection, with what the gate needs when
     /// the flow is to a host with a rule.
-    dialing: HashMap<FlowKey, (Vec<u8>, Option<inspect::gate::Flow>)>,
+    dialing: HashMap<FlowKey, (Vec<u8>, Option<inspect::flow::Flow>)>,
     udp: udp::UdpFlows,
     tasks: JoinSet<()>,
     events: mpsc::Sender<Event>,
@@ -360,7 +360,7 @@ impl Stack {
             self.dev.tx.extend(packets::refuse_syn(&frame));
             return;
         };
-        let gate = self.inspected(dst).map(|(inspector, names)| inspect::gate::Flow { dst, names, inspector, current: self.shared.inspector.clone(), log: self.shared.log.clone() });
+        let gate = self.inspected(dst).map(|(inspector, names)| inspect::flow::Flow { dst, names, inspector, current: self.shared.inspector.clone(), log: self.shared.log.clone() });
         let proxy = self.shared.proxy.read().clone();
         // Through a proxy, the proxy reaches the destination; hutch dials only the proxy.
         let dial = match proxy {
