@@ -1,13 +1,13 @@
 """E2B's `network.egressProxy` through the official SDK: after the policy allows a
 connection, the host opens it through a SOCKS5 proxy (RFC 1928, login by RFC 1929),
-asking by name when a name rule allowed it; the proxy's password is in no API answer or
+asking for the address the policy checked, never a name; the proxy's password is in no API answer or
 log; and with the proxy down, connections fail instead of going direct. The proxy is a
 loopback listener behind the test map (tests/networld.py)."""
 
 from e2b import CommandExitException, Sandbox
 
 from conftest import wait_until
-from networld import HTTP_BODY, SOCKS_PASSWORD, SOCKS_PORT, SOCKS_USER
+from networld import HTTP_BODY, SOCKS_PASSWORD, SOCKS_PORT, SOCKS_USER, WEB
 
 
 def run(sbx, command: str) -> tuple[int, str, str]:
@@ -29,7 +29,7 @@ def test_tcp_goes_through_the_proxy_and_fails_closed_when_it_is_down(server, net
         seen = len(net_world.socks.seen)
         code, out, err = run(sbx, "curl -sS --max-time 20 http://example.test/")
         assert (code, out) == (0, HTTP_BODY.decode()), err
-        assert net_world.socks.seen[seen:] == [{"user": SOCKS_USER, "host": "example.test", "port": 80, "by_name": True}]
+        assert net_world.socks.seen[seen:] == [{"user": SOCKS_USER, "host": WEB, "port": 80, "by_name": False}]
 
         api = server.api()
         for path in (f"/sandboxes/{sbx.sandbox_id}", f"/sandboxes/{sbx.sandbox_id}/network"):

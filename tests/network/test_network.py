@@ -233,7 +233,7 @@ def test_networking_survives_pause_resume_and_fork(server, net_world):
     ({"network": {"allowOut": ["a.*.example.com"], "denyOut": ["0.0.0.0/0"]}}, "network.allowOut", "wildcard"),
     ({"network": {"allowOut": ["bücher.de"], "denyOut": ["0.0.0.0/0"]}}, "network.allowOut", "punycode"),
     ({"network": {"egressProxy": {"address": "socks5://127.0.0.1:1080"}}}, "network.egressProxy", "egress proxy"),
-    ({"network": {"egressProxy": {"address": "127.0.0.1:1080"}}}, "network.egressProxy.address", "which sandboxes may not reach"),
+    ({"network": {"egressProxy": {"address": "127.0.0.1:1080"}}}, "network.egressProxy.address", "an address sandboxes may not reach"),
     ({"network": {"egressProxy": {"address": "socks.test:1080", "password": "p"}}}, "network.egressProxy.password", "without a username"),
     ({"network": {"egressProxy": {"address": "socks.test:1080", "tls": True}}}, "network.egressProxy.tls", "without TLS"),
     ({"network": {"rules": {"*": [{}]}}}, "network.rules.*", "is not a host"),

@@ -113,7 +113,7 @@ pub fn egress_proxy(net: Option<&E2bNetwork>) -> Result<Option<EgressProxy>, E2b
     };
     let address = text("address")?.ok_or_else(|| bad(format!("{FIELD}.address"), "is required: the proxy's host:port"))?;
     if address.contains("://") {
-        return Err(bad(format!("{FIELD}.address"), format!("`{address}` has a scheme; give the egress proxy as host:port (hutch speaks SOCKS5 to it)")));
+        return Err(bad(format!("{FIELD}.address"), "has a scheme; give the egress proxy as host:port (hutch speaks SOCKS5 to it)"));
     }
     let (host, port) = address.trim().rsplit_once(':').ok_or_else(|| bad(format!("{FIELD}.address"), format!("`{address}` is not host:port")))?;
     let port: u16 = port.parse().ok().filter(|p| *p != 0).ok_or_else(|| bad(format!("{FIELD}.address"), format!("`{address}` has no port of 1-65535")))?;

@@ -136,6 +136,9 @@ async fn log_in<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, user: &str, p
     stream.write_all(&request).await?;
     let mut status = [0u8; 2];
     stream.read_exact(&mut status).await?;
+    if status[0] != 1 {
+        return Err(Socks5Error::Malformed);
+    }
     if status[1] != 0 {
         return Err(Socks5Error::Refused);
     }

@@ -112,10 +112,8 @@ pub(crate) async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env
     }
     let inspector = inspector(&spec.dir, settings, env)?;
     let link = tokio::net::UnixStream::connect(spec.net_socket()).await.map_err(CreateError::Net)?;
-    let net = hutch_net::NetHandle::start(link, settings.policy.clone(), env.reach.clone(), env.seam.clone(), env.limits.clone());
-    net.set_inspector(inspector);
-    net.set_egress_proxy(settings.egress_proxy.clone());
-    Ok(Some(net))
+    let extras = hutch_net::stack::Extras { inspector, proxy: settings.egress_proxy.clone() };
+    Ok(Some(hutch_net::NetHandle::start_with(link, settings.policy.clone(), extras, env.reach.clone(), env.seam.clone(), env.limits.clone())))
 }
 
 /// The TLS inspection for `settings`' header rules, with the CA saved in the

@@ -513,9 +513,10 @@ impl Sandbox {
         record.network = settings;
         write_record(&self.dir, &record)?;
         if let Some(net) = &self.net {
-            net.set_policy(record.network.policy.clone());
-            net.set_inspector(inspector);
+            // The policy last: a flow it newly allows already goes the new way.
             net.set_egress_proxy(record.network.egress_proxy.clone());
+            net.set_inspector(inspector);
+            net.set_policy(record.network.policy.clone());
         }
         self.record = record;
         Ok(())

@@ -6,7 +6,7 @@ use super::flow::Flow;
 use super::transforms;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, HOST};
-use http::{Method, Request, Response, StatusCode, Uri};
+use http::{Request, Response, StatusCode, Uri};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -72,7 +72,7 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: this connection is for {host}; a request for another host needs a connection of its own\n"));
     }
     // Methods that echo the request back (with the rule's headers in it), or open a tunnel.
-    if [Method::TRACE, Method::CONNECT].contains(req.method()) || req.method().as_str().eq_ignore_ascii_case("TRACK") {
+    if ["TRACE", "TRACK", "CONNECT"].iter().any(|m| req.method().as_str().eq_ignore_ascii_case(m)) {
         flow.refuse(host, format!("a {} request to {host}; hutch does not send it with the rule's headers", req.method()));
         return refusal(StatusCode::METHOD_NOT_ALLOWED, format!("hutch: {} is not sent to a host with a network rule\n", req.method()));
     }
@@ -90,7 +90,11 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: the network rules changed; open a new connection to {host}\n"));
     };
     // The request goes to the verified host, by that name, in origin form.
-    let origin = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
+    let origin = match req.uri().path_and_query().map(|p| p.as_str()) {
+        Some(p) if p.starts_with('/') || p == "*" => p.to_string(),
+        Some(p) => format!("/{p}"),
+        None => "/".to_string(),
+    };
     match origin.parse::<Uri>() {
         Ok(uri) => *req.uri_mut() = uri,
         Err(_) => return refusal(StatusCode::BAD_REQUEST, "hutch: the request's target is not a path\n".into()),

@@ -23,6 +23,9 @@ pub trait SecretVault: Send + Sync {
 const REVEALED_FOR: Duration = Duration::from_secs(10);
 const REVEAL_WAIT: Duration = Duration::from_secs(5);
 
+/// Each secret's last read (its value or why not), and when.
+type Revealed = HashMap<String, (Instant, Result<Zeroizing<String>, String>)>;
+
 /// One sandbox's inspection: its CA, its rules, and how it reaches upstreams and secrets.
 pub struct Inspector {
     pub ca: Arc<SandboxCa>,
@@ -31,7 +34,7 @@ pub struct Inspector {
     vault: Option<Arc<dyn SecretVault>>,
     /// Values read lately, so a guest's stream of requests is not a stream of reads of
     /// the store every tenant shares.
-    revealed: tokio::sync::Mutex<HashMap<String, (Instant, Zeroizing<String>)>>,
+    revealed: tokio::sync::Mutex<Revealed>,
 }
 
 impl std::fmt::Debug for Inspector {
@@ -56,16 +59,18 @@ impl Inspector {
         };
         // Held across the read: one sandbox reads one value at a time.
         let mut revealed = self.revealed.lock().await;
-        if let Some((at, value)) = revealed.get(&name) {
+        if let Some((at, read)) = revealed.get(&name) {
             if at.elapsed() < REVEALED_FOR {
-                return Ok(value.clone());
+                return read.clone();
             }
         }
-        let value = match tokio::time::timeout(REVEAL_WAIT, vault.reveal(owner, &name)).await {
-            Ok(read) => read?,
-            Err(_) => return Err(format!("secret `{name}` could not be read within {} s", REVEAL_WAIT.as_secs())),
+        // A failure is kept as long as a value: a rule naming a deleted secret must not
+        // turn each of the guest's requests into a read of the store.
+        let read = match tokio::time::timeout(REVEAL_WAIT, vault.reveal(owner, &name)).await {
+            Ok(read) => read,
+            Err(_) => Err(format!("secret `{name}` could not be read within {} s", REVEAL_WAIT.as_secs())),
         };
-        revealed.insert(name, (Instant::now(), value.clone()));
-        Ok(value)
+        revealed.insert(name, (Instant::now(), read.clone()));
+        read
     }
 }

@@ -70,6 +70,13 @@ impl Default for Limits {
     }
 }
 
+/// What a stack applies besides its policy.
+#[derive(Default)]
+pub struct Extras {
+    pub inspector: Option<Arc<Inspector>>,
+    pub proxy: Option<EgressProxy>,
+}
+
 /// What the stack and its reporters share.
 pub struct Shared {
     policy: RwLock<Arc<Policy>>,
@@ -77,6 +84,7 @@ pub struct Shared {
     inspector: inspect::flow::Current,
     /// The SOCKS5 proxy allowed TCP goes through (none: dialed directly).
     proxy: RwLock<Option<Arc<EgressProxy>>>,
+    proxy_at: ProxyAt,
     pub reach: Reach,
     pub seam: Arc<dyn Seam>,
     pins: Mutex<Pins>,
@@ -118,10 +126,16 @@ impl Drop for NetHandle {
 impl NetHandle {
     /// Starts the stack on `link` (a connection to QEMU's stream netdev).
     pub fn start(link: UnixStream, policy: Policy, reach: Reach, seam: Arc<dyn Seam>, limits: Limits) -> NetHandle {
+        Self::start_with(link, policy, Extras::default(), reach, seam, limits)
+    }
+
+    /// `start`, with the inspection and egress proxy in force from the first frame.
+    pub fn start_with(link: UnixStream, policy: Policy, extras: Extras, reach: Reach, seam: Arc<dyn Seam>, limits: Limits) -> NetHandle {
         let shared = Arc::new(Shared {
             policy: RwLock::new(Arc::new(policy)),
-            inspector: Default::default(),
-            proxy: RwLock::new(None),
+            inspector: Arc::new(RwLock::new(extras.inspector)),
+            proxy: RwLock::new(extras.proxy.map(Arc::new)),
+            proxy_at: Default::default(),
             reach,
             seam,
             pins: Mutex::new(Pins::default()),
@@ -289,28 +303,22 @@ impl Stack {
         inspector.wants(dst.port(), &names).then_some((inspector, names))
     }
 
-    /// The policy's answer for a new flow, logged when it is no. Yes comes with the
-    /// name the allowing rule matched, when it was a name rule.
-    fn decide(&self, proto: Proto, dst: SocketAddrV4) -> Result<Option<String>, DenyReason> {
+    /// The policy's answer for a new flow, logged when it is no.
+    fn decide(&self, proto: Proto, dst: SocketAddrV4) -> Result<(), DenyReason> {
         let names = self.names_for(*dst.ip());
         let dest = Dest { ip: IpAddr::V4(*dst.ip()), proto, port: dst.port(), names: &names };
-        let policy = self.shared.policy();
-        let verdict = policy.check(&dest, &self.shared.reach).and_then(|rule| {
+        let verdict = self.shared.policy().check(&dest, &self.shared.reach).map(|_| ()).and_then(|()| {
             if self.flows() >= self.limits.max_flows {
                 Err(DenyReason::ConnectionLimit)
             } else {
-                Ok(rule)
+                Ok(())
             }
         });
         match &verdict {
-            Ok(_) => self.shared.log.flow_allowed(),
+            Ok(()) => self.shared.log.flow_allowed(),
             Err(reason) => self.shared.log.flow_denied(proto, dest.ip, dst.port(), names.first().cloned(), reason.clone()),
         }
-        let rule = verdict?;
-        Ok(match &policy.rules[rule].target {
-            crate::rules::Target::Name(pattern) => names.into_iter().find(|n| pattern.matches(n)),
-            _ => None,
-        })
+        verdict
     }
 
     fn inbound(&mut self, frame: Vec<u8>) {
@@ -356,22 +364,18 @@ impl Stack {
             self.dev.tx.extend(packets::refuse_syn(&frame));
             return;
         }
-        let Ok(by_name) = self.decide(Proto::Tcp, dst) else {
+        if self.decide(Proto::Tcp, dst).is_err() {
             self.dev.tx.extend(packets::refuse_syn(&frame));
             return;
-        };
+        }
         let gate = self.inspected(dst).map(|(inspector, names)| inspect::flow::Flow { dst, names, inspector, current: self.shared.inspector.clone(), log: self.shared.log.clone() });
         let proxy = self.shared.proxy.read().clone();
         // Through a proxy, the proxy reaches the destination; hutch dials only the proxy.
         let dial = match proxy {
-            Some(proxy) => {
-                // A flow a name rule allowed is asked for by that name, as E2B does.
-                let target = match by_name {
-                    Some(name) => socks5::Target::Name(name, dst.port()),
-                    None => socks5::Target::Addr(dst),
-                };
-                Dial::Proxy { proxy, target, seam: self.shared.seam.clone(), reach: self.shared.reach.clone() }
-            }
+            // By the address the policy checked, never by name: a proxy resolving a
+            // guest's name itself could be sent into its own network (the name's owner
+            // answers the proxy differently), past hutch's rebinding checks.
+            Some(proxy) => Dial::Proxy { proxy, target: socks5::Target::Addr(dst), at: self.shared.proxy_at.clone(), seam: self.shared.seam.clone(), reach: self.shared.reach.clone() },
             None => match self.shared.seam.route(SocketAddr::V4(dst), Proto::Tcp) {
                 Ok(route) => Dial::Direct(route),
                 Err(e) => {
@@ -555,15 +559,30 @@ impl Stack {
 /// How an allowed TCP flow's upstream is opened.
 enum Dial {
     Direct(SocketAddr),
-    Proxy { proxy: Arc<EgressProxy>, target: socks5::Target, seam: Arc<dyn Seam>, reach: Reach },
+    Proxy { proxy: Arc<EgressProxy>, target: socks5::Target, at: ProxyAt, seam: Arc<dyn Seam>, reach: Reach },
 }
+
+/// The proxy's checked address, kept a few seconds: a guest's stream of SYNs is not a
+/// stream of lookups on the resolver every sandbox shares.
+type ProxyAt = Arc<tokio::sync::Mutex<Option<(Instant, Arc<EgressProxy>, SocketAddr)>>>;
+const PROXY_ADDRESS_KEPT: Duration = Duration::from_secs(5);
 
 impl Dial {
     async fn connect(self) -> Result<tokio::net::TcpStream, String> {
         match self {
             Dial::Direct(route) => tokio::net::TcpStream::connect(route).await.map_err(|e| e.to_string()),
-            Dial::Proxy { proxy, target, seam, reach } => {
-                let at = proxy_address(&proxy, seam.as_ref(), &reach).await.map_err(|e| format!("the egress proxy {}:{}: {e}", proxy.host, proxy.port))?;
+            Dial::Proxy { proxy, target, at, seam, reach } => {
+                let at = {
+                    let mut kept = at.lock().await;
+                    match &*kept {
+                        Some((when, of, addr)) if Arc::ptr_eq(of, &proxy) && when.elapsed() < PROXY_ADDRESS_KEPT => *addr,
+                        _ => {
+                            let addr = proxy_address(&proxy, seam.as_ref(), &reach).await.map_err(|e| format!("the egress proxy {}:{}: {e}", proxy.host, proxy.port))?;
+                            *kept = Some((Instant::now(), proxy.clone(), addr));
+                            addr
+                        }
+                    }
+                };
                 let mut stream = tokio::net::TcpStream::connect(at).await.map_err(|e| format!("the egress proxy {}:{} did not accept: {e}", proxy.host, proxy.port))?;
                 socks5::connect(&mut stream, &target, proxy.login()).await.map_err(|e| format!("the egress proxy {}:{}: {e}", proxy.host, proxy.port))?;
                 Ok(stream)
@@ -580,7 +599,7 @@ pub async fn proxy_address(proxy: &EgressProxy, seam: &dyn Seam, reach: &Reach) 
         Err(_) => *seam.lookup(&proxy.host).await.map_err(|e| format!("its name does not resolve: {e}"))?.first().ok_or("its name has no IPv4 address")?,
     };
     if let Some(reason) = reach.refusal(IpAddr::V4(ip)) {
-        return Err(format!("it resolves to {ip}, which sandboxes may not reach: {reason}"));
+        return Err(format!("it resolves to an address sandboxes may not reach ({reason})"));
     }
     seam.route(SocketAddr::V4(SocketAddrV4::new(ip, proxy.port)), Proto::Tcp).map_err(|e| e.0)
 }
