@@ -28,6 +28,22 @@ impl Drop for Registry {
     }
 }
 
+/// A loopback address nothing listens on, never one this process handed out before.
+/// The port is free when chosen and released at once for the registry to bind, so two
+/// tests running side by side could otherwise be given the same one: one then talked to
+/// the other's registry, and was refused when that one stopped (seen in CI).
+fn unused_loopback_addr() -> String {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().expect("ports");
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
+        if !given.contains(&port) {
+            given.push(port);
+            return format!("127.0.0.1:{port}");
+        }
+    }
+}
+
 impl Registry {
     /// `docker-registry` on a free loopback port; with `login`, behind htpasswd.
     fn start(login: Option<(&str, &str)>) -> Registry {
@@ -46,8 +62,7 @@ impl Registry {
         let binary = Path::new("/usr/bin/docker-registry");
         assert!(binary.exists(), "Debian's docker-registry is not installed (scripts/test.sh installs it: apt-get install docker-registry apache2-utils)");
         let dir = tempfile::tempdir().expect("tempdir");
-        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").port();
-        let addr = format!("127.0.0.1:{port}");
+        let addr = unused_loopback_addr();
         let mut config = format!(
             "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
             dir.path().join("data").display()
@@ -64,10 +79,13 @@ impl Registry {
             .spawn()
             .expect("docker-registry");
         let deadline = Instant::now() + Duration::from_secs(20);
+        let mut child = child;
         while std::net::TcpStream::connect(&addr).is_err() {
             assert!(Instant::now() < deadline, "docker-registry did not listen on {addr} within 20 s");
             std::thread::sleep(Duration::from_millis(20));
         }
+        // Something answered: it must be this registry, not another that took the port.
+        assert!(child.try_wait().expect("the registry's status").is_none(), "docker-registry exited at start: {}", std::fs::read_to_string(dir.path().join("registry.log")).unwrap_or_default());
         Registry { child, addr, dir }
     }
 
@@ -188,7 +206,7 @@ async fn bad_pulls_are_one_clear_error_and_leave_nothing_in_the_cache() {
     let partial: Vec<_> = walk(cache.path()).into_iter().filter(|f| f.to_string_lossy().contains("partial")).collect();
     assert!(partial.is_empty(), "no partial files: {partial:?}");
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("port").local_addr().expect("addr").to_string();
+    let closed = unused_loopback_addr();
     let options = RegistryOptions { credentials: None, insecure: vec![closed.clone()], local: false, proxy: None, aws: None };
     let err = puller(cache.path(), &options).pull(&format!("{closed}/app:1"), Arc::new(Quiet)).await.expect_err("nothing listens");
     assert!(matches!(err, PullError::Unreachable { .. }), "{err}");
