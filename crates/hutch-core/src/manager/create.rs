@@ -331,7 +331,7 @@ const POOL_START_WAIT: Duration = Duration::from_secs(60);
 /// A pooled sandbox handed over (`hand_over`), with this create's network settings:
 /// pooled sandboxes wait with no egress.
 async fn start_pooled(mut sandbox: Sandbox, artifacts: Artifacts, opts: &SandboxOptions) -> Result<(Sandbox, Artifacts), ManagerError> {
-    if let Err(e) = sandbox.set_network(opts.network.clone(), &opts.net_env) {
+    if let Err(e) = sandbox.set_network(opts.network.clone(), &opts.net_env, opts.inspect_ca.as_ref()) {
         let _ = sandbox.destroy().await;
         return Err(ManagerError::Create(e));
     }

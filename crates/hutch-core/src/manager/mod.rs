@@ -399,7 +399,7 @@ impl SandboxManager {
         self.in_owner(&live, move |_, _, o| {
             Box::pin(async move {
                 match o.sandbox_mut() {
-                    Some(sandbox) => sandbox.set_network(settings, &env),
+                    Some(sandbox) => sandbox.set_network(settings, &env, None),
                     None => crate::sandbox::layout::record_network(Path::new(&dir), settings).map_err(CreateError::Record),
                 }
                 .map_err(|e| ManagerError::Internal(format!("keeping the network settings: {}", hutch_proto::error_chain(&e))))

@@ -87,7 +87,7 @@ pub(crate) async fn start_vm(
     // agent session stalled that session (measured: the first /init timed out after
     // 10 s in most restores, none once the stack connects after it). The guest's
     // packets until now are dropped, as on a cable not yet plugged in.
-    let net = start_net(spec, network, &opts.net_env).await?;
+    let net = start_net(spec, network, &opts.net_env, opts.inspect_ca.as_ref()).await?;
     Ok((vm, agent, net))
 }
 
@@ -106,25 +106,33 @@ pub(crate) fn set_cpu_share(vm: &dyn VmHandle, id: &str, share: CpuShare) -> boo
 /// netdev listens on a socket hutch bound before starting it, so the connection is
 /// queued at once and QEMU takes it when it is ready (after an adoption: once it has
 /// seen the dead server's connection end).
-pub(crate) async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env: &hutch_net::Environment) -> Result<Option<hutch_net::NetHandle>, CreateError> {
+pub(crate) async fn start_net(spec: &VmSpec, settings: &hutch_net::Settings, env: &hutch_net::Environment, ca: Option<&std::sync::Arc<hutch_net::inspect::SandboxCa>>) -> Result<Option<hutch_net::NetHandle>, CreateError> {
     if spec.nic.is_none() {
         return Ok(None);
     }
-    let inspector = inspector(&spec.dir, settings, env)?;
+    let inspector = inspector(&spec.dir, settings, env, ca)?;
     let link = tokio::net::UnixStream::connect(spec.net_socket()).await.map_err(CreateError::Net)?;
     let extras = hutch_net::stack::Extras { inspector, proxy: settings.egress_proxy.clone() };
     Ok(Some(hutch_net::NetHandle::start_with(link, settings.policy.clone(), extras, env.reach.clone(), env.seam.clone(), env.limits.clone())))
 }
 
-/// The TLS inspection for `settings`' header rules, with the CA saved in the
-/// sandbox's directory `dir` (None without rules). Rules without a CA are an error,
-/// never rules left unapplied.
-pub(crate) fn inspector(dir: &Path, settings: &hutch_net::Settings, env: &hutch_net::Environment) -> Result<Option<std::sync::Arc<hutch_net::inspect::Inspector>>, CreateError> {
+/// The TLS inspection for `settings`' header rules (None without rules), with `ca`
+/// when the caller holds the sandbox's CA already, else the one saved in the sandbox's
+/// directory `dir`. Rules without a CA are an error, never rules left unapplied.
+pub(crate) fn inspector(
+    dir: &Path,
+    settings: &hutch_net::Settings,
+    env: &hutch_net::Environment,
+    ca: Option<&std::sync::Arc<hutch_net::inspect::SandboxCa>>,
+) -> Result<Option<std::sync::Arc<hutch_net::inspect::Inspector>>, CreateError> {
     if settings.transforms.is_empty() {
         return Ok(None);
     }
-    let ca = hutch_net::inspect::SandboxCa::load(dir).map_err(CreateError::Inspection)?.ok_or(CreateError::NoInspectionCa)?;
-    Ok(Some(std::sync::Arc::new(hutch_net::inspect::Inspector::new(std::sync::Arc::new(ca), settings.transforms.clone(), env.upstream.clone(), env.vault.clone()))))
+    let ca = match ca {
+        Some(ca) => ca.clone(),
+        None => std::sync::Arc::new(hutch_net::inspect::SandboxCa::load(dir).map_err(CreateError::Inspection)?.ok_or(CreateError::NoInspectionCa)?),
+    };
+    Ok(Some(std::sync::Arc::new(hutch_net::inspect::Inspector::new(ca, settings.transforms.clone(), env.upstream.clone(), env.vault.clone()))))
 }
 
 /// Connects to the agent and initializes the guest, retrying on a fresh session when

@@ -200,7 +200,7 @@ impl Sandbox {
             // The paused guest holds its own token, the one the host gives it again.
             let agent = init_with_retry(vm.as_mut(), agent, id.as_str(), opts, true, opts.access_token.as_deref()).await?;
             let initialized = started.elapsed();
-            let net = start_net(&record.spec, &record.network, &opts.net_env).await?;
+            let net = start_net(&record.spec, &record.network, &opts.net_env, opts.inspect_ca.as_ref()).await?;
             record.spec.incoming = None;
             write_record(dir, &record)?;
             let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -264,7 +264,7 @@ impl Sandbox {
         let agent = connect_restored(vm.as_mut(), ADOPT_AGENT_WAIT, started).await.map_err(AdoptError::Agent)?;
         // The dead server's stack went with it (its flows reset in the guest); QEMU
         // listens again for this one's.
-        let net = start_net(&record.spec, &record.network, net_env).await.map_err(AdoptError::Agent)?;
+        let net = start_net(&record.spec, &record.network, net_env, None).await.map_err(AdoptError::Agent)?;
         // It runs: whatever a cut-short pause or resume left is stale.
         for stale in [PAUSED_STATE, SAVING_STATE, PAUSED_DISK] {
             let _ = std::fs::remove_file(dir.join(stale));
@@ -506,9 +506,10 @@ impl Sandbox {
     }
 
     /// Replaces the sandbox's network settings: its stack follows them at once (open
-    /// connections stay), and they are kept for resumes and adoptions.
-    pub fn set_network(&mut self, settings: hutch_net::Settings, env: &hutch_net::Environment) -> Result<(), CreateError> {
-        let inspector = boot::inspector(&self.dir, &settings, env)?;
+    /// connections stay), and they are kept for resumes and adoptions. `ca` is the
+    /// sandbox's inspection CA when the caller holds it (else it is read from the directory).
+    pub fn set_network(&mut self, settings: hutch_net::Settings, env: &hutch_net::Environment, ca: Option<&std::sync::Arc<hutch_net::inspect::SandboxCa>>) -> Result<(), CreateError> {
+        let inspector = boot::inspector(&self.dir, &settings, env, ca)?;
         let mut record = self.record.clone();
         record.network = settings;
         write_record(&self.dir, &record)?;
