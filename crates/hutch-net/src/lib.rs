@@ -10,6 +10,7 @@ pub mod log;
 pub mod public_proxy;
 pub mod ranges;
 pub mod rules;
+pub mod scan;
 pub mod seam;
 pub mod socks5;
 pub mod stack;

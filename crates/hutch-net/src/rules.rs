@@ -366,6 +366,8 @@ pub enum DenyReason {
     /// A flow to a host with a network rule that hutch could not inspect, or a
     /// request on it that the rule could not be applied to.
     Inspection { error: String },
+    /// The guest sent a secret's placeholder where hutch does not fill it in.
+    Placeholder { form: crate::scan::Form },
 }
 
 impl fmt::Display for DenyReason {
@@ -379,6 +381,11 @@ impl fmt::Display for DenyReason {
             DenyReason::Rebinding { group } => write!(f, "the name resolves to a {} address", group.name()),
             DenyReason::DialFailed { error } => write!(f, "the destination did not accept: {error}"),
             DenyReason::Inspection { error } => write!(f, "{error}"),
+            DenyReason::Placeholder { form } => write!(
+                f,
+                "the guest sent a secret's placeholder ({}) where hutch does not fill it in (only headers of HTTPS requests to a host the secret is bound to); the connection was reset",
+                form.name()
+            ),
         }
     }
 }

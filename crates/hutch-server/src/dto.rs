@@ -39,6 +39,10 @@ pub struct NewSandbox {
     pub cold: Option<bool>,
     #[serde(default)]
     pub network: Option<hutch_net::e2b::E2bNetwork>,
+    /// hutch's own: secrets of the API key bound to environment variables, which hold
+    /// their placeholders, and to the hosts the values are filled in for.
+    #[serde(default)]
+    pub secrets: Option<BTreeMap<String, hutch_net::inspect::SecretBinding>>,
 }
 
 /// E2B's `SandboxNetworkUpdateConfig` (`PUT /sandboxes/{id}/network`): it replaces the

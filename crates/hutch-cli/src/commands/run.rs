@@ -29,6 +29,13 @@ pub struct RunArgs {
     /// or egress rules separated by commas (`allow@public:tcp:443,allow@*.pypi.org`).
     #[arg(long, default_value = "none", value_parser = parse_policy)]
     pub net: hutch_net::Policy,
+    /// A secret the sandbox uses without holding it: `NAME=VALUE@HOST[,HOST…]`, or
+    /// `NAME@HOST…` to take the value from this shell's variable NAME (so it stays out
+    /// of `ps` and shell history). The guest's variable NAME holds a placeholder, which
+    /// hutch fills in on HTTPS requests to those hosts only (`*.domain` for the names
+    /// below it); `--net` must allow them. Repeatable.
+    #[arg(long = "secret", value_name = "NAME[=VALUE]@HOST")]
+    pub secrets: Vec<String>,
     #[command(flatten)]
     pub exec: ExecFlags,
 }
@@ -59,16 +66,60 @@ pub fn parse_policy(text: &str) -> Result<hutch_net::Policy, String> {
     hutch_net::Policy::parse(text).map_err(|e| e.to_string())
 }
 
+/// One `--secret`: the variable, its value, and the hosts it is for.
+fn parse_secret(text: &str) -> anyhow::Result<(String, zeroize::Zeroizing<String>, Vec<String>)> {
+    let Some((given, hosts)) = text.rsplit_once('@') else {
+        anyhow::bail!("--secret takes NAME=VALUE@HOST or NAME@HOST; this one names no host after `@`");
+    };
+    let (var, value) = match given.split_once('=') {
+        Some((var, value)) => (var.to_string(), zeroize::Zeroizing::new(value.to_string())),
+        None => {
+            let value = std::env::var(given).map_err(|_| anyhow::anyhow!("--secret {given}@…: this shell has no variable {given} to take the value from; export it, or give NAME=VALUE@HOST"))?;
+            (given.to_string(), zeroize::Zeroizing::new(value))
+        }
+    };
+    if http::HeaderValue::from_str(&value).is_err() {
+        anyhow::bail!("--secret {var}: the value holds a byte a header cannot (a control character or non-ASCII), so it could not be filled in");
+    }
+    let hosts = hosts.split(',').map(str::trim).filter(|h| !h.is_empty()).map(str::to_string).collect();
+    Ok((var, value, hosts))
+}
+
+/// The bindings of `--secret`s: the network settings fill them in, the returned
+/// variables hold their placeholders, the vault holds their values.
+fn bind_secrets(given: &[String], network: &mut hutch_net::Settings) -> anyhow::Result<(std::collections::BTreeMap<String, String>, hutch_net::inspect::InlineVault)> {
+    let mut bindings = std::collections::BTreeMap::new();
+    let mut values = std::collections::HashMap::new();
+    for text in given {
+        let (var, value, hosts) = parse_secret(text)?;
+        values.insert(var.to_ascii_lowercase(), value);
+        bindings.insert(var, hutch_net::inspect::SecretBinding { name: None, hosts });
+    }
+    let env = network.transforms.bind_all("--secret", &bindings).map_err(|e| anyhow::anyhow!("{e}"))?;
+    network.transforms.secrets_of = Some("local".into());
+    Ok((env, hutch_net::inspect::InlineVault(values)))
+}
+
 pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let mut network = hutch_net::Settings::native(args.net.clone());
+    let (secret_env, vault) = bind_secrets(&args.secrets, &mut network)?;
     let local = Local::prepare(&args.template, args.accel).await?;
-    let net_env = hutch_net::Environment::from_env(Vec::new(), Vec::new()).map_err(anyhow::Error::msg)?;
+    let mut net_env = hutch_net::Environment::from_env(Vec::new(), Vec::new()).map_err(anyhow::Error::msg)?;
+    let inspect_ca = if secret_env.is_empty() {
+        None
+    } else {
+        net_env.vault = Some(std::sync::Arc::new(vault));
+        Some(std::sync::Arc::new(hutch_net::inspect::SandboxCa::generate().context("making the sandbox's inspection CA")?))
+    };
     let opts = SandboxOptions {
         cpus: args.cpus.or(local.artifacts.template.shape.cpus).unwrap_or(1),
         memory: args.memory.or_else(|| local.artifacts.template.shape.memory_mib.and_then(|m| MemMib::new(m).ok())).unwrap_or_else(|| MemMib::of_template(&args.template)),
         accel: local.accel.accel,
         cold: args.cold,
-        network: hutch_net::Settings::native(args.net.clone()),
+        network,
         net_env: std::sync::Arc::new(net_env),
+        envs: secret_env,
+        inspect_ca,
         ..SandboxOptions::default()
     };
     // One Ctrl-C future for the whole run: a fresh `ctrl_c()` per step would miss a

@@ -73,6 +73,7 @@ impl SandboxManager {
         let mut opts = self.options(&template, &spec.env_vars, &spec.metadata, token.clone());
         opts.cold = spec.cold;
         opts.network = spec.network.clone().unwrap_or_default();
+        opts.network.transforms.check_env("envVars", &spec.env_vars).map_err(|e| ManagerError::InvalidArgument(e.to_string()))?;
         self.check_rules(key_id, &mut opts.network).await?;
         let named = self.store.snapshot(key_id, &template).await?;
         // A template another API key built is not this one's to start (nor to learn of).

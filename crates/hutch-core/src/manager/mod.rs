@@ -389,6 +389,10 @@ impl SandboxManager {
     pub async fn set_network(&self, key_id: &str, id: &str, mut settings: hutch_net::Settings) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
         let dir = live.row.dir.clone();
+        // An update replaces the rules; the secrets bound at create stay bound, as the
+        // guest's variables still hold their placeholders.
+        let recorded = crate::sandbox::layout::recorded_network(Path::new(&dir)).map_err(|e| ManagerError::Internal(format!("reading the network settings: {}", hutch_proto::error_chain(&e))))?;
+        settings.transforms = settings.transforms.keeping_bindings_of(&recorded.transforms).map_err(|e| ManagerError::InvalidArgument(format!("network.rules: {e}")))?;
         self.check_rules(key_id, &mut settings).await?;
         if !settings.transforms.is_empty() && !Path::new(&dir).join(hutch_net::inspect::ca::CA_CERT_FILE).exists() {
             return Err(ManagerError::InvalidArgument(
@@ -425,7 +429,7 @@ impl SandboxManager {
                 Ok(_) => {}
                 Err(crate::secrets::SecretError::NotFound | crate::secrets::SecretError::Invalid(_)) => {
                     return Err(ManagerError::InvalidArgument(format!(
-                        "network.rules: no secret named `{name}` for this API key; create it first (POST /secrets or `hutch secret create`)"
+                        "network.rules: no secret named `{name}` for this API key (a rule or a binding in `secrets` names it); create it first (POST /secrets or `hutch secret create`)"
                     )))
                 }
                 Err(e) => return Err(ManagerError::Internal(format!("reading the secrets the network rules name: {}", hutch_proto::error_chain(&e)))),

@@ -3,6 +3,7 @@
 //! one upstream connection; the answer streams back as it came.
 
 use super::flow::Flow;
+use super::scanned::Scanned;
 use super::transforms;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, HOST};
@@ -42,7 +43,7 @@ where
     let (sender, connection) = hyper::client::conn::http1::Builder::new()
         .preserve_header_case(true)
         .max_buf_size(HEAD_MAX)
-        .handshake::<_, Incoming>(TokioIo::new(upstream))
+        .handshake::<_, Scanned>(TokioIo::new(upstream))
         .await
         .map_err(|e| format!("HTTP with {host} could not start: {e}"))?;
     let _upstream = AbortOnDrop(tokio::spawn(async move {
@@ -66,7 +67,7 @@ where
     Ok(())
 }
 
-async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Incoming>>, host: &str, flow: &Flow) -> Answer {
+async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Scanned>>, host: &str, flow: &Flow) -> Answer {
     if let Err(asked) = for_host(&req, host) {
         flow.refuse(host, format!("a request over TLS for {host} named the host {asked}; hutch applies a host's rule only to requests for that host"));
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: this connection is for {host}; a request for another host needs a connection of its own\n"));
@@ -103,6 +104,12 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
         return refusal(StatusCode::BAD_REQUEST, "hutch: the host is not a header value\n".into());
     };
     req.headers_mut().insert(HOST, host_value);
+    // The guest's own placeholders first: the rule's headers then override.
+    let target = req.uri().clone();
+    if let Err(why) = super::fill::fill(&target, req.headers_mut(), host, &inspector).await {
+        flow.refuse(host, why);
+        return placeholder_refused(host);
+    }
     for (name, template) in rule {
         let value = match transforms::render(template, |secret| inspector.reveal(secret)).await {
             Ok(v) => v,
@@ -120,6 +127,8 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
         let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else { continue };
         req.headers_mut().insert(name, value);
     }
+    let req = req.map(|body| Scanned::new(body, inspector.scans()));
+    let found = req.body().found.clone();
     let sent = async {
         let mut sender = sender.lock().await;
         sender.ready().await?;
@@ -127,6 +136,11 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
     };
     match tokio::time::timeout(ANSWER_WAIT, sent).await {
         Ok(Ok(answer)) => answer.map(Either::Left),
+        Ok(Err(_)) if found.get().is_some() => {
+            let form = found.get().map(|f| f.name()).unwrap_or_default();
+            flow.refuse(host, format!("the request's body holds a secret's placeholder ({form}); hutch fills placeholders in headers only, so the request was cut off"));
+            placeholder_refused(host)
+        }
         Ok(Err(e)) => {
             flow.refuse(host, format!("{host} did not answer the request: {e}"));
             refusal(StatusCode::BAD_GATEWAY, format!("hutch: {host} did not answer: {e}\n"))
@@ -168,6 +182,10 @@ fn for_host(req: &Request<Incoming>, host: &str) -> Result<(), String> {
 pub(super) fn shown(text: &str) -> String {
     let escaped: String = text.escape_debug().take(128).collect();
     format!("`{escaped}`")
+}
+
+fn placeholder_refused(host: &str) -> Answer {
+    refusal(StatusCode::FORBIDDEN, format!("hutch: this request to {host} carries a secret's placeholder where hutch does not fill it in; see the sandbox's network log\n"))
 }
 
 fn refusal(status: StatusCode, body: String) -> Answer {

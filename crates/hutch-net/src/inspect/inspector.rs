@@ -18,6 +18,17 @@ pub trait SecretVault: Send + Sync {
     async fn reveal(&self, owner: &str, name: &str) -> Result<Zeroizing<String>, String>;
 }
 
+/// Values given on the command line (`hutch run --secret`), for one sandbox whatever
+/// its owner: they live in this process only.
+pub struct InlineVault(pub HashMap<String, Zeroizing<String>>);
+
+#[async_trait::async_trait]
+impl SecretVault for InlineVault {
+    async fn reveal(&self, _owner: &str, name: &str) -> Result<Zeroizing<String>, String> {
+        self.0.get(name).cloned().ok_or_else(|| format!("no secret `{name}` was given to this sandbox"))
+    }
+}
+
 /// How long a secret's value read from the vault serves requests before it is read
 /// again (an update or deletion reaches requests within this), and how long a read may take.
 const REVEALED_FOR: Duration = Duration::from_secs(10);
@@ -32,6 +43,9 @@ pub struct Inspector {
     pub transforms: Transforms,
     pub upstream: Arc<Upstream>,
     vault: Option<Arc<dyn SecretVault>>,
+    /// Whether the rules name any secret: then what the guest sends is scanned for
+    /// placeholders going where they are not filled in (`crate::scan`).
+    scans: bool,
     /// Values read lately, so a guest's stream of requests is not a stream of reads of
     /// the store every tenant shares.
     revealed: tokio::sync::Mutex<Revealed>,
@@ -45,7 +59,13 @@ impl std::fmt::Debug for Inspector {
 
 impl Inspector {
     pub fn new(ca: Arc<SandboxCa>, transforms: Transforms, upstream: Arc<Upstream>, vault: Option<Arc<dyn SecretVault>>) -> Inspector {
-        Inspector { ca, transforms, upstream, vault, revealed: Default::default() }
+        let scans = !transforms.secret_names().is_empty();
+        Inspector { ca, transforms, upstream, vault, scans, revealed: Default::default() }
+    }
+
+    /// Whether the guest's traffic is scanned for placeholders.
+    pub fn scans(&self) -> bool {
+        self.scans
     }
 
     /// Whether a flow to an address the guest resolved under `names` goes through the gate.

@@ -9,17 +9,19 @@
 
 pub mod ca;
 pub mod flow;
+mod fill;
 mod gate;
 mod http;
 mod inspector;
 mod rewind;
+mod scanned;
 #[cfg(test)]
 mod tests;
 pub mod transforms;
 pub mod upstream;
 
 pub use ca::SandboxCa;
-pub use inspector::{Inspector, SecretVault};
+pub use inspector::{InlineVault, Inspector, SecretVault};
 pub use gate::run as gate;
-pub use transforms::{TransformError, Transforms};
+pub use transforms::{SecretBinding, TransformError, Transforms};
 pub use upstream::{Upstream, UpstreamCaError};

@@ -34,7 +34,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// An HTTPS server on loopback that answers each request with the headers it got
-/// (`name: value` lines, lower-cased names, in order) and its own name.
+/// (`name: value` lines, lower-cased names, in order), its own name, and the body it
+/// read whole (no answer when the body ends in an error).
 async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>, name: &'static str) -> SocketAddr {
     let mut config = rustls::ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect("versions").with_no_client_auth().with_single_cert(vec![leaf], key).expect("cert");
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -51,7 +52,9 @@ async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>
                     for (k, v) in req.headers() {
                         seen.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
                     }
-                    Ok::<_, std::convert::Infallible>(::http::Response::new(Full::new(Bytes::from(seen))))
+                    let body = http_body_util::BodyExt::collect(req.into_body()).await?.to_bytes();
+                    seen.push_str(&format!("body: {}\n", String::from_utf8_lossy(&body)));
+                    Ok::<_, hyper::Error>(::http::Response::new(Full::new(Bytes::from(seen))))
                 });
                 let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
             });
@@ -83,7 +86,7 @@ struct World {
 }
 
 async fn world() -> World {
-    let (test_ca, inspect_leaf, inspect_key) = issued(&["inspect.test", "gone.test"]);
+    let (test_ca, inspect_leaf, inspect_key) = issued(&["inspect.test", "gone.test", "bound.test"]);
     // plain.test's CA is trusted too; untrusted.test's is not.
     let (plain_ca, plain_leaf, plain_key) = issued(&["plain.test"]);
     let (_, untrusted_leaf, untrusted_key) = issued(&["untrusted.test"]);
@@ -98,11 +101,14 @@ async fn world() -> World {
     });
     let mut transforms = Transforms::from_e2b(&rules).expect("rules");
     transforms.secrets_of = Some("key-1".into());
+    // The guest's own placeholders for `token` are filled in on bound.test, which has no rule.
+    transforms.bind("secrets", "token", "bound.test").expect("binding");
     let ca = Arc::new(SandboxCa::generate().expect("ca"));
     let inspector = Arc::new(Inspector::new(ca.clone(), transforms, Arc::new(upstream), Some(Arc::new(Vault))));
     let mut servers = std::collections::HashMap::new();
     servers.insert("inspect.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "inspect").await);
-    servers.insert("gone.test", https_server(inspect_leaf, inspect_key, "gone").await);
+    servers.insert("gone.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "gone").await);
+    servers.insert("bound.test", https_server(inspect_leaf, inspect_key, "bound").await);
     servers.insert("plain.test", https_server(plain_leaf, plain_key, "plain").await);
     servers.insert("untrusted.test", https_server(untrusted_leaf, untrusted_key, "untrusted").await);
     World { ca, inspector, servers, test_ca, _dir: dir }
@@ -252,4 +258,42 @@ fn a_saved_ca_loads_back_and_signs_leaves_its_certificate_verifies() {
     use rustls::client::danger::ServerCertVerifier;
     verifier.verify_server_cert(&leaf.cert[0], &leaf.cert[1..], &ServerName::try_from("inspect.test").expect("name"), &[], now).expect("the loaded CA's leaf verifies against the saved certificate");
     assert!(SandboxCa::load(tempfile::tempdir().expect("t").path()).expect("no error").is_none());
+}
+
+#[tokio::test]
+async fn the_guests_placeholders_are_filled_in_where_bound_and_refused_elsewhere() {
+    use base64::Engine;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let w = world().await;
+    let log = NetLog::default();
+    let to = |host: &'static str, request: String| {
+        let (w, log) = (&w, &log);
+        async move { guest_request(w, host, host, &[host], &[ca_cert(w)], &request, log).await.answer.expect("answered") }
+    };
+    // A header of the guest's own, and a Basic credential, to the host the secret is bound to.
+    let basic = format!("Authorization: Basic {}\r\n", b64("me:${e2b.secrets.token}"));
+    let answer = to("bound.test", get("bound.test", &format!("X-Api-Key: k=${{e2b.secrets.token}}\r\n{basic}"))).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("server: bound\n"), "{answer}");
+    assert!(answer.contains(&format!("x-api-key: k={SECRET}\n")), "{answer}");
+    assert!(answer.contains(&format!("authorization: Basic {}\n", b64(&format!("me:{SECRET}")))), "{answer}");
+    // A rule naming the secret binds it to the rule's host too.
+    let answer = to("inspect.test", get("inspect.test", "X-Api-Key: ${e2b.secrets.token}\r\n")).await;
+    assert!(answer.contains(&format!("x-api-key: {SECRET}\n")), "{answer}");
+    assert!(log.view().denials.is_empty(), "{:?}", log.view().denials);
+    // Anywhere else: refused before anything reaches the server, and logged.
+    let post = |host: &str, body: &str| format!("POST / HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
+    for (host, request, why) in [
+        ("gone.test", get("gone.test", "X-Api-Key: ${e2b.secrets.token}\r\n"), "not bound to gone.test"),
+        ("bound.test", get("bound.test", "X-Api-Key: ${e2b.secrets.other}\r\n"), "`other`"),
+        ("bound.test", "GET /?k=${e2b.secrets.token} HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string(), "target"),
+        ("bound.test", get("bound.test", "X-Api-Key: %24%7Be2b.secrets.token%7D\r\n"), "cannot fill in"),
+        ("bound.test", post("bound.test", &format!("{{\"key\": \"{}\"}}", b64("${e2b.secrets.token}"))), "body"),
+    ] {
+        let before = log.view().denials.len();
+        let answer = to(host, request.clone()).await;
+        assert!(answer.starts_with("HTTP/1.1 403") && !answer.contains("server: "), "{request:?}: {answer}");
+        let denials = log.view().denials;
+        assert!(denials.len() > before && denials.last().is_some_and(|d| d.message.contains(why)), "{request:?}: {denials:?}");
+        assert!(!denials.iter().any(|d| d.message.contains(SECRET)));
+    }
 }

@@ -27,6 +27,28 @@ pub struct Transforms {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets_of: Option<String>,
     pub hosts: BTreeMap<String, BTreeMap<String, String>>,
+    /// Secrets the guest itself may send as placeholders, by host key (hutch's
+    /// `secrets` on create, `hutch run --secret`): each such host is in `hosts` too, so
+    /// it is inspected. A rule naming a secret binds it to the rule's host as well.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub bound: BTreeMap<String, BTreeSet<String>>,
+}
+
+/// hutch's own binding of a secret to an environment variable (`secrets` on create,
+/// `hutch run --secret`): the guest's variable holds the placeholder, and the value is
+/// filled in on HTTPS requests to `hosts` only.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretBinding {
+    /// The secret's name; the variable's, lower-cased, when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Names, or `*.domain` for the names below it.
+    pub hosts: Vec<String>,
+}
+
+/// The placeholder the guest holds for secret `name`.
+pub fn placeholder(name: &str) -> String {
+    format!("{SECRET_PREFIX}{name}}}")
 }
 
 /// A rule E2B would refuse, or one hutch does not do. `field` names where, in the
@@ -119,43 +141,142 @@ impl Transforms {
                 return Err(bad(&field, "names a host that another key names too (keys are compared lower-cased)"));
             }
         }
-        Ok(Transforms { secrets_of: None, hosts })
+        Ok(Transforms { secrets_of: None, hosts, bound: BTreeMap::new() })
+    }
+
+    /// Binds secret `name` to `host` (a name, or `*.domain`): the guest's own
+    /// placeholders for it are filled in on HTTPS requests to that host. `field` names
+    /// the binding in errors.
+    pub fn bind(&mut self, field: &str, name: &str, host: &str) -> Result<(), TransformError> {
+        let name = secret_name(name).map_err(|m| bad(field, m))?;
+        let host = rule_host(host).map_err(|m| bad(field, format!("`{}` {m}", host.escape_debug())))?;
+        if !self.hosts.contains_key(&host) && self.hosts.len() >= MAX_HOSTS {
+            return Err(bad(field, format!("would make {} hosts with rules or secrets; at most {MAX_HOSTS}", self.hosts.len() + 1)));
+        }
+        self.hosts.entry(host.clone()).or_default();
+        let names = self.bound.entry(host).or_default();
+        names.insert(name);
+        if names.len() > MAX_SECRETS_PER_HOST {
+            return Err(bad(field, format!("binds more than {MAX_SECRETS_PER_HOST} secrets to one host")));
+        }
+        Ok(())
+    }
+
+    /// Binds each of `secrets` (environment variable → binding) and returns the
+    /// variables to set, each to its secret's placeholder. `field` names the map in errors.
+    pub fn bind_all(&mut self, field: &str, secrets: &BTreeMap<String, SecretBinding>) -> Result<BTreeMap<String, String>, TransformError> {
+        let mut env = BTreeMap::new();
+        for (var, binding) in secrets {
+            let at = format!("{field}.{var}");
+            let valid_var = var.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_') && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+            if !valid_var || var.len() > 128 {
+                return Err(bad(&at, "is not an environment variable's name (letters, digits and `_`, not starting with a digit)"));
+            }
+            let name = secret_name(binding.name.as_deref().unwrap_or(var)).map_err(|m| bad(&at, m))?;
+            if binding.hosts.is_empty() {
+                return Err(bad(format!("{at}.hosts"), "is empty; a secret is filled in only for the hosts it is bound to, so name at least one"));
+            }
+            for host in &binding.hosts {
+                self.bind(&format!("{at}.hosts"), &name, host)?;
+            }
+            env.insert(var.clone(), placeholder(&name));
+        }
+        Ok(env)
+    }
+
+    /// Checks the placeholders in a create's environment variables: each well formed,
+    /// and for a secret bound to some host (by a rule or a binding), else the guest
+    /// would hold a placeholder nothing fills in.
+    pub fn check_env(&self, field: &str, env: &BTreeMap<String, String>) -> Result<(), TransformError> {
+        let names = self.secret_names();
+        for (var, value) in env {
+            let at = format!("{field}.{var}");
+            for part in parse_value(value).map_err(|m| bad(&at, m))? {
+                if let Part::Secret(name) = part {
+                    if !names.contains(&name) {
+                        return Err(bad(&at, format!("holds the placeholder of secret `{name}`, which is bound to no host: name it in the network rule of the host it is for, or bind it with `secrets`")));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// This one's rules with the bindings of `old` (a network update replaces rules; the
+    /// secrets bound at create stay bound).
+    pub fn keeping_bindings_of(mut self, old: &Transforms) -> Result<Transforms, TransformError> {
+        for (host, names) in &old.bound {
+            for name in names {
+                self.bind("secrets", name, host)?;
+            }
+        }
+        Ok(self)
     }
 
     pub fn is_empty(&self) -> bool {
         self.hosts.is_empty()
     }
 
-    /// Every secret the rules name.
+    /// Every secret the rules name or the guest may send.
     pub fn secret_names(&self) -> BTreeSet<String> {
-        let mut names = BTreeSet::new();
-        for value in self.hosts.values().flat_map(|h| h.values()) {
-            for part in parse_value(value).unwrap_or_default() {
-                if let Part::Secret(name) = part {
-                    names.insert(name);
-                }
-            }
+        let mut names: BTreeSet<String> = self.bound.values().flatten().cloned().collect();
+        for headers in self.hosts.values() {
+            names.extend(named_in(headers));
         }
         names
     }
 
-    /// The headers for `host` (a lower-case name): an exact key wins over wildcards,
-    /// and the longest wildcard over shorter ones; rules are not merged.
-    pub fn for_host(&self, host: &str) -> Option<&BTreeMap<String, String>> {
-        if let Some(headers) = self.hosts.get(host) {
-            return Some(headers);
+    /// The key whose rule applies to `host` (a lower-case name): an exact key wins
+    /// over wildcards, and the longest wildcard over shorter ones; rules are not merged.
+    fn key_for(&self, host: &str) -> Option<&str> {
+        if let Some((key, _)) = self.hosts.get_key_value(host) {
+            return Some(key);
         }
         self.hosts
-            .iter()
-            .filter_map(|(key, headers)| key.strip_prefix("*.").filter(|apex| host.len() > apex.len() + 1 && host.ends_with(apex) && host.as_bytes()[host.len() - apex.len() - 1] == b'.').map(|apex| (apex.len(), headers)))
+            .keys()
+            .filter_map(|key| key.strip_prefix("*.").filter(|apex| host.len() > apex.len() + 1 && host.ends_with(apex) && host.as_bytes()[host.len() - apex.len() - 1] == b'.').map(|apex| (apex.len(), key)))
             .max_by_key(|(len, _)| *len)
-            .map(|(_, headers)| headers)
+            .map(|(_, key)| key.as_str())
+    }
+
+    /// The headers for `host` (a lower-case name), by the rule `key_for` chooses.
+    pub fn for_host(&self, host: &str) -> Option<&BTreeMap<String, String>> {
+        self.key_for(host).and_then(|key| self.hosts.get(key))
+    }
+
+    /// The secrets whose placeholders are filled in on requests to `host`: those its
+    /// rule names and those bound to it.
+    pub fn bound_to(&self, host: &str) -> BTreeSet<String> {
+        let Some(key) = self.key_for(host) else { return BTreeSet::new() };
+        let mut names = named_in(&self.hosts[key]);
+        names.extend(self.bound.get(key).into_iter().flatten().cloned());
+        names
     }
 
     /// Whether any of `names` has a rule.
     pub fn covers_any(&self, names: &[String]) -> bool {
         names.iter().any(|n| self.for_host(n).is_some())
     }
+}
+
+fn named_in(headers: &BTreeMap<String, String>) -> BTreeSet<String> {
+    headers
+        .values()
+        .flat_map(|value| parse_value(value).unwrap_or_default())
+        .filter_map(|part| match part {
+            Part::Secret(name) => Some(name),
+            Part::Text(_) => None,
+        })
+        .collect()
+}
+
+/// A secret's name as E2B normalizes it (trimmed, lower-cased), or why it is not one.
+pub fn secret_name(name: &str) -> Result<String, String> {
+    let name = name.trim();
+    if name.is_empty() || name.len() > 128 || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        return Err(format!("`{}` is not a secret's name (1 to 128 letters, digits, `_` and `-`)", name.escape_debug().take(64).collect::<String>()));
+    }
+    Ok(name.to_ascii_lowercase())
 }
 
 fn rule_host(key: &str) -> Result<String, String> {
@@ -288,6 +409,33 @@ mod tests {
         let many: serde_json::Map<String, serde_json::Value> = (0..=MAX_HOSTS).map(|i| (format!("h{i}.com"), json!([{}]))).collect();
         assert_eq!(field(serde_json::Value::Object(many)), "network.rules");
         assert!(rules(json!({"A.com": [{}], "a.com": [{}]})).is_err(), "the same host twice");
+    }
+
+    #[test]
+    fn bindings_set_placeholders_and_bind_their_hosts() {
+        let mut t = Transforms::default();
+        let secrets: BTreeMap<String, SecretBinding> = [
+            ("OPENAI_API_KEY".to_string(), SecretBinding { name: Some("OpenAI".into()), hosts: vec!["api.openai.com".into()] }),
+            ("GH_TOKEN".to_string(), SecretBinding { name: None, hosts: vec!["*.github.com".into()] }),
+        ]
+        .into();
+        let env = t.bind_all("secrets", &secrets).expect("bound");
+        assert_eq!(env["OPENAI_API_KEY"], "${e2b.secrets.openai}");
+        assert_eq!(env["GH_TOKEN"], "${e2b.secrets.gh_token}");
+        assert_eq!(t.bound_to("api.openai.com").into_iter().collect::<Vec<_>>(), ["openai"]);
+        assert_eq!(t.bound_to("api.github.com").into_iter().collect::<Vec<_>>(), ["gh_token"]);
+        assert!(t.bound_to("github.com").is_empty() && t.bound_to("evil.com").is_empty());
+        assert!(t.check_env("envVars", &env).is_ok());
+        let stray: BTreeMap<String, String> = [("K".to_string(), "${e2b.secrets.nobody}".to_string())].into();
+        assert_eq!(t.check_env("envVars", &stray).expect_err("unbound").field, "envVars.K");
+        let unbound: BTreeMap<String, SecretBinding> = [("K".to_string(), SecretBinding { name: None, hosts: vec![] })].into();
+        assert_eq!(t.bind_all("secrets", &unbound).expect_err("no host").field, "secrets.K.hosts");
+        let bad_var: BTreeMap<String, SecretBinding> = [("1K".to_string(), SecretBinding { name: None, hosts: vec!["a.com".into()] })].into();
+        assert!(t.bind_all("secrets", &bad_var).is_err());
+        // An update replaces the rules and keeps the bindings.
+        let kept = Transforms::from_e2b(&json!({"x.com": [{}]})).expect("rules").keeping_bindings_of(&t).expect("kept");
+        assert_eq!(kept.bound_to("api.openai.com").into_iter().collect::<Vec<_>>(), ["openai"]);
+        assert!(kept.for_host("x.com").is_some());
     }
 
     #[tokio::test]

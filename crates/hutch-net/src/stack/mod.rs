@@ -357,7 +357,7 @@ impl Stack {
             }
             let (ours, theirs) = tokio::io::duplex(4 * 1024);
             self.tasks.spawn(serve_dns_tcp(theirs, self.shared.clone(), self.dns_slots.clone()));
-            self.open(key, frame, ours);
+            self.open(key, frame, ours, false);
             return;
         }
         if *dst.ip() == GATEWAY_IP {
@@ -398,7 +398,7 @@ impl Stack {
     }
 
     /// Opens the guest's side of an allowed connection and replays its SYN into it.
-    fn open<S>(&mut self, key: FlowKey, syn: Vec<u8>, upstream: S)
+    fn open<S>(&mut self, key: FlowKey, syn: Vec<u8>, upstream: S, scan: bool)
     where
         S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + 'static,
     {
@@ -409,7 +409,7 @@ impl Stack {
             return;
         }
         let handle = self.sockets.add(socket);
-        let (flow, pump) = tcp::start(handle, upstream, self.wake.clone());
+        let (flow, pump) = tcp::start(handle, upstream, scan, self.wake.clone());
         self.tasks.spawn(pump);
         self.tcp.insert(key, flow);
         // First in line, so no other SYN to the same address reaches the listener.
@@ -420,10 +420,11 @@ impl Stack {
         match ev {
             Event::Dialed { key, result } => {
                 let Some((syn, gate)) = self.dialing.remove(&key) else { return };
+                let scan = self.scans();
                 match (result, gate) {
                     (Ok(stream), None) => {
                         let _ = stream.set_nodelay(true);
-                        self.open(key, syn, stream)
+                        self.open(key, syn, stream, scan)
                     }
                     (Ok(stream), Some(flow)) => {
                         let _ = stream.set_nodelay(true);
@@ -431,7 +432,7 @@ impl Stack {
                         // the two, so it stays small (hyper and TLS buffer too).
                         let (ours, theirs) = tokio::io::duplex(64 * 1024);
                         self.tasks.spawn(inspect::gate(theirs, stream, flow));
-                        self.open(key, syn, ours)
+                        self.open(key, syn, ours, scan)
                     }
                     (Err(error), _) => {
                         let (_, dst) = key;
@@ -447,7 +448,24 @@ impl Stack {
         }
     }
 
+    /// Whether what the guest sends is scanned for secrets' placeholders: while its
+    /// rules name secrets.
+    fn scans(&self) -> bool {
+        self.shared.inspector.read().as_ref().is_some_and(|i| i.scans())
+    }
+
+    fn leaked(&self, proto: Proto, dst: SocketAddrV4, form: crate::scan::Form) {
+        self.shared.log.flow_denied(proto, IpAddr::V4(*dst.ip()), dst.port(), self.names_for(*dst.ip()).first().cloned(), DenyReason::Placeholder { form });
+    }
+
     fn datagram(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, payload: Vec<u8>) {
+        // DNS questions are names, which cannot hold a placeholder's braces.
+        if dst.port() != 53 && self.scans() {
+            if let Some(form) = crate::scan::find(&payload) {
+                self.leaked(Proto::Udp, dst, form);
+                return;
+            }
+        }
         if dst.port() == 53 {
             // More questions than slots are dropped: the guest's resolver asks again.
             let Ok(slot) = self.dns_slots.clone().try_acquire_owned() else { return };
@@ -536,12 +554,19 @@ impl Stack {
             let changed = self.iface.poll(now, &mut self.dev, &mut self.sockets);
             let mut moved = false;
             let mut done = Vec::new();
+            let mut leaks = Vec::new();
             for (key, flow) in self.tcp.iter_mut() {
                 let (m, alive) = flow.service(&mut self.sockets);
                 moved |= m;
                 if !alive {
                     done.push(*key);
                 }
+                if let Some(form) = flow.take_leak() {
+                    leaks.push((key.1, form));
+                }
+            }
+            for (dst, form) in leaks {
+                self.leaked(Proto::Tcp, dst, form);
             }
             for key in done {
                 if let Some(flow) = self.tcp.remove(&key) {

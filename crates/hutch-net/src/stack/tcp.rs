@@ -4,6 +4,7 @@
 //! slow upstream fills `to_upstream` and the socket stops reading (the guest's window
 //! closes); a slow guest fills the socket and the pump stops reading upstream.
 
+use crate::scan::{Form, Scanner};
 use bytes::{Buf, Bytes};
 use smoltcp::iface::{SocketHandle, SocketSet};
 use smoltcp::socket::tcp;
@@ -31,6 +32,10 @@ pub struct TcpFlow {
     upstream_done: bool,
     closing: bool,
     opened: std::time::Instant,
+    /// Scans what the guest sends for secrets' placeholders (when its rules name secrets).
+    scanner: Option<Scanner>,
+    /// The placeholder that ended the flow, for the stack to log.
+    leaked: Option<Form>,
 }
 
 pub fn new_socket() -> tcp::Socket<'static> {
@@ -40,14 +45,25 @@ pub fn new_socket() -> tcp::Socket<'static> {
     s
 }
 
-/// A flow for `handle` and the pump task that serves `upstream`.
-pub fn start<S>(handle: SocketHandle, upstream: S, wake: Arc<Notify>) -> (TcpFlow, impl std::future::Future<Output = ()> + Send)
+/// A flow for `handle` and the pump task that serves `upstream`; `scan`: whether what
+/// the guest sends is scanned for placeholders.
+pub fn start<S>(handle: SocketHandle, upstream: S, scan: bool, wake: Arc<Notify>) -> (TcpFlow, impl std::future::Future<Output = ()> + Send)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
     let (to_tx, to_rx) = mpsc::channel(CHANNEL_CHUNKS);
     let (from_tx, from_rx) = mpsc::channel(CHANNEL_CHUNKS);
-    let flow = TcpFlow { handle, to_upstream: Some(to_tx), from_upstream: from_rx, pending: Bytes::new(), upstream_done: false, closing: false, opened: std::time::Instant::now() };
+    let flow = TcpFlow {
+        handle,
+        to_upstream: Some(to_tx),
+        from_upstream: from_rx,
+        pending: Bytes::new(),
+        upstream_done: false,
+        closing: false,
+        opened: std::time::Instant::now(),
+        scanner: scan.then(Scanner::default),
+        leaked: None,
+    };
     (flow, pump(upstream, to_rx, from_tx, wake))
 }
 
@@ -89,6 +105,11 @@ where
 }
 
 impl TcpFlow {
+    /// The placeholder that ended the flow, once.
+    pub fn take_leak(&mut self) -> Option<Form> {
+        self.leaked.take()
+    }
+
     /// Moves what can move between the socket and the pump; whether anything did.
     /// Returns false for `alive` once the connection is over and the socket can go.
     pub fn service(&mut self, sockets: &mut SocketSet<'_>) -> (bool, bool) {
@@ -111,6 +132,14 @@ impl TcpFlow {
             });
             match chunk {
                 Ok(c) if !c.is_empty() => {
+                    if let Some(form) = self.scanner.as_mut().and_then(|s| s.feed(&c)) {
+                        // Not sent: the guest's connection is reset, the upstream's closed.
+                        drop(permit);
+                        self.leaked = Some(form);
+                        self.to_upstream = None;
+                        socket.abort();
+                        return (true, true);
+                    }
                     permit.send(c);
                     moved = true;
                 }

@@ -309,3 +309,43 @@ async fn dns_over_tcp_counts_in_the_flow_cap() {
     assert_eq!(established, 3);
     assert_eq!(handle.log().counters.flows_denied, 2);
 }
+
+#[tokio::test]
+async fn a_placeholder_in_a_plain_flow_resets_it_before_it_is_sent() {
+    let echo = echo_server().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let map = TestMapFile { tcp: [(SocketAddr::from((WEB, 80)), echo)].into_iter().collect(), violations: Some(dir.path().join("violations")), ..Default::default() };
+    let rules = serde_json::json!({"api.test": [{"transform": {"headers": {"Authorization": "${e2b.secrets.token}"}}}]});
+    let transforms = crate::inspect::Transforms::from_e2b(&rules).expect("rules");
+    let ca = Arc::new(crate::inspect::SandboxCa::generate().expect("ca"));
+    let inspector = Arc::new(Inspector::new(ca, transforms, Arc::new(crate::inspect::Upstream::default()), None));
+    let (ours, theirs) = UnixStream::pair().expect("socketpair");
+    let extras = Extras { inspector: Some(inspector), proxy: None };
+    let handle = NetHandle::start_with(ours, Policy::parse("allow@public:tcp:80").expect("policy"), extras, Reach::default(), Arc::new(TestMap::new(map)), Limits::default());
+    let mut guest = Guest::new(theirs);
+    let h = guest.connect((WEB, 80), 40_001);
+    let (mut sent, mut got) = (false, Vec::new());
+    // Percent-encoded and split across two writes: still found.
+    let finished = guest
+        .run_until(|sockets| {
+            let s = sockets.get_mut::<smol_tcp::Socket>(h);
+            if s.may_send() && !sent {
+                s.send_slice(b"GET /?k=%24%7Be2b%2Esec").expect("send");
+                s.send_slice(b"rets%2Etoken%7D HTTP/1.1\r\n\r\n").expect("send");
+                s.close();
+                sent = true;
+            }
+            while s.can_recv() {
+                let _ = s.recv(|b| {
+                    got.extend_from_slice(b);
+                    (b.len(), ())
+                });
+            }
+            sent && matches!(s.state(), smol_tcp::State::Closed | smol_tcp::State::TimeWait)
+        })
+        .await;
+    assert!(finished, "the connection did not end within {DEADLINE:?}");
+    assert!(!got.starts_with(b"echo:GET"), "the upstream got the request: {:?}", String::from_utf8_lossy(&got));
+    let denials = handle.log().denials;
+    assert!(denials.iter().any(|d| matches!(d.reason, DenyReason::Placeholder { .. }) && d.port == Some(80)), "{denials:?}");
+}

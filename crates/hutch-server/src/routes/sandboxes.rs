@@ -35,7 +35,15 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         (None, None) => Some(state.manager.config().internet_by_default),
         (given, _) => given,
     };
-    let network = network_settings(internet, body.network.clone(), body.egress.clone())?;
+    let mut network = network_settings(internet, body.network.clone(), body.egress.clone())?;
+    let mut env_vars = body.env_vars.unwrap_or_default();
+    if let Some(secrets) = &body.secrets {
+        for (var, placeholder) in network.transforms.bind_all("secrets", secrets).map_err(|e| ApiError::bad_request(e.to_string()))? {
+            if env_vars.insert(var.clone(), placeholder).is_some() {
+                return Err(ApiError::bad_request(format!("secrets.{var}: envVars sets {var} too; a secret's variable holds its placeholder, so set it in one place")));
+            }
+        }
+    }
     if body.auto_resume.as_ref().is_some_and(|a| a.enabled) && body.auto_pause != Some(true) {
         return Err(ApiError::bad_request("autoResume needs autoPause: a sandbox that is killed at its timeout has nothing to resume"));
     }
@@ -51,7 +59,7 @@ async fn create(state: AppState, key: KeyId, body: NewSandbox, default_timeout: 
         template: body.template_id,
         timeout: Some(body.timeout.map(timeout_secs).transpose()?.unwrap_or(default_timeout)),
         metadata: body.metadata.unwrap_or_default(),
-        env_vars: body.env_vars.unwrap_or_default(),
+        env_vars,
         // E2B secures every sandbox now (its SDKs stopped sending the field): only an
         // explicit `false` makes the envd API tokenless.
         secure: body.secure.unwrap_or(true),
