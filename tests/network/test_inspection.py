@@ -15,12 +15,15 @@ by inspect.test's rule), and resets or refuses any request that carries it elsew
 
 import hashlib
 import json
+import os
 import secrets
+import shutil
+import subprocess
 
 import pytest
 from e2b import CommandExitException, Sandbox, Secret
 
-from conftest import wait_until
+from conftest import HUTCH, new_home, wait_until
 from networld import OTHER, UNTRUSTED, WEB
 
 SECRET_NAME = "hutch-inspection-token"
@@ -285,3 +288,42 @@ def test_the_placeholder_sent_anywhere_else_is_refused_and_logged(server, sbx, n
                 and any(x["reason"]["kind"] == "placeholder" and x.get("ip") == WEB and x.get("port") == 80 for x in d))
     wait_until(logged, "both refusals in the network log", timeout=15, detail=lambda: denials(server, sbx))
     assert SECRET_VALUE not in json.dumps(denials(server, sbx))
+
+
+def test_hutchs_own_binding_sets_the_variable_and_outlives_a_network_update(server, secret, net_world):
+    """hutch's SDK binds the secret to plain.test (no rule there): the variable holds the
+    placeholder, plain.test becomes inspected, and an update of the egress rules keeps
+    the binding."""
+    import hutch
+    s = hutch.Sandbox.create("base", egress=["allow@plain.test:tcp:443"], timeout=300,
+                             secrets={"PLAIN_TOKEN": {"name": secret.name, "hosts": ["plain.test"]}})
+    try:
+        want = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
+        for n in (1, 2):
+            r = s.commands.run(f'printenv PLAIN_TOKEN && curl -sS --max-time 30 -H "X-Api-Key: $PLAIN_TOKEN" https://plain.test/bound-{n}', timeout=120)
+            placeholder, answer = r.stdout.splitlines()
+            assert placeholder == Secret.fill(secret.name)
+            assert json.loads(answer)["x_api_key_sha256"] == want, answer
+            s.update_network(["allow@plain.test:tcp:443", "allow@inspect.test:tcp:443"])
+    finally:
+        s.kill()
+
+
+def test_hutch_run_secret_takes_the_value_from_the_shell_and_gives_the_guest_a_placeholder(net_world):
+    home = new_home("hutch-run-secret-")
+    env = dict(os.environ, HUTCH_HOME=str(home), HUTCH_NET_TEST_MAP=str(net_world.map), PLAIN_TOKEN=SECRET_VALUE)
+    try:
+        ran = subprocess.run(
+            [str(HUTCH), "run", "--accel", "tcg", "--net", "allow@plain.test:tcp:443", "--upstream-ca", str(net_world.tls_ca),
+             "--secret", "PLAIN_TOKEN@plain.test", "--", "sh", "-c",
+             'printenv PLAIN_TOKEN; curl -sS --max-time 30 -H "X-Api-Key: $PLAIN_TOKEN" https://plain.test/run'],
+            env=env, capture_output=True, text=True, timeout=300)
+        assert ran.returncode == 0, ran.stderr
+        placeholder, answer = ran.stdout.splitlines()
+        assert placeholder == "${e2b.secrets.plain_token}"
+        assert json.loads(answer)["x_api_key_sha256"] == hashlib.sha256(SECRET_VALUE.encode()).hexdigest(), answer
+        # A binding without a host says so before anything starts.
+        bad = subprocess.run([str(HUTCH), "run", "--secret", "PLAIN_TOKEN", "--", "true"], env=env, capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and "names no host" in bad.stderr and SECRET_VALUE not in bad.stderr, bad.stderr
+    finally:
+        shutil.rmtree(home, ignore_errors=True)

@@ -84,7 +84,7 @@ class SnapshotInfo:
         )
 
 
-def new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress=None) -> Dict[str, Any]:
+def new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress=None, secrets=None) -> Dict[str, Any]:
     body: Dict[str, Any] = {
         "templateID": template, "metadata": metadata or {}, "envVars": envs or {}, "secure": secure,
         "autoPause": auto_pause, "cold": cold,
@@ -93,6 +93,9 @@ def new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold
     }
     if timeout is not None:
         body["timeout"] = timeout
+    if secrets:
+        # Variable -> {"name": secret (the variable's, lower-cased, if absent), "hosts": [...]}.
+        body["secrets"] = {var: dict(binding) for var, binding in secrets.items()}
     return body
 
 

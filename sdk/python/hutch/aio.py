@@ -56,9 +56,9 @@ class AsyncSandbox:
     @classmethod
     async def create(cls, template: str = "base", timeout: Optional[int] = None, metadata=None, envs=None, secure: bool = True,
                      api_url=None, api_key=None, request_timeout=None, auto_pause: bool = False, cold: bool = False,
-                     egress: Optional[List[str]] = None) -> "AsyncSandbox":
+                     egress: Optional[List[str]] = None, secrets=None) -> "AsyncSandbox":
         api = _AsyncApi(Config.resolve(api_url, api_key, request_timeout))
-        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress)
+        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress, secrets)
         return cls((await api.rest("POST", "/v2/sandboxes", json=body)).json(), api)
 
     @classmethod

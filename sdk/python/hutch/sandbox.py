@@ -70,14 +70,17 @@ class Sandbox:
         auto_pause: bool = False,
         cold: bool = False,
         egress: Optional[List[str]] = None,
+        secrets: Optional[Dict[str, Dict[str, Any]]] = None,
     ) -> "Sandbox":
         """A new sandbox of `template` (a template name, or a snapshot's id or name).
         `auto_pause` pauses it instead of killing it at the timeout; `cold` boots the
         kernel instead of restoring the template's memory snapshot. `egress` lists where
         it may connect (`["allow@public"]`, `["allow@*.pypi.org:tcp:443"]`): nowhere
-        when left out."""
+        when left out. `secrets` binds the API key's secrets to variables, which hold
+        placeholders, and to the hosts hutch fills the values in for:
+        `{"OPENAI_API_KEY": {"name": "openai", "hosts": ["api.openai.com"]}}`."""
         api = _Api(Config.resolve(api_url, api_key, request_timeout))
-        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress)
+        body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress, secrets)
         return cls(api.rest("POST", "/v2/sandboxes", json=body).json(), api)
 
     @classmethod

@@ -36,6 +36,10 @@ pub struct RunArgs {
     /// below it); `--net` must allow them. Repeatable.
     #[arg(long = "secret", value_name = "NAME[=VALUE]@HOST")]
     pub secrets: Vec<String>,
+    /// A PEM file of CA certificates trusted, besides this host's, when hutch checks the
+    /// real server of a host a `--secret` is for (repeatable).
+    #[arg(long = "upstream-ca", value_name = "FILE")]
+    pub upstream_ca: Vec<std::path::PathBuf>,
     #[command(flatten)]
     pub exec: ExecFlags,
 }
@@ -109,6 +113,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
         None
     } else {
         net_env.vault = Some(std::sync::Arc::new(vault));
+        net_env.upstream = std::sync::Arc::new(hutch_net::inspect::Upstream::with_ca_files(&args.upstream_ca)?);
         Some(std::sync::Arc::new(hutch_net::inspect::SandboxCa::generate().context("making the sandbox's inspection CA")?))
     };
     let opts = SandboxOptions {

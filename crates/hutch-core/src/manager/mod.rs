@@ -428,9 +428,10 @@ impl SandboxManager {
             match self.secrets.get(key_id, &name).await {
                 Ok(_) => {}
                 Err(crate::secrets::SecretError::NotFound | crate::secrets::SecretError::Invalid(_)) => {
+                    let field = if settings.transforms.bound.values().any(|names| names.contains(&name)) { "secrets" } else { "network.rules" };
                     return Err(ManagerError::InvalidArgument(format!(
-                        "network.rules: no secret named `{name}` for this API key (a rule or a binding in `secrets` names it); create it first (POST /secrets or `hutch secret create`)"
-                    )))
+                        "{field}: no secret named `{name}` for this API key; create it first (POST /secrets or `hutch secret create`)"
+                    )));
                 }
                 Err(e) => return Err(ManagerError::Internal(format!("reading the secrets the network rules name: {}", hutch_proto::error_chain(&e)))),
             }
