@@ -4,7 +4,7 @@
 //! guest's bytes on unchecked.
 
 use super::rewind::Rewind;
-use super::upstream::HTTP1;
+use super::upstream::{Http, H2, HTTP1};
 use super::flow::Flow;
 use rustls::server::Acceptor;
 use std::sync::Arc;
@@ -87,14 +87,24 @@ async fn inspect<G>(guest: G, upstream: TcpStream, host: &str, hello: Hello, flo
 where
     G: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    if let Some(offered) = &hello.alpn {
-        if !offered.iter().any(|p| p == HTTP1) {
-            let names: Vec<_> = offered.iter().take(4).map(|p| super::http::shown(&String::from_utf8_lossy(p))).collect();
-            return Err(format!("the guest offered only {} over TLS; hutch inspects HTTP/1.1", names.join(", ")));
-        }
+    // The versions hutch speaks, in the guest's order; no ALPN is HTTP/1.1.
+    let protocols: Vec<Vec<u8>> = match &hello.alpn {
+        Some(offered) => offered.iter().filter(|p| *p == HTTP1 || *p == H2).cloned().collect(),
+        None => vec![HTTP1.to_vec()],
+    };
+    if protocols.is_empty() {
+        let offered = hello.alpn.as_deref().unwrap_or_default();
+        let names: Vec<_> = offered.iter().take(4).map(|p| super::http::shown(&String::from_utf8_lossy(p))).collect();
+        return Err(format!("the guest offered only {} over TLS; hutch inspects HTTP/1.1 and HTTP/2", names.join(", ")));
     }
-    // The real server first: a guest must not be told it reached a host hutch could not.
-    let client = flow.inspector.upstream.client_config()?;
+    // The real server first, offered what the guest offered (and HTTP/1.1 after it,
+    // which hutch can relay an HTTP/2 guest over): a guest must not be told it reached
+    // a host hutch could not.
+    let mut offer = protocols.clone();
+    if !offer.iter().any(|p| p == HTTP1) {
+        offer.push(HTTP1.to_vec());
+    }
+    let client = flow.inspector.upstream.client_config(&offer)?;
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| format!("`{host}` is not a server name: {e}"))?;
     let connect = tokio_rustls::TlsConnector::from(client).connect(name, upstream);
     let upstream = match tokio::time::timeout(HANDSHAKE_WAIT, connect).await {
@@ -102,6 +112,9 @@ where
         Ok(Err(e)) => return Err(upstream_failure(host, &e)),
         Err(_) => return Err(format!("{host} did not finish its TLS handshake within {} s", HANDSHAKE_WAIT.as_secs())),
     };
+    let server_speaks = Http::negotiated(upstream.get_ref().1.alpn_protocol());
+    // The guest gets what the server chose when it offered that too, else its own first.
+    let guest_speaks = if protocols.iter().any(|p| p == server_speaks.alpn()) { server_speaks } else { Http::negotiated(protocols.first().map(Vec::as_slice)) };
     let leaf = flow.inspector.ca.leaf(host).map_err(|e| e.to_string())?;
     let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
         .with_safe_default_protocol_versions()
@@ -109,7 +122,7 @@ where
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(Fixed(leaf)));
     if hello.alpn.is_some() {
-        config.alpn_protocols = vec![HTTP1.to_vec()];
+        config.alpn_protocols = vec![guest_speaks.alpn().to_vec()];
     }
     let accept = async {
         let start = tokio_rustls::LazyConfigAcceptor::new(Acceptor::default(), guest).await?;
@@ -120,7 +133,7 @@ where
         Ok(Err(e)) => return Err(guest_failure(host, &e)),
         Err(_) => return Err(format!("the guest did not finish its TLS handshake for {host} within {} s", HANDSHAKE_WAIT.as_secs())),
     };
-    super::http::relay(guest, upstream, host, flow.clone()).await
+    super::http::relay((guest, guest_speaks), (upstream, server_speaks), host, flow.clone()).await
 }
 
 fn tls_error(e: &std::io::Error) -> Option<&rustls::Error> {

@@ -1,16 +1,19 @@
-//! HTTP/1.1 between an inspected guest connection and its server: every request must
-//! be for the host the TLS was for, gets the host's rule applied, and goes on over the
-//! one upstream connection; the answer streams back as it came.
+//! HTTP between an inspected guest connection and its server, HTTP/1.1 or HTTP/2 on
+//! each side as ALPN chose: every request must be for the host the TLS was for, gets
+//! the host's rule applied, and goes on over the one upstream connection; the answer
+//! streams back as it came.
 
+use super::conn;
 use super::flow::Flow;
 use super::scanned::Scanned;
 use super::transforms;
+use super::upstream::Http;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, HOST};
-use http::{Request, Response, StatusCode, Uri};
+use http::{Request, Response, StatusCode, Uri, Version};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -20,54 +23,65 @@ type Answer = Response<Either<Incoming, Full<Bytes>>>;
 /// A request's deadline for the server's answer to begin (its body then streams
 /// without one, as a download may take long).
 const ANSWER_WAIT: Duration = Duration::from_secs(300);
-/// How long a guest has to send a request's head, and how large the head may be:
+/// How long a guest has to send a request's head, and how many headers it may have:
 /// bounded like any other flow's buffers.
 const HEAD_WAIT: Duration = Duration::from_secs(30);
-const HEAD_MAX: usize = 64 * 1024;
 const HEADERS_MAX: usize = 128;
+/// Requests in flight at once on one HTTP/2 connection from the guest.
+const STREAMS_MAX: u32 = 64;
 
-/// Aborts the upstream connection's task when the relay ends, however it ends.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-pub async fn relay<G, U>(guest: G, upstream: U, host: &str, flow: Arc<Flow>) -> Result<(), String>
+/// Serves the guest's requests (in its version) until it goes away, each sent on to
+/// `host` (in the server's version) by `forward`.
+pub async fn relay<G, U>((guest, guest_speaks): (G, Http), (upstream, server_speaks): (U, Http), host: &str, flow: Arc<Flow>) -> Result<(), String>
 where
     G: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, connection) = hyper::client::conn::http1::Builder::new()
-        .preserve_header_case(true)
-        .max_buf_size(HEAD_MAX)
-        .handshake::<_, Scanned>(TokioIo::new(upstream))
-        .await
-        .map_err(|e| format!("HTTP with {host} could not start: {e}"))?;
-    let _upstream = AbortOnDrop(tokio::spawn(async move {
-        let _ = connection.await;
-    }));
-    let sender = Arc::new(tokio::sync::Mutex::new(sender));
+    let (sender, _upstream) = conn::connect(upstream, server_speaks, host).await?;
+    let sender = Arc::new(sender);
     let host = Arc::new(host.to_string());
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let (sender, host, flow) = (sender.clone(), host.clone(), flow.clone());
-        async move { Ok::<_, std::convert::Infallible>(forward(req, &sender, &host, &flow).await) }
+        async move {
+            let mut answer = forward(req, &sender, &host, &flow).await;
+            // The guest's own version, and none of HTTP/1's connection headers in HTTP/2.
+            *answer.version_mut() = match guest_speaks {
+                Http::H1 => Version::HTTP_11,
+                Http::H2 => {
+                    for name in CONNECTION_HEADERS {
+                        answer.headers_mut().remove(*name);
+                    }
+                    Version::HTTP_2
+                }
+            };
+            Ok::<_, std::convert::Infallible>(answer)
+        }
     });
+    let guest = TokioIo::new(guest);
     // A guest that goes away mid-request is not a refusal.
-    let _ = hyper::server::conn::http1::Builder::new()
-        .preserve_header_case(true)
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEAD_WAIT)
-        .max_buf_size(HEAD_MAX)
-        .max_headers(HEADERS_MAX)
-        .serve_connection(TokioIo::new(guest), service)
-        .await;
+    let _ = match guest_speaks {
+        Http::H1 => hyper::server::conn::http1::Builder::new()
+            .preserve_header_case(true)
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEAD_WAIT)
+            .max_buf_size(conn::HEAD_MAX)
+            .max_headers(HEADERS_MAX)
+            .serve_connection(guest, service)
+            .await,
+        Http::H2 => hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .max_header_list_size(conn::HEAD_MAX as u32)
+            .max_concurrent_streams(STREAMS_MAX)
+            .serve_connection(guest, service)
+            .await,
+    };
     Ok(())
 }
 
-async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Scanned>>, host: &str, flow: &Flow) -> Answer {
+/// HTTP/1's headers about the connection, which HTTP/2 forbids.
+const CONNECTION_HEADERS: &[&str] = &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"];
+
+async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, flow: &Flow) -> Answer {
     if let Err(asked) = for_host(&req, host) {
         flow.refuse(host, format!("a request over TLS for {host} named the host {asked}; hutch applies a host's rule only to requests for that host"));
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: this connection is for {host}; a request for another host needs a connection of its own\n"));
@@ -127,14 +141,25 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
         let Ok(name) = http::HeaderName::from_bytes(name.as_bytes()) else { continue };
         req.headers_mut().insert(name, value);
     }
+    // The server's version: HTTP/1.1 in origin form with Host, HTTP/2 with the
+    // authority in the URI (`:authority`) and no Host.
+    match sender.speaks() {
+        Http::H1 => *req.version_mut() = Version::HTTP_11,
+        Http::H2 => {
+            *req.version_mut() = Version::HTTP_2;
+            req.headers_mut().remove(HOST);
+            for name in CONNECTION_HEADERS {
+                req.headers_mut().remove(*name);
+            }
+            match format!("https://{host}{}", req.uri()).parse::<Uri>() {
+                Ok(uri) => *req.uri_mut() = uri,
+                Err(_) => return refusal(StatusCode::BAD_REQUEST, "hutch: the request's target is not a path\n".into()),
+            }
+        }
+    }
     let req = req.map(|body| Scanned::new(body, inspector.scans()));
     let found = req.body().found.clone();
-    let sent = async {
-        let mut sender = sender.lock().await;
-        sender.ready().await?;
-        sender.send_request(req).await
-    };
-    match tokio::time::timeout(ANSWER_WAIT, sent).await {
+    match tokio::time::timeout(ANSWER_WAIT, sender.send(req)).await {
         Ok(Ok(answer)) => answer.map(Either::Left),
         Ok(Err(_)) if found.get().is_some() => {
             let form = found.get().map(|f| f.name()).unwrap_or_default();
@@ -153,8 +178,9 @@ async fn forward(mut req: Request<Incoming>, sender: &tokio::sync::Mutex<hyper::
 }
 
 /// Checks that the request is for `host` on the default port: exactly one Host header
-/// naming it, and an absolute URI, if the request has one, naming it too. `Err` holds
-/// what it named instead, escaped and cut short for the log.
+/// naming it (or, in HTTP/2, none and `:authority`), and the URI's authority, if the
+/// request has one, naming it too. `Err` holds what it named instead, escaped and cut
+/// short for the log.
 fn for_host(req: &Request<Incoming>, host: &str) -> Result<(), String> {
     let same = |named: &str| {
         let named = named.to_ascii_lowercase();
@@ -162,13 +188,17 @@ fn for_host(req: &Request<Incoming>, host: &str) -> Result<(), String> {
         bare.strip_suffix('.').unwrap_or(bare) == host
     };
     let hosts: Vec<_> = req.headers().get_all(HOST).iter().collect();
-    let named = match hosts.as_slice() {
-        [one] => one.to_str().map_err(|_| "a Host that is not text".to_string())?,
+    match hosts.as_slice() {
+        [one] => {
+            let named = one.to_str().map_err(|_| "a Host that is not text".to_string())?;
+            if !same(named) {
+                return Err(shown(named));
+            }
+        }
+        // HTTP/2 names the host in `:authority` (the URI's), checked below.
+        [] if req.version() == Version::HTTP_2 && req.uri().authority().is_some() => {}
         [] => return Err("no Host".into()),
         _ => return Err("more than one Host".into()),
-    };
-    if !same(named) {
-        return Err(shown(named));
     }
     if let Some(authority) = req.uri().authority() {
         if authority.as_str().contains('@') || !same(authority.as_str()) {

@@ -3,11 +3,12 @@
 //! reads the ClientHello, and only when the server name has a rule and is one the
 //! guest resolved to that address does hutch end the guest's TLS with a certificate
 //! of the sandbox's own CA (`ca`), connect to the real server checking its
-//! certificate (`upstream`), and relay HTTP/1.1 requests with the rule's headers set
+//! certificate (`upstream`), and relay HTTP/1.1 or HTTP/2 requests with the rule's headers set
 //! (`http`), secrets filled in from the host's store. Every other flow is relayed
 //! byte for byte, as without rules.
 
 pub mod ca;
+mod conn;
 pub mod flow;
 mod fill;
 mod gate;

@@ -36,9 +36,10 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// An HTTPS server on loopback that answers each request with the headers it got
 /// (`name: value` lines, lower-cased names, in order), its own name, and the body it
 /// read whole (no answer when the body ends in an error).
-async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>, name: &'static str) -> SocketAddr {
+/// It speaks HTTP/2 too when `h2`, as ALPN chooses.
+async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>, name: &'static str, h2: bool) -> SocketAddr {
     let mut config = rustls::ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect("versions").with_no_client_auth().with_single_cert(vec![leaf], key).expect("cert");
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
@@ -48,7 +49,7 @@ async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(conn).await else { return };
                 let service = hyper::service::service_fn(move |req: ::http::Request<hyper::body::Incoming>| async move {
-                    let mut seen = format!("server: {name}\n");
+                    let mut seen = format!("server: {name}\nversion: {:?}\n", req.version());
                     for (k, v) in req.headers() {
                         seen.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
                     }
@@ -56,7 +57,7 @@ async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>
                     seen.push_str(&format!("body: {}\n", String::from_utf8_lossy(&body)));
                     Ok::<_, hyper::Error>(::http::Response::new(Full::new(Bytes::from(seen))))
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tls), service).await;
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new()).serve_connection(TokioIo::new(tls), service).await;
             });
         }
     });
@@ -106,11 +107,12 @@ async fn world() -> World {
     let ca = Arc::new(SandboxCa::generate().expect("ca"));
     let inspector = Arc::new(Inspector::new(ca.clone(), transforms, Arc::new(upstream), Some(Arc::new(Vault))));
     let mut servers = std::collections::HashMap::new();
-    servers.insert("inspect.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "inspect").await);
-    servers.insert("gone.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "gone").await);
-    servers.insert("bound.test", https_server(inspect_leaf, inspect_key, "bound").await);
-    servers.insert("plain.test", https_server(plain_leaf, plain_key, "plain").await);
-    servers.insert("untrusted.test", https_server(untrusted_leaf, untrusted_key, "untrusted").await);
+    servers.insert("inspect.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "inspect", true).await);
+    servers.insert("gone.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "gone", true).await);
+    // HTTP/1.1 only: a guest speaking HTTP/2 to it is relayed across versions.
+    servers.insert("bound.test", https_server(inspect_leaf, inspect_key, "bound", false).await);
+    servers.insert("plain.test", https_server(plain_leaf, plain_key, "plain", true).await);
+    servers.insert("untrusted.test", https_server(untrusted_leaf, untrusted_key, "untrusted", true).await);
     World { ca, inspector, servers, test_ca, _dir: dir }
 }
 
@@ -127,19 +129,31 @@ struct Seen {
     answer: Result<String, String>,
 }
 
-async fn guest_request(w: &World, sni: &str, server: &str, pinned: &[&str], trust: &[CertificateDer<'static>], request: &str, log: &NetLog) -> Seen {
+/// The guest's end of a flow to `server` through the gate, the guest having resolved
+/// `pinned` to its address.
+async fn through_gate(w: &World, server: &str, pinned: &[&str], log: &NetLog) -> tokio::io::DuplexStream {
     let upstream = tokio::net::TcpStream::connect(w.servers[server]).await.expect("dial");
     let (guest, ours) = tokio::io::duplex(64 * 1024);
     let current = Arc::new(parking_lot::RwLock::new(Some(w.inspector.clone())));
     let flow = Flow { dst: SocketAddrV4::new([93, 184, 216, 60].into(), 443), names: pinned.iter().map(|s| s.to_string()).collect(), inspector: w.inspector.clone(), current, log: log.clone() };
     tokio::spawn(gate(ours, upstream, flow));
+    guest
+}
+
+fn guest_tls(trust: &[CertificateDer<'static>], alpn: &[&[u8]]) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     for cert in trust {
         roots.add(cert.clone()).expect("root");
     }
     let mut config = rustls::ClientConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect("versions").with_root_certificates(roots).with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+}
+
+/// One HTTP/1.1 connection (`request` written as it is).
+async fn guest_request(w: &World, sni: &str, server: &str, pinned: &[&str], trust: &[CertificateDer<'static>], request: &str, log: &NetLog) -> Seen {
+    let guest = through_gate(w, server, pinned, log).await;
+    let connector = guest_tls(trust, &[b"http/1.1"]);
     let run = async {
         let mut tls = connector.connect(ServerName::try_from(sni.to_string()).expect("name"), guest).await.map_err(|e| format!("handshake: {e}"))?;
         let cert = tls.get_ref().1.peer_certificates().and_then(|c| c.first()).map(|c| c.clone().into_owned());
@@ -296,4 +310,47 @@ async fn the_guests_placeholders_are_filled_in_where_bound_and_refused_elsewhere
         assert!(denials.len() > before && denials.last().is_some_and(|d| d.message.contains(why)), "{request:?}: {denials:?}");
         assert!(!denials.iter().any(|d| d.message.contains(SECRET)));
     }
+}
+
+/// One HTTP/2 request from a guest that offers only `h2`: the version the answer came
+/// in, and its body.
+async fn guest_h2(w: &World, host: &'static str, headers: &[(&str, &str)], log: &NetLog) -> (::http::Version, String) {
+    let guest = through_gate(w, host, &[host], log).await;
+    let run = async {
+        let tls = guest_tls(&[ca_cert(w)], &[b"h2"]).connect(ServerName::try_from(host).expect("name"), guest).await.unwrap_or_else(|e| panic!("handshake with {host}: {e}: {:?}", log.view().denials));
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]), "hutch keeps the guest's ALPN");
+        let (mut sender, connection) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(tls)).await.expect("h2");
+        tokio::spawn(connection);
+        let mut req = ::http::Request::get(format!("https://{host}/h2")).body(http_body_util::Empty::<Bytes>::new()).expect("request");
+        for (name, value) in headers {
+            req.headers_mut().insert(::http::HeaderName::from_bytes(name.as_bytes()).expect("name"), value.parse().expect("value"));
+        }
+        let answer = sender.send_request(req).await.expect("answered");
+        let version = answer.version();
+        let body = http_body_util::BodyExt::collect(answer.into_body()).await.expect("body").to_bytes();
+        (version, String::from_utf8_lossy(&body).into_owned())
+    };
+    tokio::time::timeout(DEADLINE, run).await.expect("within the deadline")
+}
+
+#[tokio::test]
+async fn http2_is_relayed_in_each_sides_own_version_with_the_rule_applied() {
+    let w = world().await;
+    let log = NetLog::default();
+    // HTTP/2 both ways: the rule's headers replace the guest's, `:authority` is the host.
+    let (version, answer) = guest_h2(&w, "inspect.test", &[("x-hutch-test", "guest"), ("x-api-key", "${e2b.secrets.token}")], &log).await;
+    assert_eq!(version, ::http::Version::HTTP_2);
+    assert!(answer.contains("server: inspect\nversion: HTTP/2.0\n"), "{answer}");
+    assert!(answer.contains("x-hutch-test: literal\n") && answer.contains(&format!("authorization: Bearer {SECRET}\n")), "{answer}");
+    assert!(answer.contains(&format!("x-api-key: {SECRET}\n")), "{answer}");
+    // A guest speaking only HTTP/2 to a server speaking only HTTP/1.1: each keeps its own.
+    let (version, answer) = guest_h2(&w, "bound.test", &[("x-api-key", "${e2b.secrets.token}")], &log).await;
+    assert_eq!(version, ::http::Version::HTTP_2);
+    assert!(answer.contains("server: bound\nversion: HTTP/1.1\n") && answer.contains("host: bound.test\n"), "{answer}");
+    assert!(answer.contains(&format!("x-api-key: {SECRET}\n")), "{answer}");
+    assert!(log.view().denials.is_empty(), "{:?}", log.view().denials);
+    // The same refusals as over HTTP/1.1.
+    let (_, answer) = guest_h2(&w, "gone.test", &[("x-api-key", "${e2b.secrets.token}")], &log).await;
+    assert!(!answer.contains("server: gone"), "{answer}");
+    assert!(log.view().denials.iter().any(|d| d.message.contains("not bound to gone.test")));
 }

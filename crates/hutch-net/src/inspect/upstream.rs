@@ -7,8 +7,34 @@ use rustls::pki_types::CertificateDer;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
-/// The one protocol inspected flows speak on both sides, for now.
+/// The protocols inspected flows speak, by their ALPN names.
 pub const HTTP1: &[u8] = b"http/1.1";
+pub const H2: &[u8] = b"h2";
+
+/// An inspected side's HTTP version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Http {
+    H1,
+    H2,
+}
+
+impl Http {
+    /// The version ALPN chose (`None`: no ALPN, so HTTP/1.1).
+    pub fn negotiated(alpn: Option<&[u8]>) -> Http {
+        if alpn == Some(H2) {
+            Http::H2
+        } else {
+            Http::H1
+        }
+    }
+
+    pub fn alpn(self) -> &'static [u8] {
+        match self {
+            Http::H1 => HTTP1,
+            Http::H2 => H2,
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamCaError {
@@ -42,9 +68,13 @@ impl Upstream {
         Ok(Upstream { extra, config: OnceLock::new() })
     }
 
-    /// The client configuration, made on first use.
-    pub fn client_config(&self) -> Result<Arc<rustls::ClientConfig>, String> {
-        self.config.get_or_init(|| self.make()).clone()
+    /// The client configuration offering `protocols` (ALPN names, the guest's own
+    /// list: ALPN is kept), made from one read of the roots.
+    pub fn client_config(&self, protocols: &[Vec<u8>]) -> Result<Arc<rustls::ClientConfig>, String> {
+        let base = self.config.get_or_init(|| self.make()).clone()?;
+        let mut config = (*base).clone();
+        config.alpn_protocols = protocols.to_vec();
+        Ok(Arc::new(config))
     }
 
     fn make(&self) -> Result<Arc<rustls::ClientConfig>, String> {
@@ -64,12 +94,11 @@ impl Upstream {
             return Err("this host has no CA certificates (install ca-certificates) and none was given with --upstream-ca".into());
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        config.alpn_protocols = vec![HTTP1.to_vec()];
         Ok(Arc::new(config))
     }
 }
