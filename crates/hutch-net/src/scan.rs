@@ -9,7 +9,9 @@
 //! `\u0065`, `\x65`, nested up to three times), and in base64 (standard or URL-safe,
 //! at each of the three alignments). A placeholder compressed, encrypted (TLS to a host
 //! hutch does not inspect) or split into pieces by the guest's own code is not found;
-//! none of those carry a secret's value either, which never enters the guest.
+//! none of those carry a secret's value either, which never enters the guest. Nor is a
+//! flow that begins as TLS, whose bytes are ciphertext (an inspected flow's requests
+//! are scanned as plaintext by the inspection instead).
 
 use base64::Engine;
 use memchr::memmem::Finder;
@@ -127,6 +129,12 @@ fn unescape(text: &[u8]) -> Vec<u8> {
 #[derive(Debug, Default)]
 pub struct Scanner {
     tail: Vec<u8>,
+}
+
+/// Whether a stream that starts with `first` is TLS (a handshake record): encrypted
+/// from there on, so there is nothing to find in it and scanning it is only cost.
+pub fn starts_tls(first: &[u8]) -> bool {
+    matches!(first, [0x16, 0x03, 0x00..=0x04, ..])
 }
 
 impl Scanner {

@@ -32,8 +32,9 @@ pub struct RunArgs {
     /// A secret the sandbox uses without holding it: `NAME=VALUE@HOST[,HOST…]`, or
     /// `NAME@HOST…` to take the value from this shell's variable NAME (so it stays out
     /// of `ps` and shell history). The guest's variable NAME holds a placeholder, which
-    /// hutch fills in on HTTPS requests to those hosts only (`*.domain` for the names
-    /// below it); `--net` must allow them. Repeatable.
+    /// hutch fills in on HTTPS requests to those exact hosts only, in the headers APIs
+    /// take keys in (Authorization, X-Api-Key, Api-Key, X-Goog-Api-Key, X-Auth-Token,
+    /// Private-Token); `--net` must allow the hosts. Repeatable.
     #[arg(long = "secret", value_name = "NAME[=VALUE]@HOST")]
     pub secrets: Vec<String>,
     /// A PEM file of CA certificates trusted, besides this host's, when hutch checks the
@@ -78,6 +79,12 @@ fn parse_secret(text: &str) -> anyhow::Result<(String, zeroize::Zeroizing<String
     let (var, value) = match given.split_once('=') {
         Some((var, value)) => (var.to_string(), zeroize::Zeroizing::new(value.to_string())),
         None => {
+            // What came before `@` is shown only when it is a variable's name: a value
+            // given without `NAME=` must not be printed.
+            let var_name = !given.is_empty() && given.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !given.as_bytes()[0].is_ascii_digit();
+            if !var_name {
+                anyhow::bail!("--secret takes NAME=VALUE@HOST or NAME@HOST; what comes before `@` in this one is neither (did you leave out `NAME=`?)");
+            }
             let value = std::env::var(given).map_err(|_| anyhow::anyhow!("--secret {given}@…: this shell has no variable {given} to take the value from; export it, or give NAME=VALUE@HOST"))?;
             (given.to_string(), zeroize::Zeroizing::new(value))
         }
@@ -96,8 +103,12 @@ fn bind_secrets(given: &[String], network: &mut hutch_net::Settings) -> anyhow::
     let mut values = std::collections::HashMap::new();
     for text in given {
         let (var, value, hosts) = parse_secret(text)?;
-        values.insert(var.to_ascii_lowercase(), value);
-        bindings.insert(var, hutch_net::inspect::SecretBinding { name: None, hosts });
+        // The secret is named by the variable, lower-cased: two variables that differ
+        // only in case would be one secret bound to both's hosts.
+        if values.insert(var.to_ascii_lowercase(), value).is_some() {
+            anyhow::bail!("--secret {var}: another --secret names the same variable (names are compared lower-cased); give each secret once, with all its hosts");
+        }
+        bindings.insert(var, hutch_net::inspect::SecretBinding { name: None, hosts, headers: None });
     }
     let env = network.transforms.bind_all("--secret", &bindings).map_err(|e| anyhow::anyhow!("{e}"))?;
     network.transforms.secrets_of = Some("local".into());

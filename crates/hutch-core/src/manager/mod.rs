@@ -389,10 +389,10 @@ impl SandboxManager {
     pub async fn set_network(&self, key_id: &str, id: &str, mut settings: hutch_net::Settings) -> Result<(), ManagerError> {
         let live = self.find(key_id, id)?;
         let dir = live.row.dir.clone();
-        // An update replaces the rules; the secrets bound at create stay bound, as the
-        // guest's variables still hold their placeholders.
+        // An update replaces the rules; the secrets bound at create stay bound for the
+        // sandbox's life, as the guest's variables still hold their placeholders.
         let recorded = crate::sandbox::layout::recorded_network(Path::new(&dir)).map_err(|e| ManagerError::Internal(format!("reading the network settings: {}", hutch_proto::error_chain(&e))))?;
-        settings.transforms = settings.transforms.keeping_bindings_of(&recorded.transforms).map_err(|e| ManagerError::InvalidArgument(format!("network.rules: {e}")))?;
+        settings.transforms = settings.transforms.keeping_bindings_of(&recorded.transforms);
         self.check_rules(key_id, &mut settings).await?;
         if !settings.transforms.is_empty() && !Path::new(&dir).join(hutch_net::inspect::ca::CA_CERT_FILE).exists() {
             return Err(ManagerError::InvalidArgument(
@@ -428,7 +428,7 @@ impl SandboxManager {
             match self.secrets.get(key_id, &name).await {
                 Ok(_) => {}
                 Err(crate::secrets::SecretError::NotFound | crate::secrets::SecretError::Invalid(_)) => {
-                    let field = if settings.transforms.bound.values().any(|names| names.contains(&name)) { "secrets" } else { "network.rules" };
+                    let field = if settings.transforms.bound.values().any(|names| names.contains_key(&name)) { "secrets" } else { "network.rules" };
                     return Err(ManagerError::InvalidArgument(format!(
                         "{field}: no secret named `{name}` for this API key; create it first (POST /secrets or `hutch secret create`)"
                     )));

@@ -34,12 +34,12 @@ where
         Ok(Ok(read)) => read,
         Ok(Err(_)) => return,
         Err(_) => {
-            let host = flow.names.iter().find(|n| flow.inspector.transforms.for_host(n).is_some()).cloned().unwrap_or_default();
+            let host = flow.names.iter().find(|n| flow.inspector.transforms.covers(n)).cloned().unwrap_or_default();
             return flow.refuse(&host, format!("the guest sent no TLS ClientHello within {} s", HANDSHAKE_WAIT.as_secs()));
         }
     };
     let host = hello.as_ref().and_then(|h| h.sni.clone());
-    let inspected = host.as_deref().filter(|h| flow.inspector.transforms.for_host(h).is_some() && flow.names.iter().any(|n| n == h));
+    let inspected = host.as_deref().filter(|h| flow.inspector.transforms.covers(h) && flow.names.iter().any(|n| n == h));
     let (Some(host), Some(hello)) = (inspected.map(str::to_string), hello) else {
         // Not TLS, no server name, a host without a rule, or a name the guest did not
         // resolve to this address: no rule applies, so the bytes go on as they came.

@@ -100,10 +100,12 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
         flow.refuse(host, format!("{host} no longer has a network rule; the guest is to open a new connection"));
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: the network rules changed; open a new connection to {host}\n"));
     };
-    let Some(rule) = inspector.transforms.for_host(host) else {
+    if !inspector.transforms.covers(host) {
         flow.refuse(host, format!("{host} no longer has a network rule; the guest is to open a new connection"));
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: the network rules changed; open a new connection to {host}\n"));
-    };
+    }
+    let no_rule = std::collections::BTreeMap::new();
+    let rule = inspector.transforms.for_host(host).unwrap_or(&no_rule);
     // The request goes to the verified host, by that name, in origin form.
     let origin = match req.uri().path_and_query().map(|p| p.as_str()) {
         Some(p) if p.starts_with('/') || p == "*" => p.to_string(),
@@ -118,7 +120,11 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
         return refusal(StatusCode::BAD_REQUEST, "hutch: the host is not a header value\n".into());
     };
     req.headers_mut().insert(HOST, host_value);
-    // The guest's own placeholders first: the rule's headers then override.
+    // What the rule sets replaces the guest's own, placeholders and all; then the
+    // guest's own placeholders elsewhere.
+    for name in rule.keys() {
+        req.headers_mut().remove(name.as_str());
+    }
     let target = req.uri().clone();
     if let Err(why) = super::fill::fill(&target, req.headers_mut(), host, &inspector).await {
         flow.refuse(host, why);

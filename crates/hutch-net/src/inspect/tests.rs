@@ -103,7 +103,8 @@ async fn world() -> World {
     let mut transforms = Transforms::from_e2b(&rules).expect("rules");
     transforms.secrets_of = Some("key-1".into());
     // The guest's own placeholders for `token` are filled in on bound.test, which has no rule.
-    transforms.bind("secrets", "token", "bound.test").expect("binding");
+    let credentials = transforms::CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect();
+    transforms.bind("secrets", "token", "bound.test", &credentials).expect("binding");
     let ca = Arc::new(SandboxCa::generate().expect("ca"));
     let inspector = Arc::new(Inspector::new(ca.clone(), transforms, Arc::new(upstream), Some(Arc::new(Vault))));
     let mut servers = std::collections::HashMap::new();
@@ -290,14 +291,18 @@ async fn the_guests_placeholders_are_filled_in_where_bound_and_refused_elsewhere
     assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("server: bound\n"), "{answer}");
     assert!(answer.contains(&format!("x-api-key: k={SECRET}\n")), "{answer}");
     assert!(answer.contains(&format!("authorization: Basic {}\n", b64(&format!("me:{SECRET}")))), "{answer}");
-    // A rule naming the secret binds it to the rule's host too.
-    let answer = to("inspect.test", get("inspect.test", "X-Api-Key: ${e2b.secrets.token}\r\n")).await;
-    assert!(answer.contains(&format!("x-api-key: {SECRET}\n")), "{answer}");
+    // In a header the rule sets, the guest's placeholder is replaced with the rule's value.
+    let answer = to("inspect.test", get("inspect.test", "Authorization: Bearer ${e2b.secrets.token}\r\n")).await;
+    assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(&format!("authorization: Bearer {SECRET}\n")), "{answer}");
     assert!(log.view().denials.is_empty(), "{:?}", log.view().denials);
     // Anywhere else: refused before anything reaches the server, and logged.
     let post = |host: &str, body: &str| format!("POST / HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len());
     for (host, request, why) in [
         ("gone.test", get("gone.test", "X-Api-Key: ${e2b.secrets.token}\r\n"), "not bound to gone.test"),
+        // A rule naming the secret binds it nowhere: the rule sets its own headers.
+        ("inspect.test", get("inspect.test", "X-Api-Key: ${e2b.secrets.token}\r\n"), "not bound to inspect.test"),
+        // A header a server may echo back is not one the secret is filled in.
+        ("bound.test", get("bound.test", "Origin: ${e2b.secrets.token}\r\n"), "only in api-key, authorization"),
         ("bound.test", get("bound.test", "X-Api-Key: ${e2b.secrets.other}\r\n"), "`other`"),
         ("bound.test", "GET /?k=${e2b.secrets.token} HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string(), "target"),
         ("bound.test", get("bound.test", "X-Api-Key: %24%7Be2b.secrets.token%7D\r\n"), "cannot fill in"),
@@ -338,11 +343,10 @@ async fn http2_is_relayed_in_each_sides_own_version_with_the_rule_applied() {
     let w = world().await;
     let log = NetLog::default();
     // HTTP/2 both ways: the rule's headers replace the guest's, `:authority` is the host.
-    let (version, answer) = guest_h2(&w, "inspect.test", &[("x-hutch-test", "guest"), ("x-api-key", "${e2b.secrets.token}")], &log).await;
+    let (version, answer) = guest_h2(&w, "inspect.test", &[("x-hutch-test", "guest"), ("authorization", "Bearer ${e2b.secrets.token}")], &log).await;
     assert_eq!(version, ::http::Version::HTTP_2);
     assert!(answer.contains("server: inspect\nversion: HTTP/2.0\n"), "{answer}");
     assert!(answer.contains("x-hutch-test: literal\n") && answer.contains(&format!("authorization: Bearer {SECRET}\n")), "{answer}");
-    assert!(answer.contains(&format!("x-api-key: {SECRET}\n")), "{answer}");
     // A guest speaking only HTTP/2 to a server speaking only HTTP/1.1: each keeps its own.
     let (version, answer) = guest_h2(&w, "bound.test", &[("x-api-key", "${e2b.secrets.token}")], &log).await;
     assert_eq!(version, ::http::Version::HTTP_2);
@@ -352,5 +356,5 @@ async fn http2_is_relayed_in_each_sides_own_version_with_the_rule_applied() {
     // The same refusals as over HTTP/1.1.
     let (_, answer) = guest_h2(&w, "gone.test", &[("x-api-key", "${e2b.secrets.token}")], &log).await;
     assert!(!answer.contains("server: gone"), "{answer}");
-    assert!(log.view().denials.iter().any(|d| d.message.contains("not bound to gone.test")));
+    assert!(log.view().denials.iter().any(|d| d.message.contains("not bound to gone.test")), "{:?}", log.view().denials);
 }

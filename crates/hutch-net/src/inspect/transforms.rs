@@ -27,12 +27,17 @@ pub struct Transforms {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secrets_of: Option<String>,
     pub hosts: BTreeMap<String, BTreeMap<String, String>>,
-    /// Secrets the guest itself may send as placeholders, by host key (hutch's
-    /// `secrets` on create, `hutch run --secret`): each such host is in `hosts` too, so
-    /// it is inspected. A rule naming a secret binds it to the rule's host as well.
+    /// Secrets the guest itself may send as placeholders (hutch's `secrets` on create,
+    /// `hutch run --secret`): by exact host, each secret and the headers it is filled in.
+    /// A bound host is inspected as a host with a rule is. A rule's own secrets are not
+    /// bound: the rule sets its headers, whatever the guest sent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub bound: BTreeMap<String, BTreeSet<String>>,
+    pub bound: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
 }
+
+/// Where a bound secret's placeholder is filled in when its binding names no headers:
+/// where APIs take keys. Never a header a server may echo back (`Origin`, `Accept`…).
+pub const CREDENTIAL_HEADERS: &[&str] = &["authorization", "x-api-key", "api-key", "x-goog-api-key", "x-auth-token", "private-token"];
 
 /// hutch's own binding of a secret to an environment variable (`secrets` on create,
 /// `hutch run --secret`): the guest's variable holds the placeholder, and the value is
@@ -42,8 +47,11 @@ pub struct SecretBinding {
     /// The secret's name; the variable's, lower-cased, when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-    /// Names, or `*.domain` for the names below it.
+    /// Exact names: a wildcard could cover names anyone can register (`*.github.io`).
     pub hosts: Vec<String>,
+    /// The headers the placeholder is filled in (`CREDENTIAL_HEADERS` when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Vec<String>>,
 }
 
 /// The placeholder the guest holds for secret `name`.
@@ -144,18 +152,20 @@ impl Transforms {
         Ok(Transforms { secrets_of: None, hosts, bound: BTreeMap::new() })
     }
 
-    /// Binds secret `name` to `host` (a name, or `*.domain`): the guest's own
-    /// placeholders for it are filled in on HTTPS requests to that host. `field` names
-    /// the binding in errors.
-    pub fn bind(&mut self, field: &str, name: &str, host: &str) -> Result<(), TransformError> {
+    /// Binds secret `name` to `host` (an exact name) for `headers` (lower-case names):
+    /// the guest's own placeholders for it are filled in there on HTTPS requests to
+    /// that host. `field` names the binding in errors.
+    pub fn bind(&mut self, field: &str, name: &str, host: &str, headers: &BTreeSet<String>) -> Result<(), TransformError> {
         let name = secret_name(name).map_err(|m| bad(field, m))?;
-        let host = rule_host(host).map_err(|m| bad(field, format!("`{}` {m}", host.escape_debug())))?;
-        if !self.hosts.contains_key(&host) && self.hosts.len() >= MAX_HOSTS {
-            return Err(bad(field, format!("would make {} hosts with rules or secrets; at most {MAX_HOSTS}", self.hosts.len() + 1)));
+        if host.trim().starts_with("*.") {
+            return Err(bad(field, format!("`{}` is a wildcard; a secret is bound to exact hosts (names below a domain may be anyone's)", host.escape_debug())));
         }
-        self.hosts.entry(host.clone()).or_default();
+        let host = rule_host(host).map_err(|m| bad(field, format!("`{}` {m}", host.escape_debug())))?;
+        if !self.bound.contains_key(&host) && self.bound.len() >= MAX_HOSTS {
+            return Err(bad(field, format!("binds secrets to more than {MAX_HOSTS} hosts")));
+        }
         let names = self.bound.entry(host).or_default();
-        names.insert(name);
+        names.entry(name).or_default().extend(headers.iter().cloned());
         if names.len() > MAX_SECRETS_PER_HOST {
             return Err(bad(field, format!("binds more than {MAX_SECRETS_PER_HOST} secrets to one host")));
         }
@@ -176,8 +186,12 @@ impl Transforms {
             if binding.hosts.is_empty() {
                 return Err(bad(format!("{at}.hosts"), "is empty; a secret is filled in only for the hosts it is bound to, so name at least one"));
             }
+            let headers = match &binding.headers {
+                None => CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect(),
+                Some(given) => binding_headers(&format!("{at}.headers"), given)?,
+            };
             for host in &binding.hosts {
-                self.bind(&format!("{at}.hosts"), &name, host)?;
+                self.bind(&format!("{at}.hosts"), &name, host, &headers)?;
             }
             env.insert(var.clone(), placeholder(&name));
         }
@@ -204,22 +218,18 @@ impl Transforms {
 
     /// This one's rules with the bindings of `old` (a network update replaces rules; the
     /// secrets bound at create stay bound).
-    pub fn keeping_bindings_of(mut self, old: &Transforms) -> Result<Transforms, TransformError> {
-        for (host, names) in &old.bound {
-            for name in names {
-                self.bind("secrets", name, host)?;
-            }
-        }
-        Ok(self)
+    pub fn keeping_bindings_of(mut self, old: &Transforms) -> Transforms {
+        self.bound = old.bound.clone();
+        self
     }
 
     pub fn is_empty(&self) -> bool {
-        self.hosts.is_empty()
+        self.hosts.is_empty() && self.bound.is_empty()
     }
 
     /// Every secret the rules name or the guest may send.
     pub fn secret_names(&self) -> BTreeSet<String> {
-        let mut names: BTreeSet<String> = self.bound.values().flatten().cloned().collect();
+        let mut names: BTreeSet<String> = self.bound.values().flat_map(|b| b.keys()).cloned().collect();
         for headers in self.hosts.values() {
             names.extend(named_in(headers));
         }
@@ -244,19 +254,40 @@ impl Transforms {
         self.key_for(host).and_then(|key| self.hosts.get(key))
     }
 
-    /// The secrets whose placeholders are filled in on requests to `host`: those its
-    /// rule names and those bound to it.
-    pub fn bound_to(&self, host: &str) -> BTreeSet<String> {
-        let Some(key) = self.key_for(host) else { return BTreeSet::new() };
-        let mut names = named_in(&self.hosts[key]);
-        names.extend(self.bound.get(key).into_iter().flatten().cloned());
-        names
+    /// The secrets the guest's placeholders are filled in for on requests to `host`,
+    /// each with the headers it is filled in.
+    pub fn bound_to(&self, host: &str) -> Option<&BTreeMap<String, BTreeSet<String>>> {
+        self.bound.get(host)
     }
 
-    /// Whether any of `names` has a rule.
-    pub fn covers_any(&self, names: &[String]) -> bool {
-        names.iter().any(|n| self.for_host(n).is_some())
+    /// Whether requests to `host` are inspected: it has a rule or bound secrets.
+    pub fn covers(&self, host: &str) -> bool {
+        self.for_host(host).is_some() || self.bound.contains_key(host)
     }
+
+    /// Whether any of `names` is inspected.
+    pub fn covers_any(&self, names: &[String]) -> bool {
+        names.iter().any(|n| self.covers(n))
+    }
+}
+
+/// A binding's header names, lower-cased: request headers a server reads a key from,
+/// never one about the connection or the host.
+fn binding_headers(field: &str, given: &[String]) -> Result<BTreeSet<String>, TransformError> {
+    if given.is_empty() || given.len() > MAX_HEADERS {
+        return Err(bad(field, format!("names 1 to {MAX_HEADERS} headers")));
+    }
+    let mut headers = BTreeSet::new();
+    for name in given {
+        if name.len() > MAX_HEADER_NAME || http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(bad(field, format!("`{}` is not a header name", name.escape_debug().take(64).collect::<String>())));
+        }
+        if is_hop_by_hop(name) {
+            return Err(bad(field, format!("`{name}` is a connection header; a secret goes in request headers only")));
+        }
+        headers.insert(name.to_ascii_lowercase());
+    }
+    Ok(headers)
 }
 
 fn named_in(headers: &BTreeMap<String, String>) -> BTreeSet<String> {
@@ -412,30 +443,47 @@ mod tests {
     }
 
     #[test]
-    fn bindings_set_placeholders_and_bind_their_hosts() {
+    fn bindings_set_placeholders_and_bind_exact_hosts_for_credential_headers() {
+        let binding = |name: Option<&str>, hosts: &[&str], headers: Option<&[&str]>| SecretBinding {
+            name: name.map(str::to_string),
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            headers: headers.map(|h| h.iter().map(|s| s.to_string()).collect()),
+        };
         let mut t = Transforms::default();
         let secrets: BTreeMap<String, SecretBinding> = [
-            ("OPENAI_API_KEY".to_string(), SecretBinding { name: Some("OpenAI".into()), hosts: vec!["api.openai.com".into()] }),
-            ("GH_TOKEN".to_string(), SecretBinding { name: None, hosts: vec!["*.github.com".into()] }),
+            ("OPENAI_API_KEY".to_string(), binding(Some("OpenAI"), &["api.openai.com"], None)),
+            ("GH_TOKEN".to_string(), binding(None, &["API.github.com"], Some(&["X-GitHub-Token"]))),
         ]
         .into();
         let env = t.bind_all("secrets", &secrets).expect("bound");
         assert_eq!(env["OPENAI_API_KEY"], "${e2b.secrets.openai}");
         assert_eq!(env["GH_TOKEN"], "${e2b.secrets.gh_token}");
-        assert_eq!(t.bound_to("api.openai.com").into_iter().collect::<Vec<_>>(), ["openai"]);
-        assert_eq!(t.bound_to("api.github.com").into_iter().collect::<Vec<_>>(), ["gh_token"]);
-        assert!(t.bound_to("github.com").is_empty() && t.bound_to("evil.com").is_empty());
+        let openai = t.bound_to("api.openai.com").expect("bound");
+        assert_eq!(openai["openai"].iter().map(String::as_str).collect::<Vec<_>>(), {
+            let mut h = CREDENTIAL_HEADERS.to_vec();
+            h.sort();
+            h
+        });
+        assert_eq!(t.bound_to("api.github.com").expect("bound")["gh_token"].iter().collect::<Vec<_>>(), ["x-github-token"]);
+        assert!(t.bound_to("github.com").is_none() && t.covers("api.github.com") && !t.covers("github.com"));
+        assert!(t.for_host("api.openai.com").is_none(), "a binding is not a rule");
         assert!(t.check_env("envVars", &env).is_ok());
         let stray: BTreeMap<String, String> = [("K".to_string(), "${e2b.secrets.nobody}".to_string())].into();
         assert_eq!(t.check_env("envVars", &stray).expect_err("unbound").field, "envVars.K");
-        let unbound: BTreeMap<String, SecretBinding> = [("K".to_string(), SecretBinding { name: None, hosts: vec![] })].into();
-        assert_eq!(t.bind_all("secrets", &unbound).expect_err("no host").field, "secrets.K.hosts");
-        let bad_var: BTreeMap<String, SecretBinding> = [("1K".to_string(), SecretBinding { name: None, hosts: vec!["a.com".into()] })].into();
-        assert!(t.bind_all("secrets", &bad_var).is_err());
-        // An update replaces the rules and keeps the bindings.
-        let kept = Transforms::from_e2b(&json!({"x.com": [{}]})).expect("rules").keeping_bindings_of(&t).expect("kept");
-        assert_eq!(kept.bound_to("api.openai.com").into_iter().collect::<Vec<_>>(), ["openai"]);
-        assert!(kept.for_host("x.com").is_some());
+        let refused = |b: SecretBinding| {
+            let mut t = Transforms::default();
+            t.bind_all("secrets", &[("K".to_string(), b)].into()).expect_err("refused").field
+        };
+        assert_eq!(refused(binding(None, &[], None)), "secrets.K.hosts");
+        assert_eq!(refused(binding(None, &["*.github.io"], None)), "secrets.K.hosts", "a wildcard covers names anyone can register");
+        assert_eq!(refused(binding(None, &["a.com"], Some(&["Host"]))), "secrets.K.headers");
+        assert_eq!(refused(binding(None, &["a.com"], Some(&[]))), "secrets.K.headers");
+        assert!(t.bind_all("secrets", &[("1K".to_string(), binding(None, &["a.com"], None))].into()).is_err());
+        // An update replaces the rules and keeps the bindings; a binding does not hide a
+        // wildcard rule's headers.
+        let kept = Transforms::from_e2b(&json!({"*.openai.com": [{"transform": {"headers": {"X": "1"}}}]})).expect("rules").keeping_bindings_of(&t);
+        assert!(kept.bound_to("api.openai.com").is_some_and(|b| b.contains_key("openai")));
+        assert!(kept.for_host("api.openai.com").is_some_and(|h| h.contains_key("x")));
     }
 
     #[tokio::test]

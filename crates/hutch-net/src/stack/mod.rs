@@ -455,11 +455,12 @@ impl Stack {
     }
 
     fn leaked(&self, proto: Proto, dst: SocketAddrV4, form: crate::scan::Form) {
-        self.shared.log.flow_denied(proto, IpAddr::V4(*dst.ip()), dst.port(), self.names_for(*dst.ip()).first().cloned(), DenyReason::Placeholder { form });
+        self.shared.log.placeholder_sent(proto, IpAddr::V4(*dst.ip()), dst.port(), self.names_for(*dst.ip()).first().cloned(), form);
     }
 
     fn datagram(&mut self, frame: &[u8], src: SocketAddrV4, dst: SocketAddrV4, payload: Vec<u8>) {
-        // DNS questions are names, which cannot hold a placeholder's braces.
+        // DNS questions are not scanned: a name may carry a placeholder's text, never a
+        // value.
         if dst.port() != 53 && self.scans() {
             if let Some(form) = crate::scan::find(&payload) {
                 self.leaked(Proto::Udp, dst, form);

@@ -36,6 +36,8 @@ pub struct TcpFlow {
     scanner: Option<Scanner>,
     /// The placeholder that ended the flow, for the stack to log.
     leaked: Option<Form>,
+    /// Whether the guest has sent anything yet (a flow that starts as TLS is not scanned).
+    sent_any: bool,
 }
 
 pub fn new_socket() -> tcp::Socket<'static> {
@@ -63,6 +65,7 @@ where
         opened: std::time::Instant::now(),
         scanner: scan.then(Scanner::default),
         leaked: None,
+        sent_any: false,
     };
     (flow, pump(upstream, to_rx, from_tx, wake))
 }
@@ -132,6 +135,10 @@ impl TcpFlow {
             });
             match chunk {
                 Ok(c) if !c.is_empty() => {
+                    if self.scanner.is_some() && !self.sent_any && crate::scan::starts_tls(&c) {
+                        self.scanner = None;
+                    }
+                    self.sent_any = true;
                     if let Some(form) = self.scanner.as_mut().and_then(|s| s.feed(&c)) {
                         // Not sent: the guest's connection is reset, the upstream's closed.
                         drop(permit);
