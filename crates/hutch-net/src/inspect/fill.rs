@@ -4,7 +4,7 @@
 //! not bound there, a header it is not bound for, a placeholder escaped or encoded so
 //! hutch would not fill it in).
 
-use super::http::shown;
+use super::flow::shown;
 use super::inspector::Inspector;
 use super::transforms::{self, Part, MAX_SECRETS_PER_HOST};
 use crate::scan;

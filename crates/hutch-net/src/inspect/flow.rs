@@ -35,3 +35,9 @@ impl Flow {
         self.current.read().clone()
     }
 }
+
+/// Guest text for the log: escaped, at most 128 characters.
+pub(super) fn shown(text: &str) -> String {
+    let escaped: String = text.escape_debug().take(128).collect();
+    format!("`{escaped}`")
+}

@@ -94,7 +94,7 @@ where
     };
     if protocols.is_empty() {
         let offered = hello.alpn.as_deref().unwrap_or_default();
-        let names: Vec<_> = offered.iter().take(4).map(|p| super::http::shown(&String::from_utf8_lossy(p))).collect();
+        let names: Vec<_> = offered.iter().take(4).map(|p| super::flow::shown(&String::from_utf8_lossy(p))).collect();
         return Err(format!("the guest offered only {} over TLS; hutch inspects HTTP/1.1 and HTTP/2", names.join(", ")));
     }
     // The real server first, offered what the guest offered (and HTTP/1.1 after it,

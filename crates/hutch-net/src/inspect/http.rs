@@ -4,7 +4,7 @@
 //! streams back as it came.
 
 use super::conn;
-use super::flow::Flow;
+use super::flow::{shown, Flow};
 use super::scanned::Scanned;
 use super::transforms;
 use super::upstream::Http;
@@ -214,11 +214,6 @@ fn for_host(req: &Request<Incoming>, host: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Guest text for the log: escaped, at most 128 characters.
-pub(super) fn shown(text: &str) -> String {
-    let escaped: String = text.escape_debug().take(128).collect();
-    format!("`{escaped}`")
-}
 
 fn placeholder_refused(host: &str) -> Answer {
     refusal(StatusCode::FORBIDDEN, format!("hutch: this request to {host} carries a secret's placeholder where hutch does not fill it in; see the sandbox's network log\n"))
