@@ -131,10 +131,14 @@ pub struct Scanner {
     tail: Vec<u8>,
 }
 
-/// Whether a stream that starts with `first` is TLS (a handshake record): encrypted
-/// from there on, so there is nothing to find in it and scanning it is only cost.
+/// Whether a stream that starts with `first` is TLS (a record holding a ClientHello of
+/// a plausible size): encrypted from there on, so there is nothing to find in it and
+/// scanning it is only cost.
 pub fn starts_tls(first: &[u8]) -> bool {
-    matches!(first, [0x16, 0x03, 0x00..=0x04, ..])
+    match first {
+        [0x16, 0x03, 0x00..=0x04, hi, lo, 0x01, ..] => (40..=16 * 1024 + 256).contains(&u16::from_be_bytes([*hi, *lo])),
+        _ => false,
+    }
 }
 
 impl Scanner {
@@ -178,6 +182,14 @@ mod tests {
         }
         assert_eq!(find(b"GET /e2b/secrets HTTP/1.1\r\nHost: e2b.dev\r\n"), None);
         assert_eq!(find(b"100%25 sure \\n"), None);
+    }
+
+    #[test]
+    fn only_a_plausible_client_hello_counts_as_tls() {
+        assert!(starts_tls(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00]));
+        assert!(!starts_tls(&[0x16, 0x03, 0x01, 0x00, 0x05, 0x01]), "too short for a ClientHello");
+        assert!(!starts_tls(&[0x16, 0x03, 0x01]), "three bytes in front of plain text");
+        assert!(!starts_tls(b"GET / HTTP/1.1\r\n"));
     }
 
     #[test]

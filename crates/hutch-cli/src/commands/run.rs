@@ -71,29 +71,34 @@ pub fn parse_policy(text: &str) -> Result<hutch_net::Policy, String> {
     hutch_net::Policy::parse(text).map_err(|e| e.to_string())
 }
 
-/// One `--secret`: the variable, its value, and the hosts it is for.
+/// One `--secret`: the variable, its value, and the hosts it is for. Nothing that may
+/// be the value is ever in an error: a name is shown only once it is a variable's name.
 fn parse_secret(text: &str) -> anyhow::Result<(String, zeroize::Zeroizing<String>, Vec<String>)> {
     let Some((given, hosts)) = text.rsplit_once('@') else {
         anyhow::bail!("--secret takes NAME=VALUE@HOST or NAME@HOST; this one names no host after `@`");
     };
     let (var, value) = match given.split_once('=') {
-        Some((var, value)) => (var.to_string(), zeroize::Zeroizing::new(value.to_string())),
-        None => {
-            // What came before `@` is shown only when it is a variable's name: a value
-            // given without `NAME=` must not be printed.
-            let var_name = !given.is_empty() && given.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !given.as_bytes()[0].is_ascii_digit();
-            if !var_name {
-                anyhow::bail!("--secret takes NAME=VALUE@HOST or NAME@HOST; what comes before `@` in this one is neither (did you leave out `NAME=`?)");
-            }
-            let value = std::env::var(given).map_err(|_| anyhow::anyhow!("--secret {given}@…: this shell has no variable {given} to take the value from; export it, or give NAME=VALUE@HOST"))?;
-            (given.to_string(), zeroize::Zeroizing::new(value))
-        }
+        Some((var, value)) => (var, Some(value)),
+        None => (given, None),
     };
+    let var_name = var.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_') && var.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if !var_name {
+        anyhow::bail!("--secret takes NAME=VALUE@HOST or NAME@HOST; what comes before `=` or `@` in this one is not a variable's name (did you leave out `NAME=`?)");
+    }
+    let value = match value {
+        Some(value) => zeroize::Zeroizing::new(value.to_string()),
+        // A token looks like a variable's name too (`ghp_…`): until the value is found,
+        // the name is not repeated.
+        None => zeroize::Zeroizing::new(std::env::var(var).map_err(|_| anyhow::anyhow!("--secret …@{hosts}: this shell has no variable of the name before `@` to take the value from; export it, or give NAME=VALUE@HOST"))?),
+    };
+    if value.is_empty() {
+        anyhow::bail!("--secret …@{hosts}: the value is empty; give NAME=VALUE@HOST, or NAME@HOST with NAME exported");
+    }
     if http::HeaderValue::from_str(&value).is_err() {
         anyhow::bail!("--secret {var}: the value holds a byte a header cannot (a control character or non-ASCII), so it could not be filled in");
     }
     let hosts = hosts.split(',').map(str::trim).filter(|h| !h.is_empty()).map(str::to_string).collect();
-    Ok((var, value, hosts))
+    Ok((var.to_string(), value, hosts))
 }
 
 /// The bindings of `--secret`s: the network settings fill them in, the returned
@@ -162,4 +167,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<i32> {
     let code = outcome?;
     destroyed.context("stopping the sandbox")?;
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_secret;
+
+    #[test]
+    fn a_secret_given_wrong_is_refused_without_showing_it() {
+        for text in ["c2VjcmV0dG9rZW4=@api.x.com", "sk-live-abc=def@api.x.com", "sk-live-abc@api.x.com", "1KEY=v@a.com", "ghp_NOT_EXPORTED_abc@github.com"] {
+            let err = parse_secret(text).expect_err(text).to_string();
+            assert!(!err.contains("c2Vj") && !err.contains("sk-live") && !err.contains("1KEY") && !err.contains("ghp_"), "{err}");
+        }
+        assert!(parse_secret("KEY=@a.com").is_err(), "an empty value");
+        let (var, value, hosts) = parse_secret("KEY=a@b@x.com,y.com").expect("valid");
+        assert_eq!((var.as_str(), value.as_str(), hosts), ("KEY", "a@b", vec!["x.com".to_string(), "y.com".to_string()]));
+    }
 }

@@ -17,12 +17,20 @@ pub enum Sender {
     H2(hyper::client::conn::http2::SendRequest<Scanned>),
 }
 
-/// Aborts the upstream connection's task when the relay ends, however it ends.
-pub struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// The upstream connection's task: aborted when the relay ends, however it ends.
+pub struct Upstream(tokio::task::JoinHandle<()>);
 
-impl Drop for AbortOnDrop {
+impl Drop for Upstream {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+impl Upstream {
+    /// Returns when the server's connection has ended (closed, GOAWAY, an error): no
+    /// request can be sent on it any more. Awaited once.
+    pub async fn ended(&mut self) {
+        let _ = (&mut self.0).await;
     }
 }
 
@@ -51,7 +59,7 @@ impl Sender {
 }
 
 /// Starts HTTP in version `speaks` on `upstream` (TLS to `host`, already verified).
-pub async fn connect<U>(upstream: U, speaks: Http, host: &str) -> Result<(Sender, AbortOnDrop), String>
+pub async fn connect<U>(upstream: U, speaks: Http, host: &str) -> Result<(Sender, Upstream), String>
 where
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -60,18 +68,23 @@ where
     Ok(match speaks {
         Http::H1 => {
             let (sender, connection) = hyper::client::conn::http1::Builder::new().preserve_header_case(true).max_buf_size(HEAD_MAX).handshake::<_, Scanned>(io).await.map_err(failed)?;
-            (Sender::H1(tokio::sync::Mutex::new(sender)), AbortOnDrop(tokio::spawn(async move {
+            (Sender::H1(tokio::sync::Mutex::new(sender)), Upstream(tokio::spawn(async move {
                 let _ = connection.await;
             })))
         }
         Http::H2 => {
+            // Small windows: what the server sends ahead of a guest that does not read
+            // is what hutch holds.
             let (sender, connection) = hyper::client::conn::http2::Builder::new(TokioExecutor::new())
                 .timer(TokioTimer::new())
                 .max_header_list_size(HEAD_MAX as u32)
+                .initial_stream_window_size(256 * 1024)
+                .initial_connection_window_size(1024 * 1024)
+                .max_send_buf_size(64 * 1024)
                 .handshake::<_, Scanned>(io)
                 .await
                 .map_err(failed)?;
-            (Sender::H2(sender), AbortOnDrop(tokio::spawn(async move {
+            (Sender::H2(sender), Upstream(tokio::spawn(async move {
                 let _ = connection.await;
             })))
         }

@@ -27,8 +27,12 @@ const ANSWER_WAIT: Duration = Duration::from_secs(300);
 /// bounded like any other flow's buffers.
 const HEAD_WAIT: Duration = Duration::from_secs(30);
 const HEADERS_MAX: usize = 128;
-/// Requests in flight at once on one HTTP/2 connection from the guest.
-const STREAMS_MAX: u32 = 64;
+/// Requests in flight at once on one HTTP/2 connection from the guest (over an
+/// HTTP/1.1 server, whose one connection serves one request at a time: 1).
+const STREAMS_MAX: u32 = 8;
+/// How often an idle HTTP/2 guest is pinged, and how long it has to answer.
+const PING_EVERY: Duration = Duration::from_secs(30);
+const PING_WAIT: Duration = Duration::from_secs(20);
 
 /// Serves the guest's requests (in its version) until it goes away, each sent on to
 /// `host` (in the server's version) by `forward`.
@@ -37,7 +41,7 @@ where
     G: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let (sender, _upstream) = conn::connect(upstream, server_speaks, host).await?;
+    let (sender, mut upstream) = conn::connect(upstream, server_speaks, host).await?;
     let sender = Arc::new(sender);
     let host = Arc::new(host.to_string());
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
@@ -58,23 +62,42 @@ where
         }
     });
     let guest = TokioIo::new(guest);
-    // A guest that goes away mid-request is not a refusal.
-    let _ = match guest_speaks {
-        Http::H1 => hyper::server::conn::http1::Builder::new()
+    // Serves until the guest goes away (mid-request is not a refusal), or, once the
+    // server's connection has ended, winds the guest's down (HTTP/2's GOAWAY, HTTP/1's
+    // close after the request in hand) so its client opens a new one.
+    macro_rules! serve {
+        ($connection:expr) => {{
+            let connection = $connection;
+            tokio::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                _ = upstream.ended() => {
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
+        }};
+    }
+    match guest_speaks {
+        Http::H1 => serve!(hyper::server::conn::http1::Builder::new()
             .preserve_header_case(true)
             .timer(TokioTimer::new())
             .header_read_timeout(HEAD_WAIT)
             .max_buf_size(conn::HEAD_MAX)
             .max_headers(HEADERS_MAX)
-            .serve_connection(guest, service)
-            .await,
-        Http::H2 => hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .serve_connection(guest, service)),
+        // Small windows and few streams: what the guest sends ahead is what hutch holds.
+        Http::H2 => serve!(hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .max_header_list_size(conn::HEAD_MAX as u32)
-            .max_concurrent_streams(STREAMS_MAX)
-            .serve_connection(guest, service)
-            .await,
-    };
+            .max_concurrent_streams(if server_speaks == Http::H1 { 1 } else { STREAMS_MAX })
+            .initial_stream_window_size(64 * 1024)
+            .initial_connection_window_size(256 * 1024)
+            .max_send_buf_size(64 * 1024)
+            .keep_alive_interval(PING_EVERY)
+            .keep_alive_timeout(PING_WAIT)
+            .serve_connection(guest, service)),
+    }
     Ok(())
 }
 
@@ -157,9 +180,12 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
             for name in CONNECTION_HEADERS {
                 req.headers_mut().remove(*name);
             }
-            match format!("https://{host}{}", req.uri()).parse::<Uri>() {
-                Ok(uri) => *req.uri_mut() = uri,
-                Err(_) => return refusal(StatusCode::BAD_REQUEST, "hutch: the request's target is not a path\n".into()),
+            // `OPTIONS *` has no path HTTP/2 can carry with an authority.
+            let target = req.uri().path_and_query().map(|p| p.as_str().to_string()).filter(|p| p.starts_with('/'));
+            let uri = target.and_then(|path| Uri::builder().scheme("https").authority(host).path_and_query(path).build().ok());
+            match uri {
+                Some(uri) => *req.uri_mut() = uri,
+                None => return refusal(StatusCode::BAD_REQUEST, format!("hutch: this request's target cannot be sent to {host}, which speaks HTTP/2\n")),
             }
         }
     }
