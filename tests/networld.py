@@ -69,6 +69,9 @@ class _Tls(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: a client may send several requests on one connection
 
     def do_GET(self):
+        if self.path.startswith("/bytes/"):
+            return self.send_bytes(int(self.path.removeprefix("/bytes/")))
+
         def one(values):
             return None if not values else values[0] if len(values) == 1 else values
         def hashed(name):
@@ -88,6 +91,16 @@ class _Tls(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def send_bytes(self, n: int):
+        """`n` zero bytes, for throughput (bench/inspection.py): MiB by MiB, not held whole."""
+        self.send_response(200)
+        self.send_header("Content-Length", str(n))
+        self.end_headers()
+        chunk = bytes(1 << 20)
+        while n > 0:
+            self.wfile.write(chunk[:min(n, len(chunk))])
+            n -= len(chunk)
 
     def log_message(self, *args):
         pass
@@ -109,6 +122,9 @@ class _TlsServer(ThreadingHTTPServer):
 
     def finish_request(self, request, client_address):
         request.settimeout(30)
+        # A head and a body are two writes: without this, Nagle holds the body for the
+        # client's delayed ACK, 40 ms a request.
+        request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             tls = self.context.wrap_socket(request, server_side=True)
         except (ssl.SSLError, OSError):
