@@ -292,6 +292,28 @@ def test_the_placeholder_sent_anywhere_else_is_refused_and_logged(server, sbx, n
     assert SECRET_VALUE not in json.dumps(denials(server, sbx))
 
 
+def test_what_a_pause_saves_of_the_sandbox_holds_no_secret(server, sbx):
+    """The guest's memory and disk, as a pause writes them to the host, after the
+    inspected requests above and one more: placeholders at most, never the value."""
+    code, _, err = guest(sbx, 'curl -sS -o /dev/null -H "Authorization: Bearer $API_TOKEN" https://inspect.test/before-pause')
+    assert code == 0, err
+    assert sbx.pause() is True
+    try:
+        needle, checked = SECRET_VALUE.encode(), []
+        for path in sorted((server.home / "sandboxes" / sbx.sandbox_id).rglob("*")):
+            if not path.is_file() or path.is_symlink():
+                continue
+            checked.append(path.name)
+            with open(path, "rb") as f:
+                tail = b""
+                while chunk := f.read(8 << 20):
+                    assert needle not in tail + chunk, f"the secret's value is in {path}"
+                    tail = chunk[-len(needle):]
+        assert "memory.state" in checked, checked
+    finally:
+        Sandbox.connect(sbx.sandbox_id)
+
+
 def test_hutchs_own_binding_sets_the_variable_and_outlives_a_network_update(server, secret, net_world):
     """hutch's SDK binds the secret to plain.test (no rule there): the variable holds the
     placeholder, plain.test becomes inspected, and an update of the egress rules keeps
