@@ -9,18 +9,22 @@ listeners behind the test map (tests/networld.py) that answer with what they rec
 the Authorization header only as its SHA-256. One sandbox serves every check.
 
 The guest's environment holds the secret's placeholder (`API_TOKEN`), never its value: a
-client that sends it in the header inspect.test's rule sets gets the rule's value there;
+client (curl, urllib, requests, httpx, Node's fetch, each with its own defaults) that
+sends it in the header inspect.test's rule sets gets the rule's value there;
 hutch's own binding (`secrets`, `hutch run --secret`) fills it in where the guest sends
 it to a bound host in a credential header; a request or flow that carries it anywhere
 else (other.test, inspected without the secret; plain HTTP) is refused or reset and
 logged."""
 
 import hashlib
+import io
 import json
 import os
 import secrets
 import shutil
 import subprocess
+import tarfile
+from pathlib import Path
 
 import pytest
 from e2b import CommandExitException, Sandbox, Secret
@@ -52,6 +56,16 @@ def fetch(url, headers):
 
 def fetch_env(url, header, prefix, var):
     return fetch(url, {header: prefix + os.environ[var]})
+
+def requests_env(url, header, prefix, var):
+    # The client's own defaults: its CA bundle comes from REQUESTS_CA_BUNDLE.
+    import requests
+    return requests.get(url, headers={header: prefix + os.environ[var]}, timeout=30).json()
+
+def httpx_env(url, header, prefix, var):
+    # Its CA bundle comes from SSL_CERT_FILE (trust_env).
+    import httpx
+    return httpx.get(url, headers={header: prefix + os.environ[var]}, timeout=30).json()
 
 def peer(host, path, headers):
     # Not verified: plain.test's real certificate is signed by a CA the guest does not
@@ -256,18 +270,40 @@ def denials(server, sbx) -> list[dict]:
     return server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]["denials"]
 
 
+# Python HTTP clients the base template lacks, from the tests' own environment (pure
+# Python, or built for the guest's Python 3.11 and glibc), so the guest needs no index.
+GUEST_PACKAGES = ("requests", "urllib3", "charset_normalizer", "idna", "certifi",
+                  "httpx", "httpcore", "h11", "anyio", "typing_extensions.py")
+
+
+def python_clients_tar() -> bytes:
+    import requests
+    site = Path(requests.__file__).parents[1]
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name in GUEST_PACKAGES:
+            tar.add(site / name, arcname=name, filter=lambda t: None if "__pycache__" in t.name else t)
+    return out.getvalue()
+
+
 def test_a_client_sending_the_env_placeholder_gets_the_rules_value(sbx, secret):
+    sbx.files.write("/tmp/pylib.tar", python_clients_tar())
+    env_client = lambda name, path: ("PYTHONPATH=/tmp/pylib "
+                                     + probe_command(name, f"https://inspect.test/{path}", "Authorization", "Bearer ", "API_TOKEN"))
     code, out, err = guest(sbx, " && ".join([
+        "mkdir -p /tmp/pylib && tar -xf /tmp/pylib.tar -C /tmp/pylib",
         "printenv API_TOKEN",
         'curl -sS --max-time 30 -H "Authorization: Bearer $API_TOKEN" https://inspect.test/env-curl',
         probe_command("fetch_env", "https://inspect.test/env-urllib", "Authorization", "Bearer ", "API_TOKEN"),
+        env_client("requests_env", "env-requests"),
+        env_client("httpx_env", "env-httpx"),
         f"node -e '{NODE_FETCH_ENV}'",
     ]))
     assert code == 0, err
     placeholder, *answers = out.splitlines()
     assert placeholder == Secret.fill(secret.name)
     got = json_lines("\n".join(answers))
-    assert [g["path"] for g in got] == ["/env-curl", "/env-urllib", "/env-node"], out
+    assert [g["path"] for g in got] == ["/env-curl", "/env-urllib", "/env-requests", "/env-httpx", "/env-node"], out
     for g in got:
         assert fields(g, INSPECTED) == INSPECTED, g
 
