@@ -76,6 +76,8 @@ class _Tls(BaseHTTPRequestHandler):
             return None if not values else values[0] if len(values) == 1 else values
         def hashed(name):
             return one([hashlib.sha256(v.encode("latin-1")).hexdigest() for v in self.headers.get_all(name, [])])
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            return self.echo_upgraded(hashed("Authorization"))
         seen = {
             "server": self.server.name,
             "path": self.path,
@@ -91,6 +93,20 @@ class _Tls(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+    def echo_upgraded(self, authorization_sha256):
+        """A WebSocket's server in miniature: switches protocols (saying in headers what
+        X-Hutch-Test and Authorization it got), then answers each read with `echo:` and it."""
+        self.send_response(101)
+        self.send_header("Upgrade", "websocket")
+        self.send_header("Connection", "Upgrade")
+        self.send_header("X-Seen-Hutch-Test", self.headers.get("X-Hutch-Test", ""))
+        self.send_header("X-Seen-Authorization-Sha256", authorization_sha256 or "")
+        self.end_headers()
+        self.wfile.flush()
+        self.close_connection = True
+        while data := self.connection.recv(65536):
+            self.connection.sendall(b"echo:" + data)
 
     def send_bytes(self, n: int):
         """`n` zero bytes, for throughput (bench/inspection.py): MiB by MiB, not held whole."""

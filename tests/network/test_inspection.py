@@ -77,6 +77,25 @@ def peer(host, path, headers):
     conn.close()
     return {"cert_sha256": hashlib.sha256(der).hexdigest(), "body": body}
 
+def websocket(host, path, headers, message):
+    # A WebSocket's opening handshake, then raw bytes, over the guest's own trust store.
+    head = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n"
+    with socket.create_connection((host, 443), timeout=30) as raw:
+        with ssl.create_default_context().wrap_socket(raw, server_hostname=host) as s:
+            s.sendall(head.encode())
+            got = b""
+            while b"\r\n\r\n" not in got and (chunk := s.recv(4096)):
+                got += chunk
+            answer, _, echo = got.partition(b"\r\n\r\n")
+            status, *lines = answer.decode().split("\r\n")
+            s.sendall(message.encode())
+            while len(echo) < len(message) + 5 and (chunk := s.recv(4096)):
+                echo += chunk
+    seen = dict(line.lower().split(": ", 1) for line in lines)
+    return {"status": status, "x_hutch_test": seen.get("x-seen-hutch-test"),
+            "authorization_sha256": seen.get("x-seen-authorization-sha256"), "echo": echo.decode()}
+
 def udp(host, port):
     # What the network sees of QUIC's first flight: a datagram to port 443.
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -233,6 +252,16 @@ def test_an_inspected_host_shows_hutchs_certificate_and_others_their_own(sbx, ne
     assert plain["cert_sha256"] == net_world.plain_cert_sha256
     assert plain["body"] == {"server": "plain", "path": "/peer", "host": "plain.test", "x_hutch_test": "guest",
                              "authorization_sha256": None, "x_api_key_sha256": None}
+
+
+def test_a_websocket_to_an_inspected_host_gets_the_rule_then_carries_bytes(sbx):
+    code, out, err = guest(sbx, probe_command("websocket", "inspect.test", "/ws", {"X-Hutch-Test": "guest"}, "hello"))
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["status"].startswith("HTTP/1.1 101"), r
+    # The upgrade request had the rule's headers, the secret filled in; then bytes flow.
+    assert (r["x_hutch_test"], r["authorization_sha256"]) == (INSPECTED["x_hutch_test"], INSPECTED["authorization_sha256"]), r
+    assert r["echo"] == "echo:hello", r
 
 
 def test_a_host_header_other_than_the_tls_name_is_421_and_not_forwarded(sbx, net_world):

@@ -69,7 +69,8 @@ where
         Http::H1 => {
             let (sender, connection) = hyper::client::conn::http1::Builder::new().preserve_header_case(true).max_buf_size(HEAD_MAX).handshake::<_, Scanned>(io).await.map_err(failed)?;
             (Sender::H1(tokio::sync::Mutex::new(sender)), Upstream(tokio::spawn(async move {
-                let _ = connection.await;
+                // A 101 hands the connection to the request's upgrade (`tunnel.rs`).
+                let _ = connection.with_upgrades().await;
             })))
         }
         Http::H2 => {

@@ -7,6 +7,7 @@ use super::conn;
 use super::flow::{shown, Flow};
 use super::scanned::Scanned;
 use super::transforms;
+use super::tunnel::Tunnel;
 use super::upstream::Http;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONNECTION, HOST};
@@ -44,10 +45,12 @@ where
     let (sender, mut upstream) = conn::connect(upstream, server_speaks, host).await?;
     let sender = Arc::new(sender);
     let host = Arc::new(host.to_string());
+    let tunnel = Arc::new(Tunnel::default());
+    let upgrades = tunnel.clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-        let (sender, host, flow) = (sender.clone(), host.clone(), flow.clone());
+        let (sender, host, flow, tunnel) = (sender.clone(), host.clone(), flow.clone(), upgrades.clone());
         async move {
-            let mut answer = forward(req, &sender, &host, &flow).await;
+            let mut answer = forward(req, &sender, &host, &flow, &tunnel).await;
             // The guest's own version, and none of HTTP/1's connection headers in HTTP/2.
             *answer.version_mut() = match guest_speaks {
                 Http::H1 => Version::HTTP_11,
@@ -64,7 +67,8 @@ where
     let guest = TokioIo::new(guest);
     // Serves until the guest goes away (mid-request is not a refusal), or, once the
     // server's connection has ended, winds the guest's down (HTTP/2's GOAWAY, HTTP/1's
-    // close after the request in hand) so its client opens a new one.
+    // close after the request in hand) so its client opens a new one. A server
+    // connection that ended by upgrading is not dead: the tunnel carries on.
     macro_rules! serve {
         ($connection:expr) => {{
             let connection = $connection;
@@ -72,7 +76,9 @@ where
             tokio::select! {
                 _ = connection.as_mut() => {}
                 _ = upstream.ended() => {
-                    connection.as_mut().graceful_shutdown();
+                    if !tunnel.is_open() {
+                        connection.as_mut().graceful_shutdown();
+                    }
                     let _ = connection.await;
                 }
             }
@@ -85,7 +91,8 @@ where
             .header_read_timeout(HEAD_WAIT)
             .max_buf_size(conn::HEAD_MAX)
             .max_headers(HEADERS_MAX)
-            .serve_connection(guest, service)),
+            .serve_connection(guest, service)
+            .with_upgrades()),
         // Small windows and few streams: what the guest sends ahead is what hutch holds.
         Http::H2 => serve!(hyper::server::conn::http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
@@ -98,13 +105,14 @@ where
             .keep_alive_timeout(PING_WAIT)
             .serve_connection(guest, service)),
     }
+    tunnel.closed().await;
     Ok(())
 }
 
 /// HTTP/1's headers about the connection, which HTTP/2 forbids.
 const CONNECTION_HEADERS: &[&str] = &["connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade"];
 
-async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, flow: &Flow) -> Answer {
+async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, flow: &Flow, tunnel: &Tunnel) -> Answer {
     if let Err(asked) = for_host(&req, host) {
         flow.refuse(host, format!("a request over TLS for {host} named the host {asked}; hutch applies a host's rule only to requests for that host"));
         return refusal(StatusCode::MISDIRECTED_REQUEST, format!("hutch: this connection is for {host}; a request for another host needs a connection of its own\n"));
@@ -114,10 +122,13 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
         flow.refuse(host, format!("a {} request to {host}; hutch does not send it with the rule's headers", req.method()));
         return refusal(StatusCode::METHOD_NOT_ALLOWED, format!("hutch: {} is not sent to a host with a network rule\n", req.method()));
     }
-    if req.headers().contains_key(http::header::UPGRADE) {
-        flow.refuse(host, "the guest asked to upgrade the connection (a WebSocket?); hutch does not relay upgrades on inspected hosts yet".into());
-        return refusal(StatusCode::NOT_IMPLEMENTED, format!("hutch: connection upgrades (WebSockets) to {host} are not relayed while {host} has a network rule\n"));
+    // An upgrade (a WebSocket) goes through as HTTP/1.1 on both sides, once per flow.
+    let upgrade = req.headers().contains_key(http::header::UPGRADE);
+    if upgrade && (sender.speaks() == Http::H2 || tunnel.is_open()) {
+        flow.refuse(host, format!("the guest asked to upgrade the connection (a WebSocket?), which hutch relays only over HTTP/1.1 and once a connection; {host} speaks HTTP/2"));
+        return refusal(StatusCode::NOT_IMPLEMENTED, format!("hutch: {host} speaks HTTP/2 here, and hutch relays connection upgrades (WebSockets) to a host with a network rule over HTTP/1.1 only\n"));
     }
+    let guest_side = upgrade.then(|| hyper::upgrade::on(&mut req));
     // The rule in force now: one changed or removed since the connection opened applies.
     let Some(inspector) = flow.current() else {
         flow.refuse(host, format!("{host} no longer has a network rule; the guest is to open a new connection"));
@@ -192,6 +203,16 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
     let req = req.map(|body| Scanned::new(body, inspector.scans()));
     let found = req.body().found.clone();
     match tokio::time::timeout(ANSWER_WAIT, sender.send(req)).await {
+        Ok(Ok(mut answer)) if answer.status() == StatusCode::SWITCHING_PROTOCOLS => match guest_side {
+            Some(guest_side) => {
+                tunnel.open(guest_side, hyper::upgrade::on(&mut answer));
+                answer.map(Either::Left)
+            }
+            None => {
+                flow.refuse(host, format!("{host} switched protocols on a request that did not ask to"));
+                refusal(StatusCode::BAD_GATEWAY, format!("hutch: {host} answered in a protocol the request did not ask for\n"))
+            }
+        },
         Ok(Ok(answer)) => answer.map(Either::Left),
         Ok(Err(_)) if found.get().is_some() => {
             let form = found.get().map(|f| f.name()).unwrap_or_default();

@@ -19,6 +19,7 @@ mod scanned;
 #[cfg(test)]
 mod tests;
 pub mod transforms;
+mod tunnel;
 pub mod upstream;
 
 pub use ca::SandboxCa;

@@ -48,7 +48,10 @@ async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>
             let acceptor = acceptor.clone();
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(conn).await else { return };
-                let service = hyper::service::service_fn(move |req: ::http::Request<hyper::body::Incoming>| async move {
+                let service = hyper::service::service_fn(move |mut req: ::http::Request<hyper::body::Incoming>| async move {
+                    if req.headers().contains_key(::http::header::UPGRADE) {
+                        return Ok(upgraded_echo(&mut req));
+                    }
                     let mut seen = format!("server: {name}\nversion: {:?}\n", req.version());
                     for (k, v) in req.headers() {
                         seen.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
@@ -57,11 +60,36 @@ async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>
                     seen.push_str(&format!("body: {}\n", String::from_utf8_lossy(&body)));
                     Ok::<_, hyper::Error>(::http::Response::new(Full::new(Bytes::from(seen))))
                 });
-                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new()).serve_connection(TokioIo::new(tls), service).await;
+                let _ = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new()).serve_connection_with_upgrades(TokioIo::new(tls), service).await;
             });
         }
     });
     addr
+}
+
+/// A WebSocket's server in miniature: switches protocols (saying what Authorization it
+/// got), then echoes what comes.
+fn upgraded_echo(req: &mut ::http::Request<hyper::body::Incoming>) -> ::http::Response<Full<Bytes>> {
+    let authorization = req.headers().get(::http::header::AUTHORIZATION).cloned();
+    let upgrade = hyper::upgrade::on(req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = upgrade.await else { return };
+        let mut io = TokioIo::new(upgraded);
+        let mut buf = [0u8; 1024];
+        while let Ok(n) = io.read(&mut buf).await {
+            if n == 0 || io.write_all(&buf[..n]).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut answer = ::http::Response::new(Full::new(Bytes::new()));
+    *answer.status_mut() = ::http::StatusCode::SWITCHING_PROTOCOLS;
+    answer.headers_mut().insert(::http::header::CONNECTION, "upgrade".parse().expect("value"));
+    answer.headers_mut().insert(::http::header::UPGRADE, "websocket".parse().expect("value"));
+    if let Some(value) = authorization {
+        answer.headers_mut().insert("x-seen-authorization", value);
+    }
+    answer
 }
 
 struct Vault;
@@ -357,4 +385,30 @@ async fn http2_is_relayed_in_each_sides_own_version_with_the_rule_applied() {
     let (_, answer) = guest_h2(&w, "gone.test", &[("x-api-key", "${e2b.secrets.token}")], &log).await;
     assert!(!answer.contains("server: gone"), "{answer}");
     assert!(log.view().denials.iter().any(|d| d.message.contains("not bound to gone.test")), "{:?}", log.view().denials);
+}
+
+#[tokio::test]
+async fn a_websocket_upgrade_goes_through_with_the_rule_applied_then_carries_bytes() {
+    let w = world().await;
+    let log = NetLog::default();
+    let guest = through_gate(&w, "inspect.test", &["inspect.test"], &log).await;
+    let run = async {
+        let mut tls = guest_tls(&[ca_cert(&w)], &[b"http/1.1"]).connect(ServerName::try_from("inspect.test").expect("name"), guest).await.expect("handshake");
+        tls.write_all(b"GET /ws HTTP/1.1\r\nHost: inspect.test\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nAuthorization: Bearer guest\r\n\r\n").await.expect("write");
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            head.push(tls.read_u8().await.expect("the answer's head"));
+        }
+        let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 101"), "{head}");
+        assert!(head.contains(&format!("x-seen-authorization: bearer {}", SECRET.to_ascii_lowercase())), "the rule applied to the upgrade: {head}");
+        for message in [&b"ping"[..], b"pong and more"] {
+            tls.write_all(message).await.expect("write");
+            let mut echo = vec![0u8; message.len()];
+            tls.read_exact(&mut echo).await.expect("echo");
+            assert_eq!(echo, message);
+        }
+    };
+    tokio::time::timeout(DEADLINE, run).await.expect("within the deadline");
+    assert!(log.view().denials.is_empty(), "{:?}", log.view().denials);
 }
