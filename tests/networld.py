@@ -62,9 +62,9 @@ class _UdpEcho(socketserver.BaseRequestHandler):
 
 
 class _Tls(BaseHTTPRequestHandler):
-    """Answers a GET with what arrived: the Host and X-Hutch-Test headers, and only a
-    hash of Authorization and X-Api-Key (a secret placed there must not come back to the
-    guest in a body). A header sent more than once comes back as a list of its values."""
+    """Answers a GET with what arrived: the path, the Host and X-Hutch-Test headers, and
+    only a hash of the query, Authorization and X-Api-Key (a secret placed there must not
+    come back to the guest in a body). A header sent more than once comes back as a list of its values."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: a client may send several requests on one connection
 
@@ -78,9 +78,11 @@ class _Tls(BaseHTTPRequestHandler):
             return one([hashlib.sha256(v.encode("latin-1")).hexdigest() for v in self.headers.get_all(name, [])])
         if self.headers.get("Upgrade", "").lower() == "websocket":
             return self.echo_upgraded(hashed("Authorization"))
+        path, _, query = self.path.partition("?")
         seen = {
             "server": self.server.name,
-            "path": self.path,
+            "path": path,
+            "query_sha256": hashlib.sha256(query.encode()).hexdigest() if query else None,
             "host": one(self.headers.get_all("Host", [])),
             "x_hutch_test": one(self.headers.get_all("X-Hutch-Test", [])),
             "authorization_sha256": hashed("Authorization"),

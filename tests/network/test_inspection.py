@@ -250,7 +250,7 @@ def test_an_inspected_host_shows_hutchs_certificate_and_others_their_own(sbx, ne
     assert fields(inspected["body"], INSPECTED) == INSPECTED, inspected
     # No rule: the bytes pass untouched, the server's own certificate and headers.
     assert plain["cert_sha256"] == net_world.plain_cert_sha256
-    assert plain["body"] == {"server": "plain", "path": "/peer", "host": "plain.test", "x_hutch_test": "guest",
+    assert plain["body"] == {"server": "plain", "path": "/peer", "query_sha256": None, "host": "plain.test", "x_hutch_test": "guest",
                              "authorization_sha256": None, "x_api_key_sha256": None}
 
 
@@ -283,6 +283,15 @@ def test_an_upstream_whose_certificate_does_not_verify_fails_closed(server, sbx,
                 and "certificate" in d["message"].lower()]
     wait_until(denial, "a denial of untrusted.test naming its certificate in the network log", timeout=15,
                detail=lambda: server.api().get(f"/sandboxes/{sbx.sandbox_id}/network").json()["log"]["denials"])
+
+
+def test_a_client_that_brings_its_own_ca_list_fails_closed_with_a_log_line(server, sbx, net_world):
+    # As a client that pins or ships its own roots: it trusts one public root, not hutch's CA.
+    code, out, err = guest(sbx, "curl -sS --max-time 30 --cacert /usr/share/ca-certificates/mozilla/ISRG_Root_X1.crt https://inspect.test/pinned")
+    assert code == 60, (code, out, err)  # curl: the peer's certificate did not verify
+    assert [r for r in net_world.tls_seen if r["path"] == "/pinned"] == []
+    wait_until(lambda: any(d.get("name") == "inspect.test" and "refused hutch's certificate" in d["message"] for d in denials(server, sbx)),
+               "the guest's refusal of hutch's certificate in the network log", timeout=15, detail=lambda: denials(server, sbx))
 
 
 def test_quic_to_an_inspected_host_is_refused(sbx, net_world):
@@ -385,14 +394,17 @@ def test_hutchs_own_binding_sets_the_variable_and_outlives_a_network_update(serv
     the binding."""
     import hutch
     s = hutch.Sandbox.create("base", egress=["allow@plain.test:tcp:443"], timeout=300,
-                             secrets={"PLAIN_TOKEN": {"name": secret.name, "hosts": ["plain.test"]}})
+                             secrets={"PLAIN_TOKEN": {"name": secret.name, "hosts": ["plain.test"], "query": True}})
     try:
         want = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
         for n in (1, 2):
-            r = s.commands.run(f'printenv PLAIN_TOKEN && curl -sS --max-time 30 -H "X-Api-Key: $PLAIN_TOKEN" https://plain.test/bound-{n}', timeout=120)
-            placeholder, answer = r.stdout.splitlines()
+            r = s.commands.run(f'printenv PLAIN_TOKEN && curl -sS --max-time 30 -H "X-Api-Key: $PLAIN_TOKEN" https://plain.test/bound-{n}'
+                               ' && curl -sS --max-time 30 -G --data-urlencode "key=$PLAIN_TOKEN" https://plain.test/query', timeout=120)
+            placeholder, header, query = r.stdout.splitlines()
             assert placeholder == Secret.fill(secret.name)
-            assert json.loads(answer)["x_api_key_sha256"] == want, answer
+            assert json.loads(header)["x_api_key_sha256"] == want, header
+            # The binding opts in to the query string: percent-encoded by curl, filled in by hutch.
+            assert json.loads(query)["query_sha256"] == hashlib.sha256(f"key={SECRET_VALUE}".encode()).hexdigest(), query
             s.update_network(["allow@plain.test:tcp:443", "allow@inspect.test:tcp:443"])
     finally:
         s.kill()

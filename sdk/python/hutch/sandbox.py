@@ -78,7 +78,9 @@ class Sandbox:
         it may connect (`["allow@public"]`, `["allow@*.pypi.org:tcp:443"]`): nowhere
         when left out. `secrets` binds the API key's secrets to variables, which hold
         placeholders, and to the hosts hutch fills the values in for:
-        `{"OPENAI_API_KEY": {"name": "openai", "hosts": ["api.openai.com"]}}`."""
+        `{"OPENAI_API_KEY": {"name": "openai", "hosts": ["api.openai.com"]}}`; it is
+        filled in credential headers (or the binding's `"headers"`), and in query values
+        with `"query": True`."""
         api = _Api(Config.resolve(api_url, api_key, request_timeout))
         body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress, secrets)
         return cls(api.rest("POST", "/v2/sandboxes", json=body).json(), api)

@@ -168,6 +168,9 @@ async fn net(api: &Api, cmd: NetCommand) -> anyhow::Result<()> {
             let c = &view["log"]["counters"];
             if c.is_object() {
                 crate::output::outln!("connections: {} allowed, {} refused; names: {} resolved, {} refused", c["flows_allowed"], c["flows_denied"], c["names_resolved"], c["names_denied"]);
+                if c["placeholders_refused"].as_u64().is_some_and(|n| n > 0) {
+                    crate::output::outln!("flows ended for carrying a secret's placeholder: {}", c["placeholders_refused"]);
+                }
             } else {
                 crate::output::outln!("(paused: no counters until it runs)");
             }

@@ -159,11 +159,12 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
     for name in rule.keys() {
         req.headers_mut().remove(name.as_str());
     }
-    let target = req.uri().clone();
-    if let Err(why) = super::fill::fill(&target, req.headers_mut(), host, &inspector).await {
+    let mut target = req.uri().clone();
+    if let Err(why) = super::fill::fill(&mut target, req.headers_mut(), host, &inspector).await {
         flow.refuse(host, why);
         return placeholder_refused(host);
     }
+    *req.uri_mut() = target;
     for (name, template) in rule {
         let value = match transforms::render(template, |secret| inspector.reveal(secret)).await {
             Ok(v) => v,

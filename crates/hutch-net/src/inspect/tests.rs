@@ -52,7 +52,7 @@ async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>
                     if req.headers().contains_key(::http::header::UPGRADE) {
                         return Ok(upgraded_echo(&mut req));
                     }
-                    let mut seen = format!("server: {name}\nversion: {:?}\n", req.version());
+                    let mut seen = format!("server: {name}\nversion: {:?}\npath: {}\n", req.version(), req.uri().path_and_query().map(|p| p.as_str()).unwrap_or(""));
                     for (k, v) in req.headers() {
                         seen.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
                     }
@@ -131,8 +131,8 @@ async fn world() -> World {
     let mut transforms = Transforms::from_e2b(&rules).expect("rules");
     transforms.secrets_of = Some("key-1".into());
     // The guest's own placeholders for `token` are filled in on bound.test, which has no rule.
-    let credentials = transforms::CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect();
-    transforms.bind("secrets", "token", "bound.test", &credentials).expect("binding");
+    let fill = transforms::Fill { headers: transforms::CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect(), query: true };
+    transforms.bind("secrets", "token", "bound.test", &fill).expect("binding");
     let ca = Arc::new(SandboxCa::generate().expect("ca"));
     let inspector = Arc::new(Inspector::new(ca.clone(), transforms, Arc::new(upstream), Some(Arc::new(Vault))));
     let mut servers = std::collections::HashMap::new();
@@ -319,6 +319,9 @@ async fn the_guests_placeholders_are_filled_in_where_bound_and_refused_elsewhere
     assert!(answer.starts_with("HTTP/1.1 200") && answer.contains("server: bound\n"), "{answer}");
     assert!(answer.contains(&format!("x-api-key: k={SECRET}\n")), "{answer}");
     assert!(answer.contains(&format!("authorization: Basic {}\n", b64(&format!("me:{SECRET}")))), "{answer}");
+    // In the query string, where the binding opts in: decoded, filled in, encoded again.
+    let answer = to("bound.test", "GET /q?a=1&k=%24%7Be2b.secrets.token%7D&b=2 HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string()).await;
+    assert!(answer.contains(&format!("path: /q?a=1&k={SECRET}&b=2\n")), "{answer}");
     // In a header the rule sets, the guest's placeholder is replaced with the rule's value.
     let answer = to("inspect.test", get("inspect.test", "Authorization: Bearer ${e2b.secrets.token}\r\n")).await;
     assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(&format!("authorization: Bearer {SECRET}\n")), "{answer}");
@@ -332,7 +335,8 @@ async fn the_guests_placeholders_are_filled_in_where_bound_and_refused_elsewhere
         // A header a server may echo back is not one the secret is filled in.
         ("bound.test", get("bound.test", "Origin: ${e2b.secrets.token}\r\n"), "only in api-key, authorization"),
         ("bound.test", get("bound.test", "X-Api-Key: ${e2b.secrets.other}\r\n"), "`other`"),
-        ("bound.test", "GET /?k=${e2b.secrets.token} HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string(), "target"),
+        ("bound.test", "GET /${e2b.secrets.token} HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string(), "path"),
+        ("inspect.test", "GET /?k=${e2b.secrets.token} HTTP/1.1\r\nHost: inspect.test\r\nConnection: close\r\n\r\n".to_string(), "not bound to inspect.test"),
         ("bound.test", get("bound.test", "X-Api-Key: %24%7Be2b.secrets.token%7D\r\n"), "cannot fill in"),
         ("bound.test", post("bound.test", &format!("{{\"key\": \"{}\"}}", b64("${e2b.secrets.token}"))), "body"),
     ] {

@@ -32,7 +32,18 @@ pub struct Transforms {
     /// A bound host is inspected as a host with a rule is. A rule's own secrets are not
     /// bound: the rule sets its headers, whatever the guest sent.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub bound: BTreeMap<String, BTreeMap<String, BTreeSet<String>>>,
+    pub bound: BTreeMap<String, BTreeMap<String, Fill>>,
+}
+
+/// Where a bound secret's placeholder is filled in on its host.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fill {
+    /// Header names, lower-cased.
+    pub headers: BTreeSet<String>,
+    /// The request's query string too (opt-in: a URL is logged by servers and proxies
+    /// more often than a header is).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub query: bool,
 }
 
 /// Where a bound secret's placeholder is filled in when its binding names no headers:
@@ -52,6 +63,9 @@ pub struct SecretBinding {
     /// The headers the placeholder is filled in (`CREDENTIAL_HEADERS` when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<Vec<String>>,
+    /// Whether it is filled in in the query string too (`?key=${e2b.secrets.NAME}`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub query: bool,
 }
 
 /// The placeholder the guest holds for secret `name`.
@@ -152,10 +166,10 @@ impl Transforms {
         Ok(Transforms { secrets_of: None, hosts, bound: BTreeMap::new() })
     }
 
-    /// Binds secret `name` to `host` (an exact name) for `headers` (lower-case names):
-    /// the guest's own placeholders for it are filled in there on HTTPS requests to
-    /// that host. `field` names the binding in errors.
-    pub fn bind(&mut self, field: &str, name: &str, host: &str, headers: &BTreeSet<String>) -> Result<(), TransformError> {
+    /// Binds secret `name` to `host` (an exact name) for `fill`'s places: the guest's
+    /// own placeholders for it are filled in there on HTTPS requests to that host.
+    /// `field` names the binding in errors.
+    pub fn bind(&mut self, field: &str, name: &str, host: &str, fill: &Fill) -> Result<(), TransformError> {
         let name = secret_name(name).map_err(|m| bad(field, m))?;
         if host.trim().starts_with("*.") {
             return Err(bad(field, format!("`{}` is a wildcard; a secret is bound to exact hosts (names below a domain may be anyone's)", host.escape_debug())));
@@ -165,7 +179,9 @@ impl Transforms {
             return Err(bad(field, format!("binds secrets to more than {MAX_HOSTS} hosts")));
         }
         let names = self.bound.entry(host).or_default();
-        names.entry(name).or_default().extend(headers.iter().cloned());
+        let bound = names.entry(name).or_default();
+        bound.headers.extend(fill.headers.iter().cloned());
+        bound.query |= fill.query;
         if names.len() > MAX_SECRETS_PER_HOST {
             return Err(bad(field, format!("binds more than {MAX_SECRETS_PER_HOST} secrets to one host")));
         }
@@ -190,8 +206,9 @@ impl Transforms {
                 None => CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect(),
                 Some(given) => binding_headers(&format!("{at}.headers"), given)?,
             };
+            let fill = Fill { headers, query: binding.query };
             for host in &binding.hosts {
-                self.bind(&format!("{at}.hosts"), &name, host, &headers)?;
+                self.bind(&format!("{at}.hosts"), &name, host, &fill)?;
             }
             env.insert(var.clone(), placeholder(&name));
         }
@@ -256,7 +273,7 @@ impl Transforms {
 
     /// The secrets the guest's placeholders are filled in for on requests to `host`,
     /// each with the headers it is filled in.
-    pub fn bound_to(&self, host: &str) -> Option<&BTreeMap<String, BTreeSet<String>>> {
+    pub fn bound_to(&self, host: &str) -> Option<&BTreeMap<String, Fill>> {
         self.bound.get(host)
     }
 
@@ -448,6 +465,7 @@ mod tests {
             name: name.map(str::to_string),
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
             headers: headers.map(|h| h.iter().map(|s| s.to_string()).collect()),
+            query: false,
         };
         let mut t = Transforms::default();
         let secrets: BTreeMap<String, SecretBinding> = [
@@ -459,12 +477,12 @@ mod tests {
         assert_eq!(env["OPENAI_API_KEY"], "${e2b.secrets.openai}");
         assert_eq!(env["GH_TOKEN"], "${e2b.secrets.gh_token}");
         let openai = t.bound_to("api.openai.com").expect("bound");
-        assert_eq!(openai["openai"].iter().map(String::as_str).collect::<Vec<_>>(), {
+        assert_eq!(openai["openai"].headers.iter().map(String::as_str).collect::<Vec<_>>(), {
             let mut h = CREDENTIAL_HEADERS.to_vec();
             h.sort();
             h
         });
-        assert_eq!(t.bound_to("api.github.com").expect("bound")["gh_token"].iter().collect::<Vec<_>>(), ["x-github-token"]);
+        assert_eq!(t.bound_to("api.github.com").expect("bound")["gh_token"].headers.iter().collect::<Vec<_>>(), ["x-github-token"]);
         assert!(t.bound_to("github.com").is_none() && t.covers("api.github.com") && !t.covers("github.com"));
         assert!(t.for_host("api.openai.com").is_none(), "a binding is not a rule");
         assert!(t.check_env("envVars", &env).is_ok());
