@@ -394,7 +394,7 @@ def test_hutchs_own_binding_sets_the_variable_and_outlives_a_network_update(serv
     the binding."""
     import hutch
     s = hutch.Sandbox.create("base", egress=["allow@plain.test:tcp:443"], timeout=300,
-                             secrets={"PLAIN_TOKEN": {"name": secret.name, "hosts": ["plain.test"], "query": True}})
+                             secrets={"PLAIN_TOKEN": {"name": secret.name, "hosts": ["plain.test"], "query": ["key"]}})
     try:
         want = hashlib.sha256(SECRET_VALUE.encode()).hexdigest()
         for n in (1, 2):
@@ -403,7 +403,7 @@ def test_hutchs_own_binding_sets_the_variable_and_outlives_a_network_update(serv
             placeholder, header, query = r.stdout.splitlines()
             assert placeholder == Secret.fill(secret.name)
             assert json.loads(header)["x_api_key_sha256"] == want, header
-            # The binding opts in to the query string: percent-encoded by curl, filled in by hutch.
+            # The binding names the query parameter `key`: percent-encoded by curl, filled in by hutch.
             assert json.loads(query)["query_sha256"] == hashlib.sha256(f"key={SECRET_VALUE}".encode()).hexdigest(), query
             s.update_network(["allow@plain.test:tcp:443", "allow@inspect.test:tcp:443"])
     finally:

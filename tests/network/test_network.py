@@ -248,6 +248,7 @@ def test_networking_survives_pause_resume_and_fork(server, net_world):
     ({"secrets": {"K": {"hosts": ["10.0.0.0/8"]}}}, "secrets.K.hosts", "is an address"),
     ({"secrets": {"K": {"hosts": ["*.a.test"]}}}, "secrets.K.hosts", "is a wildcard"),
     ({"secrets": {"K": {"hosts": ["a.test"], "headers": ["Connection"]}}}, "secrets.K.headers", "connection header"),
+    ({"secrets": {"K": {"hosts": ["a.test"], "query": ["a&b"]}}}, "secrets.K.query", "not a parameter's name"),
     ({"secrets": {"K": {"hosts": ["a.test"]}}, "envVars": {"K": "v"}}, "secrets.K", "set it in one place"),
     ({"secrets": {"K": {"name": "no-such-secret", "hosts": ["a.test"]}}}, "secrets", "no secret named `no-such-secret`"),
     ({"egress": ["allow@public:tcp:0"]}, "egress", "port 0"),

@@ -79,8 +79,8 @@ class Sandbox:
         when left out. `secrets` binds the API key's secrets to variables, which hold
         placeholders, and to the hosts hutch fills the values in for:
         `{"OPENAI_API_KEY": {"name": "openai", "hosts": ["api.openai.com"]}}`; it is
-        filled in credential headers (or the binding's `"headers"`), and in query values
-        with `"query": True`."""
+        filled in credential headers (or the binding's `"headers"`), and in the values of
+        the query parameters its `"query"` names."""
         api = _Api(Config.resolve(api_url, api_key, request_timeout))
         body = w.new_sandbox_body(template, timeout, metadata, envs, secure, auto_pause, cold, egress, secrets)
         return cls(api.rest("POST", "/v2/sandboxes", json=body).json(), api)

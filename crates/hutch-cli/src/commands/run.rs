@@ -113,7 +113,7 @@ fn bind_secrets(given: &[String], network: &mut hutch_net::Settings) -> anyhow::
         if values.insert(var.to_ascii_lowercase(), value).is_some() {
             anyhow::bail!("--secret {var}: another --secret names the same variable (names are compared lower-cased); give each secret once, with all its hosts");
         }
-        bindings.insert(var, hutch_net::inspect::SecretBinding { name: None, hosts, headers: None, query: false });
+        bindings.insert(var, hutch_net::inspect::SecretBinding { name: None, hosts, headers: None, query: None });
     }
     let env = network.transforms.bind_all("--secret", &bindings).map_err(|e| anyhow::anyhow!("{e}"))?;
     network.transforms.secrets_of = Some("local".into());

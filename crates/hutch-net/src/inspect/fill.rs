@@ -18,45 +18,53 @@ use zeroize::Zeroizing;
 /// The secrets bound to a host, each with where it is filled in.
 type Bound = BTreeMap<String, Fill>;
 
+/// The values filled into a request's query: an answer that repeats one is refused.
+pub type InQuery = Vec<Zeroizing<String>>;
+
 /// Where in a request a placeholder was.
 #[derive(Clone, Copy)]
 enum Place<'a> {
     Header(&'a HeaderName),
-    Query,
+    Query(&'a str),
 }
 
 impl std::fmt::Display for Place<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Place::Header(name) => write!(f, "header {name}"),
-            Place::Query => write!(f, "the query string"),
+            Place::Query(name) => write!(f, "query parameter {}", shown(name)),
         }
     }
 }
 
-/// What a filled-in query value keeps as it is: RFC 3986's unreserved characters.
+/// What a filled-in query value is encoded with: all but RFC 3986's unreserved characters.
 const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'.').remove(b'_').remove(b'~');
 
+/// The answer headers a server reflects a request's URL into.
+const REFLECTING: [&str; 4] = ["location", "content-location", "link", "refresh"];
+
 /// Fills in the placeholders in `target` (origin form) and `headers` of a request to
-/// `host`. `Err` says, for the network log, why the request is refused instead.
-pub async fn fill(target: &mut http::Uri, headers: &mut HeaderMap, host: &str, inspector: &Inspector) -> Result<(), String> {
+/// `host`; the values it put in the query. `Err` says, for the network log, why the
+/// request is refused instead.
+pub async fn fill(target: &mut http::Uri, headers: &mut HeaderMap, host: &str, inspector: &Inspector) -> Result<InQuery, String> {
     let none = Bound::new();
     let bound = inspector.transforms.bound_to(host).unwrap_or(&none);
     if let Some(form) = scan::find(target.path().as_bytes()) {
-        return Err(format!("the request's path holds a secret's placeholder ({}); hutch fills placeholders in headers and, where a binding allows, the query string", form.name()));
+        return Err(format!("the request's path holds a secret's placeholder ({}); hutch fills placeholders in headers and in query parameters a binding names", form.name()));
     }
+    // Bounds the values a request can make hutch copy (a head is at most 64 KiB).
+    let mut places_left = MAX_SECRETS_PER_HOST;
+    let mut in_query = InQuery::new();
     if let Some(query) = target.query().filter(|q| scan::find(q.as_bytes()).is_some()) {
-        let query = filled_query(query, host, bound, inspector).await?;
+        let query = filled_query(query, host, bound, inspector, &mut places_left, &mut in_query).await?;
         let uri = Zeroizing::new(format!("{}?{}", target.path(), query.as_str()));
         *target = uri.parse().map_err(|_| "the request's target is not a URI once its query is filled in".to_string())?;
     }
     if !headers.values().any(|v| scan::find(v.as_bytes()).is_some()) {
-        return Ok(());
+        return Ok(in_query);
     }
     let given = std::mem::take(headers);
     let mut name: Option<HeaderName> = None;
-    // Bounds the values a request can make hutch copy (a head is at most 64 KiB).
-    let mut filled_in = 0;
     for (next, value) in given {
         // The map yields each name once, before the first of its values.
         if let Some(next) = next {
@@ -64,16 +72,30 @@ pub async fn fill(target: &mut http::Uri, headers: &mut HeaderMap, host: &str, i
         }
         let Some(name) = &name else { continue };
         let value = if scan::find(value.as_bytes()).is_some() {
-            filled_in += 1;
-            if filled_in > MAX_SECRETS_PER_HOST {
-                return Err(format!("the request fills in more than {MAX_SECRETS_PER_HOST} headers with secrets"));
-            }
+            take_place(&mut places_left)?;
             filled(name, &value, host, bound, inspector).await?
         } else {
             value
         };
         headers.append(name.clone(), value);
     }
+    Ok(in_query)
+}
+
+/// The header of `headers` (an answer's) that repeats a value of `in_query`, as sent or
+/// percent-encoded: a server reflecting the URL (a redirect) would hand it to the guest.
+pub fn reflected(headers: &HeaderMap, in_query: &InQuery) -> Option<&'static str> {
+    if in_query.is_empty() {
+        return None;
+    }
+    let encoded: Vec<Zeroizing<String>> = in_query.iter().map(|v| Zeroizing::new(utf8_percent_encode(v, QUERY_VALUE).to_string())).collect();
+    REFLECTING.into_iter().find(|name| {
+        headers.get_all(*name).iter().any(|h| in_query.iter().chain(&encoded).any(|v| memchr::memmem::find(h.as_bytes(), v.as_bytes()).is_some()))
+    })
+}
+
+fn take_place(left: &mut usize) -> Result<(), String> {
+    *left = left.checked_sub(1).ok_or_else(|| format!("the request fills in more than {MAX_SECRETS_PER_HOST} places with secrets"))?;
     Ok(())
 }
 
@@ -99,30 +121,129 @@ async fn filled(name: &HeaderName, value: &HeaderValue, host: &str, bound: &Boun
     Ok(value)
 }
 
-/// `query` with the placeholders in its values filled in (each value percent-decoded,
-/// filled in, encoded again); refused when a name holds one or a value's secret is not
-/// bound to `host` for the query string.
-async fn filled_query(query: &str, host: &str, bound: &Bound, inspector: &Inspector) -> Result<Zeroizing<String>, String> {
-    let mut out = Zeroizing::new(String::with_capacity(query.len() + 1024));
+/// A piece of a filled-in query: the guest's own text as it sent it, or a value.
+enum Piece<'a> {
+    Sent(&'a str),
+    Value(Zeroizing<String>),
+}
+
+/// `query` with the placeholders in the values of parameters a binding names filled in:
+/// each found in the decoded value and replaced, percent-encoded, in the value as sent
+/// (the guest's own text keeps its encoding). Refused when a parameter's name holds
+/// one, or the parameter or a secret is not bound for it.
+async fn filled_query(query: &str, host: &str, bound: &Bound, inspector: &Inspector, places_left: &mut usize, in_query: &mut InQuery) -> Result<Zeroizing<String>, String> {
+    let mut pieces = Vec::new();
     for (i, pair) in query.split('&').enumerate() {
         if i > 0 {
-            out.push('&');
+            pieces.push(Piece::Sent("&"));
         }
         if scan::find(pair.as_bytes()).is_none() {
-            out.push_str(pair);
+            pieces.push(Piece::Sent(pair));
             continue;
         }
         let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
         if scan::find(key.as_bytes()).is_some() {
             return Err("a query parameter's name holds a secret's placeholder; hutch fills in values only".into());
         }
-        let decoded = Zeroizing::new(percent_decode_str(value).decode_utf8().map_err(|_| "a query value with a placeholder is not text once decoded".to_string())?.into_owned());
-        let filled = render_bound(Place::Query, &decoded, host, bound, inspector).await?;
-        out.push_str(key);
-        out.push('=');
-        out.extend(utf8_percent_encode(&filled, QUERY_VALUE));
+        let name = percent_decode_str(key).decode_utf8().map_err(|_| "a query parameter's name is not text".to_string())?;
+        let place = Place::Query(&name);
+        let (decoded, origin) = decode_with_origins(value).ok_or_else(|| format!("{place} holds a placeholder in a value that is not text once decoded"))?;
+        let spans = placeholder_spans(&decoded).map_err(|why| format!("{place} {why}"))?;
+        let mut rest = Vec::new();
+        let mut at = 0;
+        for (span, _) in &spans {
+            rest.extend_from_slice(&decoded.as_bytes()[at..span.start]);
+            at = span.end;
+        }
+        rest.extend_from_slice(&decoded.as_bytes()[at..]);
+        if let Some(form) = scan::find(&rest) {
+            return Err(format!("{place} holds a secret's placeholder hutch cannot fill in (its marker {}); hutch fills in only `${{e2b.secrets.NAME}}`, percent-encoded or not", form.name()));
+        }
+        pieces.push(Piece::Sent(key));
+        pieces.push(Piece::Sent("="));
+        let mut sent_from = 0;
+        for (span, secret) in &spans {
+            check_bound(place, secret, host, bound)?;
+            take_place(places_left)?;
+            let value_of = inspector.reveal(secret.clone()).await?;
+            pieces.push(Piece::Sent(&value[sent_from..origin[span.start]]));
+            pieces.push(Piece::Value(Zeroizing::new(utf8_percent_encode(&value_of, QUERY_VALUE).to_string())));
+            in_query.push(value_of);
+            sent_from = origin[span.end];
+        }
+        pieces.push(Piece::Sent(&value[sent_from..]));
+    }
+    // Exactly the room it needs, so growing leaves no copy of a value in freed memory.
+    let len = pieces.iter().map(|p| match p {
+        Piece::Sent(s) => s.len(),
+        Piece::Value(v) => v.len(),
+    });
+    let mut out = Zeroizing::new(String::with_capacity(len.sum()));
+    for piece in &pieces {
+        out.push_str(match piece {
+            Piece::Sent(s) => s,
+            Piece::Value(v) => v,
+        });
     }
     Ok(out)
+}
+
+/// `raw` percent-decoded (`+` kept), with where in `raw` each decoded byte began (and,
+/// last, `raw`'s length). None when the decoded bytes are not text.
+fn decode_with_origins(raw: &str) -> Option<(String, Vec<usize>)> {
+    let bytes = raw.as_bytes();
+    let (mut decoded, mut origin) = (Vec::with_capacity(bytes.len()), Vec::with_capacity(bytes.len() + 1));
+    let mut i = 0;
+    while i < bytes.len() {
+        origin.push(i);
+        let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok()).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                decoded.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                decoded.push(byte);
+                i += 1;
+            }
+        }
+    }
+    origin.push(bytes.len());
+    Some((String::from_utf8(decoded).ok()?, origin))
+}
+
+/// Where in `text` each `${e2b.secrets.NAME}` is, with NAME normalized.
+fn placeholder_spans(text: &str) -> Result<Vec<(std::ops::Range<usize>, String)>, &'static str> {
+    transforms::parse_value(text)?;
+    let mut spans = Vec::new();
+    let mut from = 0;
+    while let Some(at) = text[from..].find(transforms::SECRET_PREFIX) {
+        let start = from + at;
+        let end = start + text[start..].find('}').ok_or("contains a malformed E2B placeholder (no closing `}`)")? + 1;
+        match transforms::parse_value(&text[start..end])?.as_slice() {
+            [Part::Secret(name)] => spans.push((start..end, name.clone())),
+            _ => return Err("contains a malformed E2B placeholder"),
+        }
+        from = end;
+    }
+    Ok(spans)
+}
+
+/// Whether `secret` may be filled in at `place` on `host`; `Err` says why not.
+fn check_bound(place: Place<'_>, secret: &str, host: &str, bound: &Bound) -> Result<(), String> {
+    let Some(fill) = bound.get(secret) else {
+        return Err(format!("{place} holds the placeholder of secret {}, which is not bound to {host}", shown(secret)));
+    };
+    let allowed = match place {
+        Place::Header(name) => fill.headers.contains(name.as_str()),
+        Place::Query(name) => fill.query.contains(name),
+    };
+    if allowed {
+        return Ok(());
+    }
+    let mut places: Vec<String> = fill.headers.iter().map(|h| format!("header {h}")).collect();
+    places.extend(fill.query.iter().map(|q| format!("query parameter {q}")));
+    Err(format!("{place} holds the placeholder of secret {}, which is filled in on {host} only in {}", shown(secret), places.join(", ")))
 }
 
 /// `text` with the placeholders of secrets bound to `host` for `place` filled in;
@@ -132,22 +253,7 @@ async fn render_bound(place: Place<'_>, text: &str, host: &str, bound: &Bound, i
     let mut rest = Vec::new();
     for part in &parts {
         match part {
-            Part::Secret(secret) => {
-                let Some(fill) = bound.get(secret) else {
-                    return Err(format!("{place} holds the placeholder of secret {}, which is not bound to {host}", shown(secret)));
-                };
-                let allowed = match place {
-                    Place::Header(name) => fill.headers.contains(name.as_str()),
-                    Place::Query => fill.query,
-                };
-                if !allowed {
-                    let mut places: Vec<&str> = fill.headers.iter().map(String::as_str).collect();
-                    if fill.query {
-                        places.push("the query string");
-                    }
-                    return Err(format!("{place} holds the placeholder of secret {}, which is filled in on {host} only in {}", shown(secret), places.join(", ")));
-                }
-            }
+            Part::Secret(secret) => check_bound(place, secret, host, bound)?,
             Part::Text(t) => rest.extend_from_slice(t.as_bytes()),
         }
     }

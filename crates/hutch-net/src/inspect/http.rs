@@ -124,9 +124,13 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
     }
     // An upgrade (a WebSocket) goes through as HTTP/1.1 on both sides, once per flow.
     let upgrade = req.headers().contains_key(http::header::UPGRADE);
-    if upgrade && (sender.speaks() == Http::H2 || tunnel.is_open()) {
-        flow.refuse(host, format!("the guest asked to upgrade the connection (a WebSocket?), which hutch relays only over HTTP/1.1 and once a connection; {host} speaks HTTP/2"));
+    if upgrade && sender.speaks() == Http::H2 {
+        flow.refuse(host, format!("the guest asked to upgrade the connection (a WebSocket?), which hutch relays over HTTP/1.1 only; {host} speaks HTTP/2"));
         return refusal(StatusCode::NOT_IMPLEMENTED, format!("hutch: {host} speaks HTTP/2 here, and hutch relays connection upgrades (WebSockets) to a host with a network rule over HTTP/1.1 only\n"));
+    }
+    if upgrade && tunnel.is_open() {
+        flow.refuse(host, "the guest asked to upgrade a connection that has upgraded already".into());
+        return refusal(StatusCode::NOT_IMPLEMENTED, "hutch: this connection has been upgraded once; open a new one\n".into());
     }
     let guest_side = upgrade.then(|| hyper::upgrade::on(&mut req));
     // The rule in force now: one changed or removed since the connection opened applies.
@@ -160,10 +164,13 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
         req.headers_mut().remove(name.as_str());
     }
     let mut target = req.uri().clone();
-    if let Err(why) = super::fill::fill(&mut target, req.headers_mut(), host, &inspector).await {
-        flow.refuse(host, why);
-        return placeholder_refused(host);
-    }
+    let in_query = match super::fill::fill(&mut target, req.headers_mut(), host, &inspector).await {
+        Ok(in_query) => in_query,
+        Err(why) => {
+            flow.refuse(host, why);
+            return placeholder_refused(host);
+        }
+    };
     *req.uri_mut() = target;
     for (name, template) in rule {
         let value = match transforms::render(template, |secret| inspector.reveal(secret)).await {
@@ -204,6 +211,11 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
     let req = req.map(|body| Scanned::new(body, inspector.scans()));
     let found = req.body().found.clone();
     match tokio::time::timeout(ANSWER_WAIT, sender.send(req)).await {
+        Ok(Ok(answer)) if super::fill::reflected(answer.headers(), &in_query).is_some() => {
+            let header = super::fill::reflected(answer.headers(), &in_query).unwrap_or_default();
+            flow.refuse(host, format!("{host}'s answer repeats a secret's value filled into the request's query in its {header} header (a redirect?); the answer was not passed on"));
+            refusal(StatusCode::BAD_GATEWAY, format!("hutch: {host}'s answer repeated a secret in its {header} header, so hutch did not pass it on; see the sandbox's network log\n"))
+        }
         Ok(Ok(mut answer)) if answer.status() == StatusCode::SWITCHING_PROTOCOLS => match guest_side {
             Some(guest_side) => {
                 tunnel.open(guest_side, hyper::upgrade::on(&mut answer));

@@ -52,6 +52,14 @@ async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>
                     if req.headers().contains_key(::http::header::UPGRADE) {
                         return Ok(upgraded_echo(&mut req));
                     }
+                    // A redirect that adds a trailing slash, keeping the query.
+                    if req.uri().path() == "/redirect" {
+                        let mut answer = ::http::Response::new(Full::new(Bytes::new()));
+                        *answer.status_mut() = ::http::StatusCode::MOVED_PERMANENTLY;
+                        let location = format!("/redirect/?{}", req.uri().query().unwrap_or(""));
+                        answer.headers_mut().insert(::http::header::LOCATION, location.parse().expect("location"));
+                        return Ok(answer);
+                    }
                     let mut seen = format!("server: {name}\nversion: {:?}\npath: {}\n", req.version(), req.uri().path_and_query().map(|p| p.as_str()).unwrap_or(""));
                     for (k, v) in req.headers() {
                         seen.push_str(&format!("{k}: {}\n", v.to_str().unwrap_or("?")));
@@ -131,7 +139,7 @@ async fn world() -> World {
     let mut transforms = Transforms::from_e2b(&rules).expect("rules");
     transforms.secrets_of = Some("key-1".into());
     // The guest's own placeholders for `token` are filled in on bound.test, which has no rule.
-    let fill = transforms::Fill { headers: transforms::CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect(), query: true };
+    let fill = transforms::Fill { headers: transforms::CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect(), query: ["k".to_string()].into() };
     transforms.bind("secrets", "token", "bound.test", &fill).expect("binding");
     let ca = Arc::new(SandboxCa::generate().expect("ca"));
     let inspector = Arc::new(Inspector::new(ca.clone(), transforms, Arc::new(upstream), Some(Arc::new(Vault))));
@@ -320,8 +328,9 @@ async fn the_guests_placeholders_are_filled_in_where_bound_and_refused_elsewhere
     assert!(answer.contains(&format!("x-api-key: k={SECRET}\n")), "{answer}");
     assert!(answer.contains(&format!("authorization: Basic {}\n", b64(&format!("me:{SECRET}")))), "{answer}");
     // In the query string, where the binding opts in: decoded, filled in, encoded again.
-    let answer = to("bound.test", "GET /q?a=1&k=%24%7Be2b.secrets.token%7D&b=2 HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string()).await;
-    assert!(answer.contains(&format!("path: /q?a=1&k={SECRET}&b=2\n")), "{answer}");
+    // The guest's own text keeps the encoding it was sent in.
+    let answer = to("bound.test", "GET /q?a=1+2&k=pre%2B%24%7Be2b.secrets.token%7D&b=%ZZ HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string()).await;
+    assert!(answer.contains(&format!("path: /q?a=1+2&k=pre%2B{SECRET}&b=%ZZ\n")), "{answer}");
     // In a header the rule sets, the guest's placeholder is replaced with the rule's value.
     let answer = to("inspect.test", get("inspect.test", "Authorization: Bearer ${e2b.secrets.token}\r\n")).await;
     assert!(answer.starts_with("HTTP/1.1 200") && answer.contains(&format!("authorization: Bearer {SECRET}\n")), "{answer}");
@@ -333,10 +342,12 @@ async fn the_guests_placeholders_are_filled_in_where_bound_and_refused_elsewhere
         // A rule naming the secret binds it nowhere: the rule sets its own headers.
         ("inspect.test", get("inspect.test", "X-Api-Key: ${e2b.secrets.token}\r\n"), "not bound to inspect.test"),
         // A header a server may echo back is not one the secret is filled in.
-        ("bound.test", get("bound.test", "Origin: ${e2b.secrets.token}\r\n"), "only in api-key, authorization"),
+        ("bound.test", get("bound.test", "Origin: ${e2b.secrets.token}\r\n"), "only in header api-key, header authorization"),
         ("bound.test", get("bound.test", "X-Api-Key: ${e2b.secrets.other}\r\n"), "`other`"),
         ("bound.test", "GET /${e2b.secrets.token} HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string(), "path"),
         ("inspect.test", "GET /?k=${e2b.secrets.token} HTTP/1.1\r\nHost: inspect.test\r\nConnection: close\r\n\r\n".to_string(), "not bound to inspect.test"),
+        // A parameter the binding does not name.
+        ("bound.test", "GET /?x=%24%7Be2b.secrets.token%7D HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n".to_string(), "only in"),
         ("bound.test", get("bound.test", "X-Api-Key: %24%7Be2b.secrets.token%7D\r\n"), "cannot fill in"),
         ("bound.test", post("bound.test", &format!("{{\"key\": \"{}\"}}", b64("${e2b.secrets.token}"))), "body"),
     ] {
@@ -415,4 +426,14 @@ async fn a_websocket_upgrade_goes_through_with_the_rule_applied_then_carries_byt
     };
     tokio::time::timeout(DEADLINE, run).await.expect("within the deadline");
     assert!(log.view().denials.is_empty(), "{:?}", log.view().denials);
+}
+
+#[tokio::test]
+async fn an_answer_that_reflects_a_query_filled_value_is_not_passed_on() {
+    let w = world().await;
+    let log = NetLog::default();
+    let request = "GET /redirect?k=%24%7Be2b.secrets.token%7D HTTP/1.1\r\nHost: bound.test\r\nConnection: close\r\n\r\n";
+    let answer = guest_request(&w, "bound.test", "bound.test", &["bound.test"], &[ca_cert(&w)], request, &log).await.answer.expect("answered");
+    assert!(answer.starts_with("HTTP/1.1 502") && !answer.contains(SECRET), "{answer}");
+    assert!(log.view().denials.iter().any(|d| d.message.contains("location")), "{:?}", log.view().denials);
 }

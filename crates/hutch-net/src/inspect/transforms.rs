@@ -16,7 +16,7 @@ pub const MAX_HEADER_NAME: usize = 64;
 pub const MAX_HEADER_VALUE: usize = 2048;
 pub const MAX_SECRETS_PER_HOST: usize = 32;
 
-const SECRET_PREFIX: &str = "${e2b.secrets.";
+pub const SECRET_PREFIX: &str = "${e2b.secrets.";
 const IDENTITY_PREFIX: &str = "${e2b.identity.tokens.";
 
 /// The headers to set, by host as E2B writes it: `api.x.com`, or `*.x.com` for any
@@ -40,10 +40,10 @@ pub struct Transforms {
 pub struct Fill {
     /// Header names, lower-cased.
     pub headers: BTreeSet<String>,
-    /// The request's query string too (opt-in: a URL is logged by servers and proxies
-    /// more often than a header is).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub query: bool,
+    /// Query parameters, by name (opt-in: servers log and reflect URLs more than
+    /// headers).
+    #[serde(default, skip_serializing_if = "BTreeSet::is_empty")]
+    pub query: BTreeSet<String>,
 }
 
 /// Where a bound secret's placeholder is filled in when its binding names no headers:
@@ -63,9 +63,9 @@ pub struct SecretBinding {
     /// The headers the placeholder is filled in (`CREDENTIAL_HEADERS` when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<Vec<String>>,
-    /// Whether it is filled in in the query string too (`?key=${e2b.secrets.NAME}`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub query: bool,
+    /// Query parameters whose values it is filled in too (`?key=${e2b.secrets.NAME}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<Vec<String>>,
 }
 
 /// The placeholder the guest holds for secret `name`.
@@ -181,7 +181,7 @@ impl Transforms {
         let names = self.bound.entry(host).or_default();
         let bound = names.entry(name).or_default();
         bound.headers.extend(fill.headers.iter().cloned());
-        bound.query |= fill.query;
+        bound.query.extend(fill.query.iter().cloned());
         if names.len() > MAX_SECRETS_PER_HOST {
             return Err(bad(field, format!("binds more than {MAX_SECRETS_PER_HOST} secrets to one host")));
         }
@@ -206,7 +206,11 @@ impl Transforms {
                 None => CREDENTIAL_HEADERS.iter().map(|h| h.to_string()).collect(),
                 Some(given) => binding_headers(&format!("{at}.headers"), given)?,
             };
-            let fill = Fill { headers, query: binding.query };
+            let query = match &binding.query {
+                None => BTreeSet::new(),
+                Some(given) => query_names(&format!("{at}.query"), given)?,
+            };
+            let fill = Fill { headers, query };
             for host in &binding.hosts {
                 self.bind(&format!("{at}.hosts"), &name, host, &fill)?;
             }
@@ -307,6 +311,21 @@ fn binding_headers(field: &str, given: &[String]) -> Result<BTreeSet<String>, Tr
     Ok(headers)
 }
 
+/// A binding's query parameter names: what a client writes before `=`.
+fn query_names(field: &str, given: &[String]) -> Result<BTreeSet<String>, TransformError> {
+    if given.is_empty() || given.len() > MAX_HEADERS {
+        return Err(bad(field, format!("names 1 to {MAX_HEADERS} parameters")));
+    }
+    let mut names = BTreeSet::new();
+    for name in given {
+        if name.is_empty() || name.len() > MAX_HEADER_NAME || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~[]".contains(&b)) {
+            return Err(bad(field, format!("`{}` is not a parameter's name (letters, digits and `-._~[]`, at most {MAX_HEADER_NAME} bytes)", name.escape_debug().take(64).collect::<String>())));
+        }
+        names.insert(name.clone());
+    }
+    Ok(names)
+}
+
 fn named_in(headers: &BTreeMap<String, String>) -> BTreeSet<String> {
     headers
         .values()
@@ -388,12 +407,21 @@ where
     F: Fn(String) -> Fut,
     Fut: std::future::Future<Output = Result<Zeroizing<String>, String>>,
 {
-    // Room for the values too, so growing leaves no copy of a secret in freed memory.
-    let mut out = Zeroizing::new(String::with_capacity(value.len() + 8 * 1024));
-    for part in parse_value(value).map_err(str::to_string)? {
+    let parts = parse_value(value).map_err(str::to_string)?;
+    let mut values = Vec::new();
+    for part in &parts {
+        if let Part::Secret(name) = part {
+            values.push(reveal(name.clone()).await?);
+        }
+    }
+    // Exactly the room it needs, so growing leaves no copy of a secret in freed memory.
+    let len = parts.iter().map(|p| if let Part::Text(t) = p { t.len() } else { 0 }).sum::<usize>() + values.iter().map(|v| v.len()).sum::<usize>();
+    let mut out = Zeroizing::new(String::with_capacity(len));
+    let mut values = values.iter();
+    for part in &parts {
         match part {
             Part::Text(t) => out.push_str(t),
-            Part::Secret(name) => out.push_str(&reveal(name).await?),
+            Part::Secret(_) => out.push_str(values.next().map(|v| v.as_str()).unwrap_or_default()),
         }
     }
     Ok(out)
@@ -465,7 +493,7 @@ mod tests {
             name: name.map(str::to_string),
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
             headers: headers.map(|h| h.iter().map(|s| s.to_string()).collect()),
-            query: false,
+            query: None,
         };
         let mut t = Transforms::default();
         let secrets: BTreeMap<String, SecretBinding> = [

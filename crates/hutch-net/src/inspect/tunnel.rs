@@ -33,11 +33,21 @@ impl Tunnel {
         self.0.lock().is_some()
     }
 
-    /// Waits until the upgraded connection ends (at once when there is none).
+    /// Waits until the upgraded connection ends (at once when there is none). Dropped
+    /// while waiting (its flow ended: a kill, a pause), it ends the copy too.
     pub async fn closed(&self) {
         let copy = self.0.lock().take();
         if let Some(copy) = copy {
-            let _ = copy.await;
+            let mut copy = AbortOnDrop(copy);
+            let _ = (&mut copy.0).await;
         }
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
