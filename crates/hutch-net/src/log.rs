@@ -48,6 +48,16 @@ pub struct LogView {
     pub link_lost: Option<String>,
 }
 
+impl LogView {
+    /// Adds `denial`, the oldest going once `EVENTS_KEPT` are kept.
+    fn keep(&mut self, denial: Denial) {
+        if self.denials.len() == EVENTS_KEPT {
+            self.denials.remove(0);
+        }
+        self.denials.push(denial);
+    }
+}
+
 /// Shared between a sandbox's stack and whoever reports on it.
 #[derive(Debug, Clone, Default)]
 pub struct NetLog(Arc<Mutex<LogView>>);
@@ -89,10 +99,7 @@ impl NetLog {
                 return;
             }
             let message = reason.to_string();
-            if v.denials.len() == EVENTS_KEPT {
-                v.denials.remove(0);
-            }
-            v.denials.push(Denial { at_ms, proto: proto.name(), ip: Some(ip), port: Some(port), name, reason, message });
+            v.keep(Denial { at_ms, proto: proto.name(), ip: Some(ip), port: Some(port), name, reason, message });
         });
     }
 
@@ -105,10 +112,7 @@ impl NetLog {
     fn push(&self, count: impl FnOnce(&mut LogView), denial: Denial) {
         self.with(|v| {
             count(v);
-            if v.denials.len() == EVENTS_KEPT {
-                v.denials.remove(0);
-            }
-            v.denials.push(denial);
+            v.keep(denial);
         });
     }
 

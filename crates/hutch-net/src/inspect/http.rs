@@ -210,12 +210,12 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
     }
     let req = req.map(|body| Scanned::new(body, inspector.scans()));
     let found = req.body().found.clone();
-    match tokio::time::timeout(ANSWER_WAIT, sender.send(req)).await {
-        Ok(Ok(answer)) if super::fill::reflected(answer.headers(), &in_query).is_some() => {
-            let header = super::fill::reflected(answer.headers(), &in_query).unwrap_or_default();
-            flow.refuse(host, format!("{host}'s answer repeats a secret's value filled into the request's query in its {header} header (a redirect?); the answer was not passed on"));
-            refusal(StatusCode::BAD_GATEWAY, format!("hutch: {host}'s answer repeated a secret in its {header} header, so hutch did not pass it on; see the sandbox's network log\n"))
-        }
+    let sent = tokio::time::timeout(ANSWER_WAIT, sender.send(req)).await;
+    if let Some(header) = sent.as_ref().ok().and_then(|r| r.as_ref().ok()).and_then(|answer| super::fill::reflected(answer.headers(), &in_query)) {
+        flow.refuse(host, format!("{host}'s answer repeats a secret's value filled into the request's query in its {header} header (a redirect?); the answer was not passed on"));
+        return refusal(StatusCode::BAD_GATEWAY, format!("hutch: {host}'s answer repeated a secret in its {header} header, so hutch did not pass it on; see the sandbox's network log\n"));
+    }
+    match sent {
         Ok(Ok(mut answer)) if answer.status() == StatusCode::SWITCHING_PROTOCOLS => match guest_side {
             Some(guest_side) => {
                 tunnel.open(guest_side, hyper::upgrade::on(&mut answer));

@@ -69,6 +69,32 @@ impl Guest {
         false
     }
 
+    /// Sends `chunks` on connection `h` once it is open, half-closes it, and reads what
+    /// comes back until it is closed; None when it is not closed within the deadline.
+    async fn exchange(&mut self, h: smoltcp::iface::SocketHandle, chunks: &[&[u8]]) -> Option<Vec<u8>> {
+        let (mut sent, mut got) = (false, Vec::new());
+        let finished = self
+            .run_until(|sockets| {
+                let s = sockets.get_mut::<smol_tcp::Socket>(h);
+                if s.may_send() && !sent {
+                    for chunk in chunks {
+                        s.send_slice(chunk).expect("send");
+                    }
+                    s.close();
+                    sent = true;
+                }
+                while s.can_recv() {
+                    let _ = s.recv(|b| {
+                        got.extend_from_slice(b);
+                        (b.len(), ())
+                    });
+                }
+                sent && matches!(s.state(), smol_tcp::State::Closed | smol_tcp::State::TimeWait)
+            })
+            .await;
+        finished.then_some(got)
+    }
+
     fn connect(&mut self, to: (Ipv4Addr, u16), local_port: u16) -> smoltcp::iface::SocketHandle {
         let mut socket = tcp::new_socket();
         socket.connect(self.iface.context(), IpEndpoint::new(IpAddress::Ipv4(to.0), to.1), local_port).expect("connect");
@@ -80,12 +106,16 @@ fn stack_with(policy: &str, tcp_map: Vec<(SocketAddr, SocketAddr)>) -> (NetHandl
     stack_with_map(policy, TestMapFile { tcp: tcp_map.into_iter().collect(), ..Default::default() }, Limits::default())
 }
 
-fn stack_with_map(policy: &str, mut map: TestMapFile, limits: Limits) -> (NetHandle, Guest, std::path::PathBuf, tempfile::TempDir) {
+fn stack_with_map(policy: &str, map: TestMapFile, limits: Limits) -> (NetHandle, Guest, std::path::PathBuf, tempfile::TempDir) {
+    stack_with_extras(policy, map, limits, Extras::default())
+}
+
+fn stack_with_extras(policy: &str, mut map: TestMapFile, limits: Limits, extras: Extras) -> (NetHandle, Guest, std::path::PathBuf, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("tempdir");
     let violations = dir.path().join("violations");
     map.violations = Some(violations.clone());
     let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let handle = NetHandle::start(ours, Policy::parse(policy).expect("policy"), Reach::default(), Arc::new(TestMap::new(map)), limits);
+    let handle = NetHandle::start_with(ours, Policy::parse(policy).expect("policy"), extras, Reach::default(), Arc::new(TestMap::new(map)), limits);
     (handle, Guest::new(theirs), violations, dir)
 }
 
@@ -96,27 +126,8 @@ async fn an_allowed_connection_is_made_from_the_host_with_half_close_both_ways()
     let echo = echo_server().await;
     let (handle, mut guest, violations, _dir) = stack_with("allow@public:tcp:80", vec![(SocketAddr::from((WEB, 80)), echo)]);
     let h = guest.connect((WEB, 80), 40_000);
-    let mut sent = false;
-    let mut got = Vec::new();
-    let finished = guest
-        .run_until(|sockets| {
-            let s = sockets.get_mut::<smol_tcp::Socket>(h);
-            if s.may_send() && !sent {
-                s.send_slice(b"ping").expect("send");
-                // Half-close: the upstream sees EOF and still answers.
-                s.close();
-                sent = true;
-            }
-            while s.can_recv() {
-                let _ = s.recv(|b| {
-                    got.extend_from_slice(b);
-                    (b.len(), ())
-                });
-            }
-            matches!(s.state(), smol_tcp::State::Closed | smol_tcp::State::TimeWait)
-        })
-        .await;
-    assert!(finished, "the connection did not finish within {DEADLINE:?}");
+    // Half-close: the upstream sees EOF and still answers.
+    let got = guest.exchange(h, &[b"ping"]).await.unwrap_or_else(|| panic!("the connection did not finish within {DEADLINE:?}"));
     assert_eq!(got, b"echo:ping");
     assert_eq!(handle.log().counters.flows_allowed, 1);
     assert_eq!(std::fs::read_to_string(&violations).unwrap_or_default(), "");
@@ -313,38 +324,17 @@ async fn dns_over_tcp_counts_in_the_flow_cap() {
 #[tokio::test]
 async fn a_placeholder_in_a_plain_flow_resets_it_before_it_is_sent() {
     let echo = echo_server().await;
-    let dir = tempfile::tempdir().expect("tempdir");
-    let map = TestMapFile { tcp: [(SocketAddr::from((WEB, 80)), echo)].into_iter().collect(), violations: Some(dir.path().join("violations")), ..Default::default() };
+    let map = TestMapFile { tcp: [(SocketAddr::from((WEB, 80)), echo)].into_iter().collect(), ..Default::default() };
     let rules = serde_json::json!({"api.test": [{"transform": {"headers": {"Authorization": "${e2b.secrets.token}"}}}]});
     let transforms = crate::inspect::Transforms::from_e2b(&rules).expect("rules");
     let ca = Arc::new(crate::inspect::SandboxCa::generate().expect("ca"));
     let inspector = Arc::new(Inspector::new(ca, transforms, Arc::new(crate::inspect::Upstream::default()), None));
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
     let extras = Extras { inspector: Some(inspector), proxy: None };
-    let handle = NetHandle::start_with(ours, Policy::parse("allow@public:tcp:80").expect("policy"), extras, Reach::default(), Arc::new(TestMap::new(map)), Limits::default());
-    let mut guest = Guest::new(theirs);
+    let (handle, mut guest, _violations, _dir) = stack_with_extras("allow@public:tcp:80", map, Limits::default(), extras);
     let h = guest.connect((WEB, 80), 40_001);
-    let (mut sent, mut got) = (false, Vec::new());
     // Percent-encoded and split across two writes: still found.
-    let finished = guest
-        .run_until(|sockets| {
-            let s = sockets.get_mut::<smol_tcp::Socket>(h);
-            if s.may_send() && !sent {
-                s.send_slice(b"GET /?k=%24%7Be2b%2Esec").expect("send");
-                s.send_slice(b"rets%2Etoken%7D HTTP/1.1\r\n\r\n").expect("send");
-                s.close();
-                sent = true;
-            }
-            while s.can_recv() {
-                let _ = s.recv(|b| {
-                    got.extend_from_slice(b);
-                    (b.len(), ())
-                });
-            }
-            sent && matches!(s.state(), smol_tcp::State::Closed | smol_tcp::State::TimeWait)
-        })
-        .await;
-    assert!(finished, "the connection did not end within {DEADLINE:?}");
+    let got = guest.exchange(h, &[b"GET /?k=%24%7Be2b%2Esec", b"rets%2Etoken%7D HTTP/1.1\r\n\r\n"]).await;
+    let got = got.unwrap_or_else(|| panic!("the connection did not end within {DEADLINE:?}"));
     assert!(!got.starts_with(b"echo:GET"), "the upstream got the request: {:?}", String::from_utf8_lossy(&got));
     let denials = handle.log().denials;
     assert!(denials.iter().any(|d| matches!(d.reason, DenyReason::Placeholder { .. }) && d.port == Some(80)), "{denials:?}");
