@@ -146,7 +146,9 @@ def test_kill_9_at_random_points_loses_and_leaks_nothing(tmp_path):
     rng = random.Random(seed)
     home, port = new_home("hutch-crash-"), free_port()
     world = World(f"http://127.0.0.1:{port}")
-    proc = launch(home, port)
+    # The manager's lifecycle at info (adoptions, pauses): what a failure's report shows.
+    logged = {"HUTCH_LOG": "warn,hutch_core::manager=info"}
+    proc = launch(home, port, env_extra=logged)
     history = []
     try:
         run_op(world, "create", None, 0, str(tmp_path))
@@ -163,7 +165,7 @@ def test_kill_9_at_random_points_loses_and_leaks_nothing(tmp_path):
             proc.wait(timeout=60)
             worker.join(timeout=130)
             assert not worker.is_alive(), f"round {n} ({op}): the client still waits on a dead server"
-            proc = launch(home, port)
+            proc = launch(home, port, env_extra=logged)
             check(world, home, n, op)
         # Everything goes through the API, and then nothing may remain.
         with world.api() as c:
@@ -176,7 +178,8 @@ def test_kill_9_at_random_points_loses_and_leaks_nothing(tmp_path):
         assert not left, f"left after deleting everything: {left}"
         print(f"seed {seed}: {' '.join(history)}")
     except Exception as e:
-        raise AssertionError(f"seed {seed}, rounds {' '.join(history)}: {e!r}") from e
+        log = (home / "serve.log").read_text(errors="replace").splitlines()[-60:]
+        raise AssertionError(f"seed {seed}, rounds {' '.join(history)}: {e!r}\nthe server's log, last lines:\n" + "\n".join(log)) from e
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)

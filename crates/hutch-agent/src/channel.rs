@@ -49,7 +49,8 @@ pub fn find_port(name: &str, limit: Duration) -> Option<PathBuf> {
 
 enum Inbound {
     Data(Bytes),
-    /// A read saw EOF: no host is connected (any more).
+    /// A read saw EOF: the driver thinks no host is connected (it can lag behind a
+    /// connect; see `next_data`).
     HostGone,
 }
 
@@ -151,41 +152,39 @@ pub async fn serve(path: PathBuf, app: axum::Router) {
     }
 }
 
-/// How long a single "host gone" is checked before the session ends on it.
-const GONE_CONFIRM: Duration = Duration::from_millis(100);
-
 /// What the port brings a running session.
 enum Next {
     Data(Bytes),
-    /// The host left.
-    Gone,
-    /// The host left and a new one connected: these bytes start with its hello.
+    /// The port threads ended.
+    Closed,
+    /// A new host connected: these bytes start with its opening line.
     NewHost(Bytes),
 }
 
-/// The next bytes from the host. A lone EOF can be stale: right after a snapshot
-/// restore, the port replays the disconnect the guest saw before the save while the
-/// new host is already connected. A host that left makes every read see EOF (a "gone"
-/// each poll), so one is confirmed by a second within `GONE_CONFIRM`; silence means the
-/// host is still there, and data after it is the same host's unless it opens with a
-/// hello (a host that left and reconnected at once).
+/// The next bytes from the session's host. An EOF read ("host gone") is no proof the
+/// host left: the driver learns of a connect from a control message that may be handled
+/// after the host's first bytes were read (its hello, after a restore, an adoption, or
+/// on a busy guest), and until then every read sees EOF, for as long as that takes.
+/// Ending the session on EOFs, however many, left such a host talking to an agent back
+/// in `accept`, which drops HTTP/2: every request hung (found killing a server mid-pause
+/// under load). So EOFs end nothing. A host that really left is followed by the next
+/// one, which opens with a host line: bytes opening with one after an EOF end the
+/// session; any other bytes are the same host's. Until the next host, a session whose
+/// host left waits, holding nothing the next one needs.
 async fn next_data(inbound: &mut mpsc::Receiver<Inbound>) -> Next {
+    let mut after_eof = false;
     loop {
         match inbound.recv().await {
-            None => return Next::Gone,
+            None => return Next::Closed,
+            Some(Inbound::HostGone) => after_eof = true,
+            Some(Inbound::Data(d)) if after_eof && opens_host_line(&d) => return Next::NewHost(d),
             Some(Inbound::Data(d)) => return Next::Data(d),
-            Some(Inbound::HostGone) => match tokio::time::timeout(GONE_CONFIRM, inbound.recv()).await {
-                Ok(Some(Inbound::Data(d))) if opens_host_line(&d) => return Next::NewHost(d),
-                Ok(Some(Inbound::Data(d))) => return Next::Data(d),
-                Ok(Some(Inbound::HostGone)) | Ok(None) => return Next::Gone,
-                Err(_) => tracing::debug!("a stale host-gone on the port; the session goes on"),
-            },
         }
     }
 }
 
-/// One HTTP/2 session, until the host goes away or the session ends. Returns the
-/// opening bytes of the next host when one connected right away.
+/// One HTTP/2 session, until the next host comes (see `next_data`) or HTTP/2 ends it.
+/// Returns the opening bytes of the next host, if one came.
 async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound: &mpsc::Sender<Bytes>, app: axum::Router) -> Option<Bytes> {
     let (server_io, bridge) = tokio::io::duplex(PIPE);
     let (mut from_http, mut to_http) = tokio::io::split(bridge);
@@ -202,7 +201,7 @@ async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound
                             break;
                         }
                     }
-                    Next::Gone => break,
+                    Next::Closed => break,
                     Next::NewHost(d) => {
                         next_host = Some(d);
                         break;
@@ -210,7 +209,7 @@ async fn session(first: Vec<u8>, inbound: &mut mpsc::Receiver<Inbound>, outbound
                 }
             }
         }
-        // The host left: HTTP/2 sees EOF and ends the session.
+        // The host was replaced: HTTP/2 sees EOF and ends the session.
         let _ = to_http.shutdown().await;
     };
     let out_of_http = async {
@@ -281,23 +280,23 @@ mod tests {
         waiting.abort();
     }
 
-    #[tokio::test]
-    async fn a_session_ends_soon_after_its_host_leaves_even_with_a_stream_open() {
-        // A response that never ends, like a command's output stream: a line every 10 ms.
-        let ticks = || async {
-            let ticks = futures::stream::unfold(0u64, |n| async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                Some((Ok::<_, std::io::Error>(Bytes::from(format!("tick {n}\n"))), n + 1))
-            });
-            axum::body::Body::from_stream(ticks)
-        };
-        let app = axum::Router::new().route("/stream", axum::routing::get(ticks));
+    /// A session on a port whose host is an HTTP/2 client, and the port's sender to
+    /// put in what the client does not (EOF reads, the next host's bytes).
+    struct Bridged {
+        port: mpsc::Sender<Inbound>,
+        client: hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+        serving: tokio::task::JoinHandle<Option<Bytes>>,
+        /// Cuts the client off the port (its socket closed), without a word.
+        cut: tokio::sync::oneshot::Sender<()>,
+    }
+
+    async fn bridged(app: axum::Router) -> Bridged {
         let (host, mut inbound, outbound, mut to_host) = port();
         let (client_io, bridge) = tokio::io::duplex(1 << 16);
         let (mut from_client, mut to_client) = tokio::io::split(bridge);
-        // The port: the host's bytes go in until the host is cut off (its socket closes).
         let (cut, cut_off) = tokio::sync::oneshot::channel::<()>();
-        let up = tokio::spawn(async move {
+        let port = host.clone();
+        tokio::spawn(async move {
             let mut buf = vec![0u8; 1 << 16];
             let forward = async {
                 while let Ok(n @ 1..) = from_client.read(&mut buf).await {
@@ -310,7 +309,6 @@ mod tests {
                 () = forward => {}
                 _ = cut_off => {}
             }
-            host
         });
         tokio::spawn(async move {
             while let Some(bytes) = to_host.recv().await {
@@ -320,19 +318,55 @@ mod tests {
             }
         });
         let serving = tokio::spawn(async move { session(Vec::new(), &mut inbound, &outbound, app).await });
-        let (mut sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(client_io)).await.expect("handshake");
-        let connection = tokio::spawn(connection);
-        let request = hyper::Request::get("http://agent/stream").body(http_body_util::Empty::<Bytes>::new()).expect("request");
-        let response = sender.send_request(request).await.expect("the stream's headers");
-        assert!(response.status().is_success());
-        // The host leaves with the stream open, without a word: the port reads EOF.
-        let _ = cut.send(());
-        let host = up.await.expect("bridge");
-        for _ in 0..2 {
-            host.send(Inbound::HostGone).await.expect("port open");
+        let (client, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(client_io)).await.expect("handshake");
+        tokio::spawn(connection);
+        Bridged { port, client, serving, cut }
+    }
+
+    fn get(path: &str) -> hyper::Request<http_body_util::Empty<Bytes>> {
+        hyper::Request::get(format!("http://agent{path}")).body(http_body_util::Empty::new()).expect("request")
+    }
+
+    #[tokio::test]
+    async fn eof_reads_do_not_end_a_session_whose_host_is_still_there() {
+        // After a restore or an adoption the driver may read EOF for a while after the
+        // host's hello, until it handles the connect: the host is there and is served.
+        let app = axum::Router::new().route("/health", axum::routing::get(|| async { "ok" }));
+        let mut b = bridged(app).await;
+        for _ in 0..5 {
+            b.port.send(Inbound::HostGone).await.expect("port open");
         }
-        let ended = tokio::time::timeout(Duration::from_secs(5), serving).await;
-        assert!(ended.is_ok(), "the session waited for the open stream instead of going back to accept");
-        drop((sender, response, connection));
+        let answered = tokio::time::timeout(Duration::from_secs(5), b.client.send_request(get("/health"))).await;
+        let response = answered.expect("the request was not answered after EOF reads").expect("a response");
+        assert!(response.status().is_success());
+        assert!(!b.serving.is_finished(), "the session ended");
+    }
+
+    #[tokio::test]
+    async fn a_session_ends_when_the_next_host_comes_even_with_a_stream_open() {
+        // A response that never ends, like a command's output stream: a line every 10 ms.
+        let ticks = || async {
+            let ticks = futures::stream::unfold(0u64, |n| async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                Some((Ok::<_, std::io::Error>(Bytes::from(format!("tick {n}\n"))), n + 1))
+            });
+            axum::body::Body::from_stream(ticks)
+        };
+        let mut b = bridged(axum::Router::new().route("/stream", axum::routing::get(ticks))).await;
+        let response = b.client.send_request(get("/stream")).await.expect("the stream's headers");
+        assert!(response.status().is_success());
+        // The host leaves with the stream open, without a word: the port reads EOF, and
+        // the next host opens with its hello.
+        let _ = b.cut.send(());
+        for _ in 0..2 {
+            b.port.send(Inbound::HostGone).await.expect("port open");
+        }
+        let mut next = hello_line(11);
+        next.extend_from_slice(b"PRI *");
+        b.port.send(Inbound::Data(Bytes::from(next.clone()))).await.expect("port open");
+        let ended = tokio::time::timeout(Duration::from_secs(5), b.serving).await;
+        let carried = ended.expect("the session waited for the open stream instead of going back to accept").expect("session ran");
+        assert_eq!(carried.as_deref(), Some(next.as_slice()), "the next host's opening bytes were not handed on");
+        drop(response);
     }
 }

@@ -223,6 +223,31 @@ pub(crate) async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, sta
     Err(CreateError::RestoreTimeout { secs: limit.as_secs(), last })
 }
 
+/// `connect_restored`, counted only once the agent has answered a request over the
+/// session: for a guest whose agent another host may have left in any state (an
+/// adoption after a crash, a save that failed), an echoed hello is not enough. A
+/// session that does not serve is closed, which ends it in the guest, and the next is
+/// tried, within `limit`.
+pub(crate) async fn connect_serving(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
+    loop {
+        let agent = connect_restored(vm, limit, started).await?;
+        let last = match tokio::time::timeout(SERVING_WAIT, agent.health()).await {
+            Ok(Ok(())) => return Ok(agent),
+            Ok(Err(e)) => format!("the agent took the hello, then failed a request: {}", hutch_proto::error_chain(&e)),
+            Err(_) => format!("the agent took the hello, then did not answer a request within {} s", SERVING_WAIT.as_secs()),
+        };
+        tracing::warn!("{last}; connecting again");
+        agent.close();
+        if started.elapsed() >= limit {
+            return Err(CreateError::RestoreTimeout { secs: limit.as_secs(), last });
+        }
+    }
+}
+
+/// How long a new session's first request may take (a health check: milliseconds when
+/// the guest serves, even under TCG).
+const SERVING_WAIT: Duration = Duration::from_secs(5);
+
 pub use hutch_proto::agent::READY_LINE;
 
 /// Waits for the booting guest's agent. An idle probe over the channel says when the
