@@ -102,6 +102,12 @@ def test_list_info_timeout_connect(sbx):
     assert again.commands.run("echo same").stdout == "same\n"
     metrics = sbx.get_metrics()
     assert metrics and metrics[-1].mem_total > 0
+    # A range holds only its points (issue 37, item 6): one that ended an hour ago none.
+    import datetime
+    now = datetime.datetime.now(datetime.timezone.utc)
+    hour = datetime.timedelta(hours=1)
+    assert sbx.get_metrics(start=now - 2 * hour, end=now - hour) == []
+    assert sbx.get_metrics(start=now - hour, end=now + hour)
 
 
 def test_ports_are_reachable_through_the_proxy(server, sbx):
@@ -304,16 +310,19 @@ def test_file_metadata_lives_in_the_files_xattrs(sbx):
         pytest.skip(f"e2b {version('e2b')} has no file metadata (it came with envd 0.6.2 support)")
     from e2b.sandbox.filesystem.filesystem import WriteEntry
     tags = {"author": "mish", "stage": "draft"}
-    sbx.files.write("/home/user/meta.txt", "x", metadata={"Author": "mish", "stage": "draft"})
+    written = sbx.files.write("/home/user/meta.txt", "x", metadata={"Author": "mish", "stage": "draft"})
+    # The write's answer carries what the file keeps, as envd's does (issue 37, item 1).
+    assert written.metadata == tags, written
     assert sbx.files.get_info("/home/user/meta.txt").metadata == tags
     assert {e.name: e.metadata for e in sbx.files.list("/home/user")}["meta.txt"] == tags
     sbx.files.rename("/home/user/meta.txt", "/home/user/moved.txt")
     assert sbx.files.get_info("/home/user/moved.txt").metadata == tags
     sbx.commands.run("python3 -c \"import os; os.setxattr('/home/user/moved.txt', 'user.e2b.origin', b'shell')\"")
     assert sbx.files.get_info("/home/user/moved.txt").metadata == {**tags, "origin": "shell"}
-    sbx.files.write("/home/user/moved.txt", "y")
+    assert sbx.files.write("/home/user/moved.txt", "y").metadata is None
     assert not sbx.files.get_info("/home/user/moved.txt").metadata
-    sbx.files.write_files([WriteEntry(path="/home/user/m1.txt", data="1"), WriteEntry(path="/home/user/m2.txt", data="2")], metadata={"batch": "7"})
+    batch = sbx.files.write_files([WriteEntry(path="/home/user/m1.txt", data="1"), WriteEntry(path="/home/user/m2.txt", data="2")], metadata={"batch": "7"})
+    assert [w.metadata for w in batch] == [{"batch": "7"}, {"batch": "7"}], batch
     assert [sbx.files.get_info(f"/home/user/m{i}.txt").metadata for i in (1, 2)] == [{"batch": "7"}, {"batch": "7"}]
     with pytest.raises(Exception):
         sbx.files.write("/home/user/bad.txt", "z", metadata={"k": "\u00e9"})

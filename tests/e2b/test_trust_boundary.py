@@ -49,7 +49,8 @@ def test_files_need_the_token_or_a_signature(server, secure):
     assert planted.status_code == 401, planted.text
     assert not secure.files.exists("/etc/profile.d/x.sh")
     wrong = httpx.get(files, params={"path": "/home/user/secret.txt"}, headers={**routed(secure), "X-Access-Token": "0" * 32})
-    assert wrong.status_code == 401 and "does not match" in wrong.json()["message"], wrong.text
+    # envd's words first (what SDK users match on), then what to do.
+    assert wrong.status_code == 401 and wrong.json()["message"].startswith("access token present in header but does not match"), wrong.text
     # Every other envd route wants the token too; only GET /health is open.
     assert httpx.get(server.url + "/health", headers=routed(secure)).status_code in (200, 204)
     stat = httpx.post(server.url + "/filesystem.Filesystem/Stat", json={"path": "/"}, headers=routed(secure))
@@ -72,12 +73,12 @@ def test_signed_urls_open_one_file_for_one_operation(server, secure):
     assert httpx.post(read_url, headers=headers, files={"file": ("r", b"x")}).status_code == 401
     other = read_url.replace("report.txt", "upload.txt")
     r = httpx.get(other, headers=headers)
-    assert r.status_code == 401 and "signature" in r.json()["message"], r.text
+    assert r.status_code == 401 and r.json()["message"].startswith("invalid signature"), r.text
     # An expired signature (the SDK's own signer, dated in the past) is refused.
     sig = get_signature("/home/user/report.txt", "read", None, secure._envd_access_token, -10)
     expired = httpx.get(server.url + "/files", headers=headers, params={
         "path": "/home/user/report.txt", "signature": sig["signature"], "signature_expiration": sig["expiration"]})
-    assert expired.status_code == 401 and "expired" in expired.json()["message"], expired.text
+    assert expired.status_code == 401 and expired.json()["message"].startswith("signature is already expired"), expired.text
     assert secure.files.read("/home/user/report.txt") == "quarterly"
 
 

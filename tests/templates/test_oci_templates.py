@@ -276,6 +276,8 @@ def sdk_template(ctx, registry, variant=None):
         .from_image(f"{registry}/bb:1")
         .set_envs({"GREETING": "from-sdk"})
         .copy("app.txt", "/home/user/app.txt")
+        # E2B's own test's copy: a pattern's matches fill the directory (symlinks kept).
+        .copy("folder/*", "/home/user/folder")
         .set_workdir("/home/user/work")
         .run_cmd("echo built-by-$(id -u) > made.txt")
         .run_cmd("echo root-step > /srv/root.txt", user="root")
@@ -297,6 +299,14 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     ctx = tmp_path / "sdkctx"
     ctx.mkdir()
     (ctx / "app.txt").write_text("copied by the SDK\n")
+    # E2B's folder for `copy("folder/*", "folder")`: a file, a relative symlink to it, an
+    # absolute one (to this host's path, dangling in the guest) and a dangling one.
+    folder = ctx / "folder"
+    folder.mkdir()
+    (folder / "test.txt").write_text("This is a test file.")
+    (folder / "symlink.txt").symlink_to("test.txt")
+    (folder / "symlink2.txt").symlink_to(folder / "test.txt")
+    (folder / "symlink3.txt").symlink_to("12345test.txt")
     template = sdk_template(ctx, registry)
     logs = []
     info = Template.build(template, "sdktpl:v1", on_build_logs=lambda e: logs.append(str(e.message)))
@@ -308,6 +318,8 @@ def test_the_official_sdk_builds_a_template_and_sandboxes_start_from_it(registry
     try:
         r = sbx.commands.run("cat /home/user/app.txt made.txt /srv/root.txt /tmp/started; echo $GREETING; pwd; id -u -n")
         assert r.stdout.splitlines() == ["copied by the SDK", "built-by-1000", "root-step", "started", "from-sdk", "/home/user/work", "user"], r.stdout
+        copied = sbx.commands.run("cd /home/user/folder && cat test.txt symlink.txt && echo && readlink symlink2.txt && readlink symlink3.txt")
+        assert copied.stdout.splitlines() == ["This is a test file.This is a test file.", str(folder / "test.txt"), "12345test.txt"], copied.stdout
     finally:
         sbx.kill()
     # The template list and the template, parsed by the SDK's own generated models.

@@ -108,6 +108,21 @@ fn clean(path: &str) -> Option<PathBuf> {
     Some(out)
 }
 
+/// What E2B's builder copies for an SDK `copy(src, …)`: `src` itself, or, when it is a
+/// pattern (`*`, `?`, `[`, `{`), the directory before its first wildcard component
+/// (doublestar's `SplitPattern`; `.` when the first one has it). The SDK has matched the
+/// pattern and uploaded only what matched, under that directory, so copying the
+/// directory's contents is copying the matches, symlinks as the SDK sent them (links,
+/// unless it was told to resolve them). `folder/*` to `folder` fills `folder`.
+pub fn pattern_base(src: &str) -> &str {
+    let Some(wild) = src.find(['*', '?', '[', '{']) else { return src };
+    match src[..wild].rfind('/') {
+        Some(0) => "/",
+        Some(slash) => &src[..slash],
+        None => ".",
+    }
+}
+
 /// One `COPY`'s files, ready for the guest.
 #[derive(Debug, Clone)]
 pub struct CopyFiles {
@@ -397,4 +412,15 @@ mod tests {
         let unwritable = collect(ctx.path(), &["req.txt".into()], "/x/", &none, &ctx.path().join("no/such/dir/t.tar")).expect_err("write").to_string();
         assert!(!unwritable.contains(&host), "{unwritable}");
     }
+
+    #[test]
+    fn a_pattern_copies_the_directory_before_its_first_wildcard() {
+        assert_eq!(pattern_base("folder/*"), "folder");
+        assert_eq!(pattern_base("a/b/*.txt"), "a/b");
+        assert_eq!(pattern_base("a/b*/c"), "a");
+        assert_eq!(pattern_base("*.txt"), ".");
+        assert_eq!(pattern_base("src/[ab].py"), "src");
+        assert_eq!(pattern_base("app"), "app");
+    }
+
 }

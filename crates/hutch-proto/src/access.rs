@@ -59,13 +59,15 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// Each opens with envd's own words (what SDK users and E2B's tests match on), then
+    /// says what to do.
     pub fn message(&self) -> &'static str {
         match self {
-            Refusal::WrongToken => "the X-Access-Token header does not match this sandbox's access token",
-            Refusal::Missing => "this sandbox is secure: send its access token in X-Access-Token or use a signed URL (download_url/upload_url)",
-            Refusal::BadSignature => "the URL's signature does not match its path, operation, user and expiration; sign it again with the sandbox's access token",
-            Refusal::BadExpiration => "signature_expiration must be a Unix time in seconds",
-            Refusal::Expired => "the signed URL has expired; ask for a new one",
+            Refusal::WrongToken => "access token present in header but does not match; send this sandbox's own envd access token in X-Access-Token",
+            Refusal::Missing => "missing signature query parameter; this sandbox is secure: send its access token in X-Access-Token or use a signed URL (download_url/upload_url)",
+            Refusal::BadSignature => "invalid signature; the URL's signature does not match its path, operation, user and expiration: sign it again with the sandbox's access token",
+            Refusal::BadExpiration => "invalid signature expiration; signature_expiration must be a Unix time in seconds",
+            Refusal::Expired => "signature is already expired; ask for a new signed URL",
         }
     }
 }

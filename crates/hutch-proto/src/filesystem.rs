@@ -146,4 +146,8 @@ pub struct WrittenFile {
     pub name: String,
     #[serde(rename = "type")]
     pub kind: String,
+    /// The file's user metadata as kept on it after the write (envd's `metadata`,
+    /// absent when empty).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: std::collections::BTreeMap<String, String>,
 }

@@ -63,10 +63,21 @@ pub fn replace(file: &std::fs::File, metadata: &BTreeMap<String, String>) -> std
 /// none or its filesystem keeps no xattrs; entries that are not UTF-8 are skipped.
 pub fn read(path: &Path) -> BTreeMap<String, String> {
     let Ok(names) = xattr::list(path) else { return BTreeMap::new() };
+    collect(names, |name| xattr::get(path, name))
+}
+
+/// `read`, of a file already open (the one just written, whatever its path names now).
+pub fn of_file(file: &std::fs::File) -> BTreeMap<String, String> {
+    use xattr::FileExt;
+    let Ok(names) = file.list_xattr() else { return BTreeMap::new() };
+    collect(names, |name| file.get_xattr(name))
+}
+
+fn collect(names: xattr::XAttrs, get: impl Fn(&std::ffi::OsStr) -> std::io::Result<Option<Vec<u8>>>) -> BTreeMap<String, String> {
     names
         .filter_map(|name| {
             let key = name.to_str()?.strip_prefix(PREFIX)?.to_string();
-            let value = String::from_utf8(xattr::get(path, &name).ok()??).ok()?;
+            let value = String::from_utf8(get(&name).ok()??).ok()?;
             Some((key, value))
         })
         .collect()

@@ -156,7 +156,9 @@ where
         Err(e) => return Err(io_response(path, e)),
     }
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(WrittenFile { path: path.display().to_string(), name, kind: "file".into() })
+    // Read back, as envd does: what the file keeps (nothing where xattrs are not kept).
+    let metadata = crate::fs::metadata::of_file(&file);
+    Ok(WrittenFile { path: path.display().to_string(), name, kind: "file".into(), metadata })
 }
 
 pub async fn upload(State(st): State<AgentState>, Query(q): Query<FileQuery>, headers: HeaderMap, body: Body) -> Response {

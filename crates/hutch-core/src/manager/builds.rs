@@ -492,7 +492,10 @@ fn api_steps(steps: &[PlannedStep], files: &Path, scratch: &Path, limits: CopyLi
                 budget.begin(limits.per_copy);
                 upload::unpack(&files.join(files_hash), &ctx, &mut budget).map_err(|e| refused(&e, matches!(e, UnpackError::Budget(BudgetError::NoSpace { .. }))))?;
                 budget.begin(limits.per_copy);
-                let copy = context::collect_within(&ctx, std::slice::from_ref(src), dest, &context::Ignore::default(), &scratch.join(format!("copy-{n}.tar")), &mut budget);
+                // As E2B's builder: a pattern's matches, uploaded under its directory, are that
+                // directory's contents (symlinks kept as the SDK sent them).
+                let source = context::pattern_base(src).to_string();
+                let copy = context::collect_within(&ctx, &[source], dest, &context::Ignore::default(), &scratch.join(format!("copy-{n}.tar")), &mut budget);
                 // The tar holds what the step needs: the unpacked files would only take disk.
                 let _ = std::fs::remove_dir_all(&ctx);
                 let copy = copy.map_err(|e| refused(&e, matches!(e, context::ContextError::Budget(BudgetError::NoSpace { .. }))))?;

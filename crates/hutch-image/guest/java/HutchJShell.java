@@ -71,8 +71,12 @@ public final class HutchJShell {
     }
 
     public static void main(String[] args) throws Exception {
-        PrintStream out = new PrintStream(new Framed("out"), true, StandardCharsets.UTF_8);
-        PrintStream err = new PrintStream(new Framed("err"), true, StandardCharsets.UTF_8);
+        // Subclasses (the empty braces): since JDK 14 a plain PrintStream's println writes
+        // the text and its newline in one go, a subclass's as two writes (print, then
+        // newLine), as on the JDK 11 of E2B's IJava kernel, where
+        // System.out.println("Hello, World!") streams "Hello, World!" and then "\n".
+        PrintStream out = new PrintStream(new Framed("out"), true, StandardCharsets.UTF_8) {};
+        PrintStream err = new PrintStream(new Framed("err"), true, StandardCharsets.UTF_8) {};
         System.setOut(out);
         System.setErr(err);
         // "local": snippets run in this JVM (no second JVM to start), so the cell's

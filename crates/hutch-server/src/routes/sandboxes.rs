@@ -160,12 +160,21 @@ pub async fn connect(
     Ok((status, Json(Sandbox::from(&row))).into_response())
 }
 
-pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<String>) -> Result<Json<Vec<SandboxMetric>>, ApiError> {
+/// E2B's `start` and `end` (Unix seconds, each optional, both ends inclusive): the
+/// sandbox's points in that range. hutch keeps no history yet (issue 34), so its one
+/// point is the sample taken now, listed only when now is in the range.
+pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, uri: axum::http::Uri) -> Result<Json<Vec<SandboxMetric>>, ApiError> {
+    let range = MetricsRange::from_query(uri.query())?;
     let m = state.manager.metrics(&key.0, &id).await?;
+    // The host's clock dates the point (both fields), as it judges the range.
     let now = std::time::SystemTime::now();
+    let now_secs = now.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    if !range.holds(now_secs) {
+        return Ok(Json(Vec::new()));
+    }
     Ok(Json(vec![SandboxMetric {
         timestamp: hutch_core::store::rfc3339(now),
-        timestamp_unix: m.ts,
+        timestamp_unix: now_secs,
         cpu_count: m.cpu_count,
         cpu_used_pct: m.cpu_used_pct,
         mem_used: m.mem_used,
@@ -174,6 +183,41 @@ pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<S
         disk_used: m.disk_used,
         disk_total: m.disk_total,
     }]))
+}
+
+/// A metrics request's time range, in Unix seconds.
+#[derive(Debug, Default, PartialEq)]
+struct MetricsRange {
+    start: Option<i64>,
+    end: Option<i64>,
+}
+
+impl MetricsRange {
+    fn from_query(query: Option<&str>) -> Result<MetricsRange, ApiError> {
+        let mut range = MetricsRange::default();
+        for (name, value) in crate::query::pairs(query) {
+            let slot = match name.as_str() {
+                "start" => &mut range.start,
+                "end" => &mut range.end,
+                _ => continue,
+            };
+            let secs = value.parse::<i64>().ok().filter(|s| *s >= 0).ok_or_else(|| {
+                ApiError::bad_request(format!("'{name}' must be a Unix time in whole seconds (0 or more), not {value:?}"))
+            })?;
+            *slot = Some(secs);
+        }
+        if let (Some(start), Some(end)) = (range.start, range.end) {
+            if start > end {
+                // E2B's words, then the cause.
+                return Err(ApiError::bad_request(format!("Invalid time range for metrics: start ({start}) is after end ({end})")));
+            }
+        }
+        Ok(range)
+    }
+
+    fn holds(&self, secs: i64) -> bool {
+        self.start.is_none_or(|s| secs >= s) && self.end.is_none_or(|e| secs <= e)
+    }
 }
 
 /// The console as E2B's `SandboxLogs`: `{"logs": [{"timestamp", "line"}]}`.
@@ -289,3 +333,21 @@ pub async fn list_snapshots(State(state): State<AppState>, key: KeyId, uri: Uri)
     Ok(Json(rows.iter().filter(wanted).map(SnapshotInfo::from).collect()))
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::MetricsRange;
+
+    #[test]
+    fn a_metrics_range_is_inclusive_open_ended_and_checked() {
+        let range = MetricsRange::from_query(Some("start=10&end=20")).expect("a range");
+        assert!(range.holds(10) && range.holds(20) && !range.holds(9) && !range.holds(21));
+        assert!(MetricsRange::from_query(Some("start=10")).expect("a range").holds(i64::MAX));
+        assert!(MetricsRange::from_query(None).expect("no range").holds(0));
+        let reversed = MetricsRange::from_query(Some("start=20&end=10")).expect_err("refused");
+        assert!(reversed.message.starts_with("Invalid time range for metrics"), "{}", reversed.message);
+        for bad in ["start=-1", "end=soon", "start=1.5"] {
+            assert_eq!(MetricsRange::from_query(Some(bad)).expect_err(bad).status, axum::http::StatusCode::BAD_REQUEST);
+        }
+    }
+}
