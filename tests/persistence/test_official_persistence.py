@@ -37,6 +37,10 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         # The SMBIOS tables live in QEMU's firmware RAM block, not in guest RAM: a pause
         # must keep that block too.
         dmi = sbx.commands.run("sha256sum /sys/firmware/dmi/tables/DMI", user="root").stdout
+        # A background command across the pause (issue 37, item 7): the time the guest
+        # spends paused (seconds, below) does not count against its sleep, which goes on
+        # from where it was once the guest runs again.
+        sbx.commands.run("sleep 5 && echo done > /home/user/after-pause", background=True)
         assert sbx.pause() is True
         assert state_of(sbx.sandbox_id) == "paused"
         # Restored from the template's snapshot, it kept only the pages it changed
@@ -61,6 +65,8 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         # the host across the pause cannot pass unnoticed.
         time.sleep(2)
         back = CodeSandbox.connect(sbx.sandbox_id)
+        assert back.is_running()
+        assert not back.files.exists("/home/user/after-pause"), "the time paused counted against a running sleep"
         assert state_of(sbx.sandbox_id) == "running"
         assert back.run_code("kept").text == "42"
         assert back.files.read("/home/user/notes.txt") == "written before the pause"
@@ -69,6 +75,7 @@ def test_interpreter_variable_file_and_process_survive_pause_and_connect(server)
         assert back.commands.run("sha256sum /sys/firmware/dmi/tables/DMI", user="root").stdout == dmi
         skew = guest_skew(back)
         assert abs(skew) <= 0.1, f"the guest clock is {skew:.3f} s off the host's after the pause"
+        wait_until(lambda: back.files.exists("/home/user/after-pause"), "the command started before the pause to finish", timeout=30)
     finally:
         Sandbox.kill(sbx.sandbox_id)
 
