@@ -3,7 +3,7 @@
 # bench/inspection.py says how, docs/BENCHMARKS.md has the figures). Every byte goes to
 # loopback through hutch's test map.
 source "$(dirname "$0")/lib.sh"
-VENV="$HUTCH_HOME/cache/py-e2b-2.63.0-ci-2.11.5"
+VENV="$E2B_VENV"
 [ -x "$VENV/bin/python" ] || bash scripts/python-tests.sh --install-only
 [ -x ./target/release/hutch ] || build
 "$VENV/bin/python" bench/inspection.py "$@"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Time to interactive through the official E2B Python SDK (issue 31; docs/BENCHMARKS.md).
 source "$(dirname "$0")/lib.sh"
-VENV="$HUTCH_HOME/cache/py-e2b-2.63.0-ci-2.11.5"
+VENV="$E2B_VENV"
 [ -x "$VENV/bin/python" ] || bash scripts/python-tests.sh --install-only
 [ -x ./target/release/hutch ] || build
 "$VENV/bin/python" bench/tti.py

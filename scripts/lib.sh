@@ -5,6 +5,11 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 export HUTCH_HOME="${HUTCH_HOME:-$HOME/.local/share/hutch}"
+# The official Python SDKs the tests and benchmarks drive: the newest on PyPI when last
+# checked (README's compatibility paragraph names the range), in a virtualenv of their own.
+E2B_PY=2.64.0
+E2B_CI_PY=2.11.5
+E2B_VENV="$HUTCH_HOME/cache/py-e2b-$E2B_PY-ci-$E2B_CI_PY"
 AGENT_TARGET=x86_64-unknown-linux-musl
 # The oldest QEMU hutch runs on (docs/ARCHITECTURE.md, "QEMU baseline"); keep in step
 # with hutch_vmm::qemu::MIN_VERSION.

@@ -5,11 +5,11 @@
 # SDKs and tools and runs nothing.
 source "$(dirname "$0")/lib.sh"
 ensure_test_packages
-VENV="$HUTCH_HOME/cache/py-e2b-2.63.0-ci-2.11.5"
+VENV="$E2B_VENV"
 if [ ! -x "$VENV/bin/pytest" ]; then
-  step "installing the official e2b SDKs (e2b 2.63.0, e2b-code-interpreter 2.11.5) and pytest into $VENV"
+  step "installing the official e2b SDKs (e2b $E2B_PY, e2b-code-interpreter $E2B_CI_PY) and pytest into $VENV"
   python3 -m venv "$VENV"
-  "$VENV/bin/pip" install -q "e2b==2.63.0" "e2b-code-interpreter==2.11.5" "pytest==8.3.4"
+  "$VENV/bin/pip" install -q "e2b==$E2B_PY" "e2b-code-interpreter==$E2B_CI_PY" "pytest==8.3.4"
 fi
 if [ ! -x "$VENV/bin/st" ]; then
   # 3.39's data generation breaks on newer hypothesis ('many' object has no attribute 'more').

@@ -232,5 +232,21 @@ def test_javascript_typescript_r_and_java_kernels(server):
         ctx = sbx.create_code_context(language="java", cwd="/tmp")
         assert sbx.run_code('System.getProperty("user.dir")', context=ctx).text == "/tmp"
         assert sbx.run_code("x", context=ctx).error.name == "CompilationException"
+
+        # A guest short of memory loses a kernel, never the server behind port 49999
+        # (issue 37, item 3: a context's create once met a 502 "port is not open"): the
+        # server is immune to the OOM killer, its kernels are not, and a server that
+        # ends all the same comes back.
+        server = "pgrep -xf 'python3 /usr/lib/hutch/code_interpreter.py'"
+        scores = sbx.commands.run(f"cat /proc/$({server})/oom_score_adj /proc/$(pgrep -f HutchJShell | head -1)/oom_score_adj").stdout.split()
+        assert scores == ["-1000", "0"], scores
+        sbx.commands.run(f"kill -9 $({server})", user="root")
+
+        def answers_again() -> bool:
+            try:
+                return sbx.run_code("6 * 7", context=sbx.create_code_context(cwd="/tmp")).text == "42"
+            except Exception:  # the 502 while the server starts again
+                return False
+        wait_until(answers_again, "the code interpreter to answer again after its server was killed", timeout=120)
     finally:
         sbx.kill()

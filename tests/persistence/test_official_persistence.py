@@ -1,5 +1,5 @@
-"""Pause/resume, fork and snapshots through the official SDKs (e2b 2.63.0,
-e2b-code-interpreter 2.11.5), unchanged, against `hutch serve`."""
+"""Pause/resume, fork and snapshots through the official SDKs (e2b and
+e2b-code-interpreter, scripts/lib.sh), unchanged, against `hutch serve`."""
 
 import pytest
 import time

@@ -31,6 +31,7 @@ IDENTITY = "/run/hutch/sandbox.json"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Run in each Python kernel as it starts: E2B's extra result representations.
 PYTHON_FORMATTERS = "/usr/lib/hutch/ipython_formatters.py"
+KERNEL_OOM_DEFAULT = "/usr/lib/hutch/kernel-oom-default"
 JS_REQUIRE = 'import { createRequire as _hutchRequire } from "node:module"; globalThis.require ??= _hutchRequire(%s);'
 # Languages whose kernel (Deno's) may publish a result after the cell's idle status.
 LATE_RESULTS = ("javascript", "typescript")
@@ -100,6 +101,12 @@ class Context:
 
     def start(self):
         self.km = KernelManager(kernel_name=kernel_for(self.language))
+        # This server is immune to the guest's OOM killer (/etc/hutch/start); its kernels,
+        # which inherit that, drop it first (the wrapper), so a guest short of memory
+        # loses a kernel, which `execute` restarts, not the server. Restarts reuse it.
+        spec = self.km.kernel_spec
+        if os.path.exists(KERNEL_OOM_DEFAULT) and spec.argv[:1] != [KERNEL_OOM_DEFAULT]:
+            spec.argv = [KERNEL_OOM_DEFAULT, *spec.argv]
         self.km.start_kernel(cwd=self.cwd if os.path.isdir(self.cwd) else "/")
         self.kc = self.km.client()
         self.kc.start_channels()
@@ -359,6 +366,9 @@ def main():
             except Exception as e:  # a broken kernel must not take the others down
                 print(f"the default {language} kernel did not start: {e}", flush=True)
     threading.Thread(target=start_defaults, daemon=True).start()
+    # A deep accept queue: Python's default of 5 drops the connections of a burst (SDK
+    # calls, health probes) while a kernel's start holds the interpreter.
+    ThreadingHTTPServer.request_queue_size = 128
     server = ThreadingHTTPServer(("127.0.0.1", PORT), Handler)
     server.daemon_threads = True
     server.serve_forever()

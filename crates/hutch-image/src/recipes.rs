@@ -88,6 +88,7 @@ pub const RECIPES: &[Recipe] = &[
             ("usr/lib/hutch/code_interpreter.py", include_str!("../guest/code_interpreter.py"), 0o755),
             ("usr/lib/hutch/ipython_formatters.py", include_str!("../guest/ipython_formatters.py"), 0o644),
             ("etc/hutch/start", CODE_INTERPRETER_START, 0o755),
+            ("usr/lib/hutch/kernel-oom-default", KERNEL_OOM_DEFAULT, 0o755),
             ("usr/lib/hutch/hutch_java_kernel.py", include_str!("../guest/hutch_java_kernel.py"), 0o644),
             ("usr/lib/hutch/java/HutchJShell.java", include_str!("../guest/java/HutchJShell.java"), 0o644),
             ("usr/local/share/jupyter/kernels/javascript/kernel.json", DENO_KERNEL_JS, 0o644),
@@ -139,9 +140,24 @@ pub const RECIPES: &[Recipe] = &[
 const PYTHON_WARM_UP: &str = r#"{"code": "import numpy, pandas, matplotlib.pyplot\n_hutch_shell = get_ipython()\ntry:\n    _hutch_shell.run_cell(\"print(' ', end='')\\n1\", store_history=False)\n    _hutch_shell._showtraceback = lambda *args, **kwargs: None\n    _hutch_shell.run_cell(\"_hutch_warm_up_error\", store_history=False)\nfinally:\n    vars(_hutch_shell).pop(\"_showtraceback\", None)\n    for _hutch_name in (\"last_type\", \"last_value\", \"last_traceback\", \"last_exc\"):\n        vars(__import__(\"sys\")).pop(_hutch_name, None)\n    if _hutch_shell.displayhook.do_full_cache:\n        _hutch_shell.displayhook.flush()\n    del _hutch_shell, _hutch_name\n", "warm_up": true}"#;
 
 /// Run by the agent at boot (see hutch-agent): the code-interpreter server, as `user`.
+/// The guest's OOM killer never picks the server: a sandbox that runs out of memory
+/// loses a kernel (the server restarts it on that context's next cell, and says so),
+/// not port 49999 with every context, which the SDKs see as a 502 "port is not open".
+/// Its kernels go back to the default score (`KERNEL_OOM_DEFAULT`). A server that ends
+/// all the same is started again, its contexts gone, rather than leaving the port shut.
 const CODE_INTERPRETER_START: &str = "#!/bin/sh\n\
 cd /home/user\n\
-exec runuser -u user -- env HOME=/home/user PYTHONUNBUFFERED=1 python3 /usr/lib/hutch/code_interpreter.py >/var/log/code-interpreter.log 2>&1\n";
+echo -1000 > /proc/self/oom_score_adj\n\
+while :; do\n\
+  runuser -u user -- env HOME=/home/user PYTHONUNBUFFERED=1 python3 /usr/lib/hutch/code_interpreter.py >>/var/log/code-interpreter.log 2>&1\n\
+  echo \"hutch: the code interpreter exited ($?); starting it again\" >>/var/log/code-interpreter.log\n\
+  sleep 1\n\
+done\n";
+
+/// Every kernel's command starts with this (code_interpreter.py): the server's OOM
+/// immunity, inherited, is dropped before the kernel runs, so a kernel is what a guest
+/// short of memory loses.
+const KERNEL_OOM_DEFAULT: &str = "#!/bin/sh\necho 0 > /proc/self/oom_score_adj\nexec \"$@\"\n";
 
 /// Deno's kernel for JavaScript and for TypeScript (one binary, a context each); no
 /// colours in results, no update check (a sandbox has no network to check with).

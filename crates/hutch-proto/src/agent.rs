@@ -235,7 +235,7 @@ mod tests {
         let mut short = b"HUTCH-IDLE 5\n".to_vec();
         assert_eq!(find_line(&short, IDLE_REPLY_PREFIX), None);
         short.extend_from_slice(&whole);
-        assert_eq!(find_line(&short, IDLE_REPLY_PREFIX).map(|(start, end, n)| (start, end, n)), Some((13, 13 + whole.len(), 9)));
+        assert_eq!(find_line(&short, IDLE_REPLY_PREFIX), Some((13, 13 + whole.len(), 9)));
     }
 
     #[test]

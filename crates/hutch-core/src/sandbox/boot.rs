@@ -227,21 +227,33 @@ pub(crate) async fn connect_restored(vm: &mut dyn VmHandle, limit: Duration, sta
 /// session: for a guest whose agent another host may have left in any state (an
 /// adoption after a crash, a save that failed), an echoed hello is not enough. A
 /// session that does not serve is closed, which ends it in the guest, and the next is
-/// tried, within `limit`.
-pub(crate) async fn connect_serving(vm: &mut dyn VmHandle, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
+/// tried after a pause (a guest that fails every request at once must not make this a
+/// busy loop), within `limit`.
+pub(crate) async fn connect_serving(vm: &mut dyn VmHandle, id: &str, limit: Duration, started: Instant) -> Result<AgentClient, CreateError> {
     loop {
         let agent = connect_restored(vm, limit, started).await?;
         let last = match tokio::time::timeout(SERVING_WAIT, agent.health()).await {
             Ok(Ok(())) => return Ok(agent),
-            Ok(Err(e)) => format!("the agent took the hello, then failed a request: {}", hutch_proto::error_chain(&e)),
+            // The guest's words, bounded and on one line: they go to the host's log.
+            Ok(Err(e)) => format!("the agent took the hello, then failed a request: {:?}", truncated(&hutch_proto::error_chain(&e), 200)),
             Err(_) => format!("the agent took the hello, then did not answer a request within {} s", SERVING_WAIT.as_secs()),
         };
-        tracing::warn!("{last}; connecting again");
+        tracing::warn!(sandbox = %id, "{last}; connecting again");
         agent.close();
         if started.elapsed() >= limit {
             return Err(CreateError::RestoreTimeout { secs: limit.as_secs(), last });
         }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// How long a new session's first request may take (a health check: milliseconds when

@@ -261,7 +261,7 @@ impl Sandbox {
             _ => return Err(AdoptError::NeverRan { state }),
         }
         std::fs::write(dir.join("owner.pid"), std::process::id().to_string()).map_err(|e| AdoptError::Agent(CreateError::Dir(dir.to_path_buf(), e)))?;
-        let agent = connect_serving(vm.as_mut(), ADOPT_AGENT_WAIT, started).await.map_err(AdoptError::Agent)?;
+        let agent = connect_serving(vm.as_mut(), id.as_str(), ADOPT_AGENT_WAIT, started).await.map_err(AdoptError::Agent)?;
         // The dead server's stack went with it (its flows reset in the guest); QEMU
         // listens again for this one's.
         let net = start_net(&record.spec, &record.network, net_env, None).await.map_err(AdoptError::Agent)?;
@@ -468,7 +468,7 @@ impl Sandbox {
     /// A new agent session after the old one was released.
     async fn reattach(&mut self) {
         if let Some(vm) = self.vm.as_mut() {
-            match connect_serving(vm.as_mut(), Duration::from_secs(30), Instant::now()).await {
+            match connect_serving(vm.as_mut(), self.id.as_str(), Duration::from_secs(30), Instant::now()).await {
                 Ok(agent) => self.agent = agent.with_token(self.agent.access_token()),
                 Err(e) => tracing::warn!(sandbox = %self.id, "reconnecting to the agent: {e}"),
             }
