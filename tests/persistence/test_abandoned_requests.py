@@ -6,28 +6,22 @@ data plane called paused and the API called running."""
 import socket
 import urllib.parse
 
-import httpx
-import pytest
 from e2b import PtySize, Sandbox
 
 from conftest import wait_until
 
 
-def hang_up(server, method: str, path: str, **kw) -> None:
-    """Sends the request and gives up on it at once: the connection closes mid-operation."""
-    with pytest.raises(httpx.TimeoutException):
-        httpx.request(method, server.url + path, headers={"X-API-Key": server.key}, timeout=0.05, **kw)
-
-
-def hang_up_once_begun(server, path: str, begun: str) -> None:
-    """POSTs `path` and closes the connection once the server's log says the operation
-    began (a line holding `begun`). A fixed 50 ms hang-up could land before a loaded
-    server had read the request at all, and then no pause began (seen twice in CI)."""
+def hang_up_once_begun(server, path: str, begun: str, body: bytes = b"") -> None:
+    """POSTs `path` (with a JSON `body`, if any) and closes the connection once the
+    server's log says the operation began (a line holding `begun`). A fixed 50 ms
+    hang-up could land before a loaded server had read the request at all, and then no
+    operation began (seen in CI for a pause, then for a snapshot)."""
     url = urllib.parse.urlsplit(server.url)
-    request = f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nX-API-Key: {server.key}\r\nContent-Length: 0\r\n\r\n"
+    request = (f"POST {path} HTTP/1.1\r\nHost: {url.netloc}\r\nX-API-Key: {server.key}\r\n"
+               f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
     log = server.home / "serve.log"
     with socket.create_connection((url.hostname, url.port), timeout=10) as conn:
-        conn.sendall(request.encode())
+        conn.sendall(request)
         wait_until(lambda: any(begun in line for line in log.read_text(errors="replace").splitlines()), "the server to begin the operation", timeout=60)
 
 
@@ -53,7 +47,7 @@ def test_an_abandoned_snapshot_is_stored_and_the_sandbox_runs_on(server):
     sbx = Sandbox.create("base")
     try:
         sbx.files.write("/home/user/kept", "in the snapshot")
-        hang_up(server, "POST", f"/sandboxes/{sbx.sandbox_id}/snapshots", json={"name": "abandoned"})
+        hang_up_once_begun(server, f"/sandboxes/{sbx.sandbox_id}/snapshots", f"snapshotting sandbox={sbx.sandbox_id}", b'{"name": "abandoned"}')
         listed = lambda: [s for s in server.api().get("/snapshots").json() if "abandoned" in s["names"]]
         snaps = wait_until(listed, "the abandoned snapshot to be stored", timeout=120, detail=lambda: server.api().get("/snapshots").text)
         assert sbx.commands.run("echo runs-on").stdout == "runs-on\n"

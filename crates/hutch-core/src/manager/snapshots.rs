@@ -117,6 +117,9 @@ impl SandboxManager {
     }
 
     async fn create_snapshot_now(&self, key_id: &str, id: &str, name: Option<String>, memory: bool) -> Result<SnapshotRow, ManagerError> {
+        // Said once the operation is its own task (`detached`): from here a client that
+        // hangs up no longer stops it.
+        tracing::info!(sandbox = %id, "snapshotting");
         if let Some(n) = &name {
             validate_name(n)?;
             if self.store.snapshot(key_id, n).await?.is_some() {
