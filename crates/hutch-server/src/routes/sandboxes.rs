@@ -165,13 +165,16 @@ pub async fn connect(
 /// point is the sample taken now, listed only when now is in the range.
 pub async fn metrics(State(state): State<AppState>, key: KeyId, Path(id): Path<String>, uri: axum::http::Uri) -> Result<Json<Vec<SandboxMetric>>, ApiError> {
     let range = MetricsRange::from_query(uri.query())?;
-    let m = state.manager.metrics(&key.0, &id).await?;
     // The host's clock dates the point (both fields), as it judges the range.
     let now = std::time::SystemTime::now();
     let now_secs = now.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
     if !range.holds(now_secs) {
+        // No sample is asked of the guest (it takes 100 ms there) for a range that
+        // cannot hold it; an unknown sandbox is still a 404.
+        state.manager.get(&key.0, &id)?;
         return Ok(Json(Vec::new()));
     }
+    let m = state.manager.metrics(&key.0, &id).await?;
     Ok(Json(vec![SandboxMetric {
         timestamp: hutch_core::store::rfc3339(now),
         timestamp_unix: now_secs,
