@@ -1,5 +1,13 @@
 //! A minimal QMP client: greeting, capabilities negotiation, commands; asynchronous
 //! events are skipped while waiting for a reply.
+//!
+//! Every command carries an `id` no other connection uses, and only the reply with that
+//! id answers it. A reply can outlive its connection: QEMU reads a command on its monitor
+//! thread and runs it on the main thread, which a migration can hold for a while; when
+//! the client that sent it has died meanwhile (a server killed mid-save), the reply goes
+//! to whoever is connected next. Taken unchecked, a dead server's `query-migrate`
+//! (`"status": "completed"`) once answered an adopting server's `query-status`, and the
+//! running sandbox was removed as "loaded but never ran".
 
 use serde_json::{json, Value};
 use std::path::Path;
@@ -28,6 +36,14 @@ pub const QMP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30)
 
 /// A QMP line longer than this is not QEMU talking.
 const MAX_LINE: u64 = 1 << 20;
+
+/// Numbers this process's commands; with the pid, no other process (a dead server whose
+/// replies are still on their way) has used the same id.
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn command_id() -> String {
+    format!("hutch-{}-{}", std::process::id(), NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+}
 
 pub struct Qmp {
     reader: BufReader<OwnedReadHalf>,
@@ -112,7 +128,8 @@ impl Qmp {
     }
 
     async fn exchange(&mut self, command: &str, arguments: Option<Value>, fd: Option<std::os::fd::BorrowedFd<'_>>) -> Result<Value, QmpError> {
-        let mut msg = json!({ "execute": command });
+        let id = command_id();
+        let mut msg = json!({ "execute": command, "id": id });
         if let Some(args) = arguments {
             msg["arguments"] = args;
         }
@@ -124,6 +141,13 @@ impl Qmp {
         }
         loop {
             let reply = self.read_message().await?;
+            if reply.get("event").is_some() {
+                continue; // not ours to handle here
+            }
+            if reply.get("id").and_then(Value::as_str) != Some(id.as_str()) {
+                tracing::debug!(command, stale = %reply, "QMP reply to a command this connection did not send; skipped");
+                continue;
+            }
             if let Some(ret) = reply.get("return") {
                 return Ok(ret.clone());
             }
@@ -131,7 +155,69 @@ impl Qmp {
                 let field = |k: &str| err.get(k).and_then(Value::as_str).unwrap_or("").to_string();
                 return Err(QmpError::Command { command: command.into(), class: field("class"), desc: field("desc") });
             }
-            // An event ({"event": ...}): not ours to handle here.
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::net::UnixListener;
+
+    /// A QMP server that answers each command with `reply(command_line)`'s lines.
+    async fn serve(listener: UnixListener, reply: impl Fn(&Value) -> Vec<Value> + Send + 'static) {
+        let (stream, _) = listener.accept().await.unwrap();
+        let (r, mut w) = stream.into_split();
+        w.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n").await.unwrap();
+        let mut lines = BufReader::new(r).lines();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            let cmd: Value = serde_json::from_str(&line).unwrap();
+            for out in reply(&cmd) {
+                w.write_all(format!("{out}\n").as_bytes()).await.unwrap();
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reply_left_by_another_connection_does_not_answer_a_command() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        // Before every reply: a dead client's query-migrate answer (id from another
+        // process), one without any id, and an event.
+        tokio::spawn(serve(listener, |cmd| {
+            let answer = match cmd["execute"].as_str() {
+                Some("query-status") => json!({"status": "running", "running": true}),
+                _ => json!({}),
+            };
+            vec![
+                json!({"return": {"status": "completed"}, "id": "hutch-1-7"}),
+                json!({"return": {"status": "completed"}}),
+                json!({"event": "STOP", "timestamp": {"seconds": 0, "microseconds": 0}}),
+                json!({"return": answer, "id": cmd["id"]}),
+            ]
+        }));
+        let mut qmp = Qmp::connect(&path).await.unwrap();
+        let status = qmp.execute("query-status", None).await.unwrap();
+        assert_eq!(status["status"], "running");
+    }
+
+    #[tokio::test]
+    async fn an_error_for_this_command_is_its_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        tokio::spawn(serve(listener, |cmd| match cmd["execute"].as_str() {
+            Some("qmp_capabilities") => vec![json!({"return": {}, "id": cmd["id"]})],
+            _ => vec![
+                json!({"error": {"class": "GenericError", "desc": "not this one"}, "id": "hutch-1-8"}),
+                json!({"error": {"class": "CommandNotFound", "desc": "The command nope has not been found"}, "id": cmd["id"]}),
+            ],
+        }));
+        let mut qmp = Qmp::connect(&path).await.unwrap();
+        match qmp.execute("nope", None).await {
+            Err(QmpError::Command { class, .. }) => assert_eq!(class, "CommandNotFound"),
+            other => panic!("expected the command's own error, got {other:?}"),
         }
     }
 }
