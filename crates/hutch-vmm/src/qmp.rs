@@ -166,23 +166,23 @@ mod tests {
 
     /// A QMP server that answers each command with `reply(command_line)`'s lines.
     async fn serve(listener: UnixListener, reply: impl Fn(&Value) -> Vec<Value> + Send + 'static) {
-        let (stream, _) = listener.accept().await.unwrap();
+        let (stream, _) = listener.accept().await.expect("test QMP server");
         let (r, mut w) = stream.into_split();
-        w.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n").await.unwrap();
+        w.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n").await.expect("test QMP server");
         let mut lines = BufReader::new(r).lines();
-        while let Some(line) = lines.next_line().await.unwrap() {
-            let cmd: Value = serde_json::from_str(&line).unwrap();
+        while let Some(line) = lines.next_line().await.expect("test QMP server") {
+            let cmd: Value = serde_json::from_str(&line).expect("test QMP server");
             for out in reply(&cmd) {
-                w.write_all(format!("{out}\n").as_bytes()).await.unwrap();
+                w.write_all(format!("{out}\n").as_bytes()).await.expect("test QMP server");
             }
         }
     }
 
     #[tokio::test]
     async fn a_reply_left_by_another_connection_does_not_answer_a_command() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("qmp.sock");
-        let listener = UnixListener::bind(&path).unwrap();
+        let listener = UnixListener::bind(&path).expect("binding the test socket");
         // Before every reply: a dead client's query-migrate answer (id from another
         // process), one without any id, and an event.
         tokio::spawn(serve(listener, |cmd| {
@@ -197,16 +197,16 @@ mod tests {
                 json!({"return": answer, "id": cmd["id"]}),
             ]
         }));
-        let mut qmp = Qmp::connect(&path).await.unwrap();
-        let status = qmp.execute("query-status", None).await.unwrap();
+        let mut qmp = Qmp::connect(&path).await.expect("connecting and negotiating");
+        let status = qmp.execute("query-status", None).await.expect("query-status answered");
         assert_eq!(status["status"], "running");
     }
 
     #[tokio::test]
     async fn an_error_for_this_command_is_its_answer() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("a temporary directory");
         let path = dir.path().join("qmp.sock");
-        let listener = UnixListener::bind(&path).unwrap();
+        let listener = UnixListener::bind(&path).expect("binding the test socket");
         tokio::spawn(serve(listener, |cmd| match cmd["execute"].as_str() {
             Some("qmp_capabilities") => vec![json!({"return": {}, "id": cmd["id"]})],
             _ => vec![
@@ -214,7 +214,7 @@ mod tests {
                 json!({"error": {"class": "CommandNotFound", "desc": "The command nope has not been found"}, "id": cmd["id"]}),
             ],
         }));
-        let mut qmp = Qmp::connect(&path).await.unwrap();
+        let mut qmp = Qmp::connect(&path).await.expect("connecting and negotiating");
         match qmp.execute("nope", None).await {
             Err(QmpError::Command { class, .. }) => assert_eq!(class, "CommandNotFound"),
             other => panic!("expected the command's own error, got {other:?}"),
