@@ -17,6 +17,7 @@ pub mod pruning;
 pub mod references;
 pub mod sandbox;
 pub mod secrets;
+mod shell_warm_up;
 pub mod snapshot;
 pub mod store;
 pub mod sweep;

@@ -29,7 +29,8 @@ const FORMAT: &str = "hutch-snapshot-3";
 
 /// What the snapshot's guest ran before it was saved: a change means a new snapshot.
 fn warm_up_id(artifacts: &Artifacts, memory_mib: u32) -> String {
-    artifacts.template.warm_up(memory_mib).map(|w| format!("{} {}", w.path, w.body)).collect::<Vec<_>>().join("\n")
+    let service = artifacts.template.warm_up(memory_mib).map(|w| format!("{} {}", w.path, w.body));
+    std::iter::once(crate::shell_warm_up::WHAT.to_string()).chain(service).collect::<Vec<_>>().join("\n")
 }
 
 /// How long a hutch waits for another one making the same template snapshot (a boot
@@ -219,6 +220,11 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
                 .await
                 .map_err(|detail| TemplateSnapshotError::WarmUp { port, detail: format!("{detail}; console:\n{}", console_tail(&spec.console_log(), 20)) })?;
         }
+    }
+    // Best effort, as in the pool: an image without bash makes a snapshot all the same.
+    let user = artifacts.template.source.as_ref().and_then(|s| s.defaults.user.as_deref());
+    if let Err(e) = crate::shell_warm_up::warm_shells(&agent, user).await {
+        tracing::debug!(template = %artifacts.template.name, "warming the template's shells up: {e}");
     }
     if let Some(defaults) = artifacts.template.source.as_ref().map(|s| &s.defaults) {
         start_command(&agent, defaults)

@@ -315,29 +315,17 @@ impl Leaving<'_> {
 /// How long a pooled sandbox's warm-up may take before it is pooled as it is.
 const PREWARM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Runs what SDKs run first in a pooled sandbox before anyone takes it: every
-/// `commands.run` starts `/bin/bash -l -c CMD` as the template's user, and a template
-/// with a service (the code interpreter) gets its first warm-up request again (a
-/// Python cell, not counted: the user's first cell is still number 1). Under TCG a
-/// fresh QEMU translates that code on its first run, and the translation stays with
-/// the QEMU: measured through the official SDKs, a pooled sandbox's first command took
-/// 245-270 ms and the next 52, its first `run_code` 460 ms and the next 145
-/// (docs/BENCHMARKS.md). Best effort: a guest without bash or that user, or whose
-/// service does not answer, is pooled all the same.
+/// Runs what SDKs run first in a pooled sandbox before anyone takes it: the shells
+/// (`shell_warm_up`), and for a template with a service (the code interpreter) its
+/// first warm-up request again (a Python cell, not counted: the user's first cell is
+/// still number 1). Under TCG a fresh QEMU translates that code on its first run, and
+/// the translation stays with the QEMU: measured through the official SDKs, a pooled
+/// sandbox's first command took 245-270 ms and the next 52, its first `run_code` 460
+/// ms and the next 145 (docs/BENCHMARKS.md). Best effort: a guest without bash or that
+/// user, or whose service does not answer, is pooled all the same.
 /// Warms a sandbox up for the pool; an error says why it must not wait there.
 async fn prewarm(sandbox: &Sandbox, artifacts: &Artifacts, user: Option<&str>) -> Result<(), String> {
-    let request = hutch_proto::process::StartRequest {
-        process: hutch_proto::process::ProcessConfig { cmd: "/bin/bash".into(), args: vec!["-l".into(), "-c".into(), "true".into()], envs: Default::default(), cwd: None },
-        pty: None,
-        tag: None,
-        stdin: Some(false),
-    };
-    let agent = sandbox.agent().as_user(Some(user.unwrap_or("user")));
-    let shell = async {
-        let mut stream = agent.start(&request).await?;
-        while stream.next().await.is_some() {}
-        Ok::<_, hutch_envd::AgentError>(())
-    };
+    let shell = crate::shell_warm_up::warm_shells(sandbox.agent(), user);
     let service = async {
         let template = &artifacts.template;
         match (template.ready_port(), template.warm_up(sandbox.memory_mib()).next()) {
