@@ -3,8 +3,10 @@
 Base template, official `e2b` SDK: `Sandbox.create()` then the first
 `commands.run("true")`, split into its two calls, and a second `commands.run("true")`
 in the same sandbox (the same run's floor: a command round trip once nothing is cold).
-Code interpreter, official `e2b_code_interpreter` SDK: `Sandbox.create()` then the
-first `run_code("1")`, and a second `run_code("1")` as its floor.
+Base template, a terminal: `Sandbox.create()` then `pty.create` and `echo $ABC` typed,
+until the echo's output, twice (issue 37, item 8). Code interpreter, official
+`e2b_code_interpreter` SDK: `Sandbox.create()` then the first `run_code("1")`, and a
+second `run_code("1")` as its floor.
 
 The server logs each create's phases (`HUTCH_LOG=hutch_core=debug`: admission, the
 VM, the record), and a second table splits the creates of each row by them: what
@@ -25,6 +27,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -101,6 +104,15 @@ def measure(Sandbox, first, url, template, refilled):
     return (create, first_call, second), ids
 
 
+def drain(terminal, on_pty):
+    """Reads a terminal until it ends; the kill that ends it is the caller's."""
+    from e2b.sandbox.commands.command_handle import CommandExitException
+    try:
+        terminal.wait(on_pty=on_pty)
+    except CommandExitException:
+        pass
+
+
 def row(name, create, first, second):
     tti = [a + b for a, b in zip(create, first)]
     ms = lambda v: f"{v * 1000:.1f}"  # noqa: E731
@@ -119,8 +131,28 @@ def main():
         execution = sbx.run_code("1")
         assert execution.text == "1", execution
 
+    def terminal_echo(sbx):
+        """A terminal's first answer: `pty.create`, `echo $ABC` typed, until its output
+        (what E2B's own PTY test gives 300 ms)."""
+        from e2b.sandbox.commands.command_handle import PtySize
+        seen, out = threading.Event(), bytearray()
+
+        def on_pty(data):
+            out.extend(data)
+            if b"123\r\n" in out.split(b"echo $ABC", 1)[-1]:
+                seen.set()
+
+        terminal = sbx.pty.create(PtySize(24, 80), envs={"ABC": "123"}, timeout=0)
+        reader = threading.Thread(target=lambda: drain(terminal, on_pty), daemon=True)
+        reader.start()
+        sbx.pty.send_stdin(terminal.pid, b"echo $ABC\n")
+        assert seen.wait(30), bytes(out)
+        sbx.pty.kill(terminal.pid)
+        reader.join(30)
+
     kinds = [
         ("base, `commands.run`", e2b.Sandbox, run_true, "base"),
+        ("base, `pty.create` and an `echo`", e2b.Sandbox, terminal_echo, "base"),
         ("code interpreter, `run_code`", e2b_code_interpreter.Sandbox, run_code, "code-interpreter"),
     ]
     print("| template, first call | server | create p50 | first call p50 | TTI p50 | TTI p95 | second call p50 (floor) | TTI / floor |")

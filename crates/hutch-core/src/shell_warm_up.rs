@@ -17,8 +17,9 @@ use std::time::Duration;
 /// What `warm_shells` runs, in a template snapshot's key: a change makes new snapshots.
 pub(crate) const WHAT: &str = "shells: bash -l -c true; bash -i -l on a terminal";
 
-/// How long the terminal may take to run `exit` before it is killed.
-const TERMINAL_WAIT: Duration = Duration::from_secs(10);
+/// How long each shell may take to end before its process group is killed: a profile
+/// that waits for something holds neither a template's snapshot nor a pool.
+const SHELL_WAIT: Duration = Duration::from_secs(10);
 
 fn bash(args: &[&str], envs: &[(&str, &str)]) -> ProcessConfig {
     ProcessConfig {
@@ -34,8 +35,7 @@ fn bash(args: &[&str], envs: &[(&str, &str)]) -> ProcessConfig {
 pub(crate) async fn warm_shells(agent: &AgentClient, user: Option<&str>) -> Result<(), AgentError> {
     let agent = agent.as_user(Some(user.unwrap_or("user")));
     let command = StartRequest { process: bash(&["-l", "-c", "true"], &[]), pty: None, tag: None, stdin: Some(false) };
-    let mut stream = agent.start(&command).await?;
-    while stream.next().await.is_some() {}
+    run_bounded(&agent, &command, None).await?;
     // What the official SDKs' `pty.create` sends (their terminal and locale), and an
     // empty HISTFILE: the user's history file must not start with the warm-up's lines.
     let terminal = StartRequest {
@@ -44,12 +44,19 @@ pub(crate) async fn warm_shells(agent: &AgentClient, user: Option<&str>) -> Resu
         tag: None,
         stdin: Some(true),
     };
-    let mut stream = agent.start(&terminal).await?;
+    // Typed before the shell reads: the terminal holds it, as for a user.
+    run_bounded(&agent, &terminal, Some(b"echo $TERM\nexit\n")).await
+}
+
+/// Starts `request`, types `typed` on its terminal, and reads its output until it ends,
+/// at most `SHELL_WAIT`; then its process group is killed.
+async fn run_bounded(agent: &AgentClient, request: &StartRequest, typed: Option<&'static [u8]>) -> Result<(), AgentError> {
+    let mut stream = agent.start(request).await?;
     let pid = stream.pid;
-    // Typed before the shell reads: the terminal holds it, as for a user. A shell that
-    // does not exit on it (a profile waiting for something) is killed.
-    agent.send_pty(pid, bytes::Bytes::from_static(b"echo $TERM\nexit\n")).await?;
-    if tokio::time::timeout(TERMINAL_WAIT, async { while stream.next().await.is_some() {} }).await.is_err() {
+    if let Some(typed) = typed {
+        agent.send_pty(pid, bytes::Bytes::from_static(typed)).await?;
+    }
+    if tokio::time::timeout(SHELL_WAIT, async { while stream.next().await.is_some() {} }).await.is_err() {
         agent.signal(pid, Signal::Kill).await?;
     }
     Ok(())
