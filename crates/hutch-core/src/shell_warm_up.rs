@@ -15,7 +15,7 @@ use hutch_proto::process::{ProcessConfig, Pty, PtySize, Signal, StartRequest};
 use std::time::Duration;
 
 /// What `warm_shells` runs, in a template snapshot's key: a change makes new snapshots.
-pub(crate) const WHAT: &str = "shells: bash -l -c true; bash -i -l on a terminal";
+pub(crate) const WHAT: &str = "shells first: bash -l -c true; bash -i -l on a terminal";
 
 /// How long each shell may take to end before its process group is killed: a profile
 /// that waits for something holds neither a template's snapshot nor a pool.
