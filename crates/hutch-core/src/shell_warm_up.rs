@@ -21,6 +21,11 @@ pub(crate) const WHAT: &str = "shells first: bash -l -c true; bash -i -l on a te
 /// that waits for something holds neither a template's snapshot nor a pool.
 const SHELL_WAIT: Duration = Duration::from_secs(10);
 
+/// How long a caller gives `warm_shells` in all (two shells and their kills, each call
+/// to the agent bounded on its own): past it, an agent that does not answer is not
+/// waited for.
+pub(crate) const WARM_SHELLS_WAIT: Duration = Duration::from_secs(30);
+
 fn bash(args: &[&str], envs: &[(&str, &str)]) -> ProcessConfig {
     ProcessConfig {
         cmd: "/bin/bash".into(),
@@ -44,8 +49,9 @@ pub(crate) async fn warm_shells(agent: &AgentClient, user: Option<&str>) -> Resu
         tag: None,
         stdin: Some(true),
     };
-    // Typed before the shell reads: the terminal holds it, as for a user.
-    run_bounded(&agent, &terminal, Some(b"echo $TERM\nexit\n")).await
+    // Typed before the shell reads: the terminal holds it, as for a user. HISTFILE is
+    // unset again in case a profile set it.
+    run_bounded(&agent, &terminal, Some(b"unset HISTFILE; echo $TERM\nexit\n")).await
 }
 
 /// Starts `request`, types `typed` on its terminal, and reads its output until it ends,
@@ -53,11 +59,20 @@ pub(crate) async fn warm_shells(agent: &AgentClient, user: Option<&str>) -> Resu
 async fn run_bounded(agent: &AgentClient, request: &StartRequest, typed: Option<&'static [u8]>) -> Result<(), AgentError> {
     let mut stream = agent.start(request).await?;
     let pid = stream.pid;
-    if let Some(typed) = typed {
-        agent.send_pty(pid, bytes::Bytes::from_static(typed)).await?;
+    let ran = async {
+        if let Some(typed) = typed {
+            agent.send_pty(pid, bytes::Bytes::from_static(typed)).await?;
+        }
+        while stream.next().await.is_some() {}
+        Ok::<_, AgentError>(())
+    };
+    match tokio::time::timeout(SHELL_WAIT, ran).await {
+        Ok(Ok(())) => Ok(()),
+        // Whatever went wrong once it started, it does not stay behind (in a snapshot
+        // every sandbox of the template restores, or in a pooled sandbox).
+        failed => {
+            agent.signal(pid, Signal::Kill).await?;
+            failed.unwrap_or(Ok(()))
+        }
     }
-    if tokio::time::timeout(SHELL_WAIT, async { while stream.next().await.is_some() {} }).await.is_err() {
-        agent.signal(pid, Signal::Kill).await?;
-    }
-    Ok(())
 }

@@ -37,12 +37,22 @@ pub const QMP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30)
 /// A QMP line longer than this is not QEMU talking.
 const MAX_LINE: u64 = 1 << 20;
 
-/// Numbers this process's commands; with the pid, no other process (a dead server whose
-/// replies are still on their way) has used the same id.
+/// Numbers this process's commands.
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
+/// This process's part of every id: its pid and the time it first sent a command, so
+/// that a dead server with the same pid (recycled, or PID 1 of a container started
+/// again) never used it.
+fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or_default();
+        format!("hutch-{}-{nanos:x}", std::process::id())
+    })
+}
+
 fn command_id() -> String {
-    format!("hutch-{}-{}", std::process::id(), NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+    format!("{}-{}", process_tag(), NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
 }
 
 pub struct Qmp {
@@ -145,7 +155,8 @@ impl Qmp {
                 continue; // not ours to handle here
             }
             if reply.get("id").and_then(Value::as_str) != Some(id.as_str()) {
-                tracing::debug!(command, stale = %reply, "QMP reply to a command this connection did not send; skipped");
+                let stale: String = reply.get("id").map(Value::to_string).unwrap_or_default().chars().take(80).collect();
+                tracing::debug!(command, stale_id = %stale, "QMP reply to a command this connection did not send; skipped");
                 continue;
             }
             if let Some(ret) = reply.get("return") {

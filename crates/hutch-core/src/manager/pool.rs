@@ -312,7 +312,7 @@ impl Leaving<'_> {
     }
 }
 
-/// How long a pooled sandbox's warm-up may take before it is pooled as it is.
+/// How long a pooled sandbox's service warm-up may take before the sandbox is stopped.
 const PREWARM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Runs what SDKs run first in a pooled sandbox before anyone takes it: the shells
@@ -325,7 +325,15 @@ const PREWARM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// user, or whose service does not answer, is pooled all the same.
 /// Warms a sandbox up for the pool; an error says why it must not wait there.
 async fn prewarm(sandbox: &Sandbox, artifacts: &Artifacts, user: Option<&str>) -> Result<(), String> {
-    let shell = crate::shell_warm_up::warm_shells(sandbox.agent(), user);
+    // Each with its own time: a slow profile does not eat the service's.
+    let shells = tokio::time::timeout(crate::shell_warm_up::WARM_SHELLS_WAIT, crate::shell_warm_up::warm_shells(sandbox.agent(), user));
+    match shells.await {
+        Ok(Ok(())) => {}
+        // An image without bash: the sandbox is as good as one that has it.
+        Ok(Err(e)) => tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox's shell up: {e}"),
+        // Its agent does not answer: a user would wait behind whatever it does.
+        Err(_) => return Err(format!("its shells' warm-up took more than {} s", crate::shell_warm_up::WARM_SHELLS_WAIT.as_secs())),
+    }
     let service = async {
         let template = &artifacts.template;
         match (template.ready_port(), template.warm_up(sandbox.memory_mib()).next()) {
@@ -333,19 +341,11 @@ async fn prewarm(sandbox: &Sandbox, artifacts: &Artifacts, user: Option<&str>) -
             _ => Ok(()),
         }
     };
-    match tokio::time::timeout(PREWARM_WAIT, async { (shell.await, service.await) }).await {
-        Ok((shell, service)) => {
-            // An image without bash: the sandbox is as good as one that has it.
-            if let Err(e) = shell {
-                tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox's shell up: {e}");
-            }
-            match service {
-                Ok(()) => Ok(()),
-                Err(e) => Err(format!("its service's warm-up failed: {e}")),
-            }
-        }
+    match tokio::time::timeout(PREWARM_WAIT, service).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(format!("its service's warm-up failed: {e}")),
         // The warm-up may still run in the guest: a user would wait behind it, or
         // find what it left half done.
-        Err(_) => Err(format!("its warm-up took more than {} s", PREWARM_WAIT.as_secs())),
+        Err(_) => Err(format!("its service's warm-up took more than {} s", PREWARM_WAIT.as_secs())),
     }
 }
