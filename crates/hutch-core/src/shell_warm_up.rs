@@ -21,10 +21,20 @@ pub(crate) const WHAT: &str = "shells first: bash -l -c true; bash -i -l on a te
 /// that waits for something holds neither a template's snapshot nor a pool.
 const SHELL_WAIT: Duration = Duration::from_secs(10);
 
-/// How long a caller gives `warm_shells` in all (two shells and their kills, each call
-/// to the agent bounded on its own): past it, an agent that does not answer is not
-/// waited for.
-pub(crate) const WARM_SHELLS_WAIT: Duration = Duration::from_secs(30);
+/// How long `warm_shells` takes in all at most (two shells and their kills, each call to
+/// the agent bounded on its own): past it, an agent that does not answer is not waited
+/// for.
+const WARM_SHELLS_WAIT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum WarmShellsError {
+    /// The guest said no (no bash, no such user): a sandbox as good as one with them.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The agent did not answer in time: whatever it is doing, a user would wait behind it.
+    #[error("the shells' warm-up did not end within {} s", WARM_SHELLS_WAIT.as_secs())]
+    Timeout,
+}
 
 fn bash(args: &[&str], envs: &[(&str, &str)]) -> ProcessConfig {
     ProcessConfig {
@@ -35,9 +45,13 @@ fn bash(args: &[&str], envs: &[(&str, &str)]) -> ProcessConfig {
     }
 }
 
-/// Runs both shells to their end as `user` (the template's, or "user"). A guest without
-/// bash or that user answers with the error; the caller decides what it means.
-pub(crate) async fn warm_shells(agent: &AgentClient, user: Option<&str>) -> Result<(), AgentError> {
+/// Runs both shells to their end as `user` (the template's, or "user"), within
+/// `WARM_SHELLS_WAIT`; the caller decides what an error means.
+pub(crate) async fn warm_shells(agent: &AgentClient, user: Option<&str>) -> Result<(), WarmShellsError> {
+    tokio::time::timeout(WARM_SHELLS_WAIT, run_shells(agent, user)).await.map_err(|_| WarmShellsError::Timeout)?.map_err(WarmShellsError::from)
+}
+
+async fn run_shells(agent: &AgentClient, user: Option<&str>) -> Result<(), AgentError> {
     let agent = agent.as_user(Some(user.unwrap_or("user")));
     let command = StartRequest { process: bash(&["-l", "-c", "true"], &[]), pty: None, tag: None, stdin: Some(false) };
     run_bounded(&agent, &command, None).await?;

@@ -218,10 +218,11 @@ async fn make(artifacts: &Artifacts, backend: &dyn VmBackend, opts: &SandboxOpti
     // other order cost a restored code interpreter 120 ms more to restore and 600 ms
     // more for its first cell, repeatably (docs/BENCHMARKS.md).
     let user = artifacts.template.source.as_ref().and_then(|s| s.defaults.user.as_deref());
-    match tokio::time::timeout(crate::shell_warm_up::WARM_SHELLS_WAIT, crate::shell_warm_up::warm_shells(&agent, user)).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::debug!(template = %artifacts.template.name, "warming the template's shells up: {e}"),
-        Err(_) => tracing::warn!(template = %artifacts.template.name, "the template's shells did not end within {} s; saving its snapshot without waiting for them", crate::shell_warm_up::WARM_SHELLS_WAIT.as_secs()),
+    use crate::shell_warm_up::{warm_shells, WarmShellsError};
+    match warm_shells(&agent, user).await {
+        Ok(()) => {}
+        Err(e @ WarmShellsError::Agent(_)) => tracing::debug!(template = %artifacts.template.name, "warming the template's shells up: {e}"),
+        Err(e @ WarmShellsError::Timeout) => tracing::warn!(template = %artifacts.template.name, "{e}; saving its snapshot without waiting for them"),
     }
     if let Some(port) = artifacts.template.ready_port() {
         wait_for_port(&agent, port, opts.boot_timeout, started, dir).await.map_err(TemplateSnapshotError::Boot)?;

@@ -321,18 +321,16 @@ const PREWARM_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 /// still number 1). Under TCG a fresh QEMU translates that code on its first run, and
 /// the translation stays with the QEMU: measured through the official SDKs, a pooled
 /// sandbox's first command took 245-270 ms and the next 52, its first `run_code` 460
-/// ms and the next 145 (docs/BENCHMARKS.md). Best effort: a guest without bash or that
-/// user, or whose service does not answer, is pooled all the same.
-/// Warms a sandbox up for the pool; an error says why it must not wait there.
+/// ms and the next 145 (docs/BENCHMARKS.md). A guest without bash or that user is
+/// pooled all the same; one whose agent or service does not answer in time, or whose
+/// service's warm-up fails, is not: the error says why it must not wait there.
 async fn prewarm(sandbox: &Sandbox, artifacts: &Artifacts, user: Option<&str>) -> Result<(), String> {
     // Each with its own time: a slow profile does not eat the service's.
-    let shells = tokio::time::timeout(crate::shell_warm_up::WARM_SHELLS_WAIT, crate::shell_warm_up::warm_shells(sandbox.agent(), user));
-    match shells.await {
-        Ok(Ok(())) => {}
-        // An image without bash: the sandbox is as good as one that has it.
-        Ok(Err(e)) => tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox's shell up: {e}"),
-        // Its agent does not answer: a user would wait behind whatever it does.
-        Err(_) => return Err(format!("its shells' warm-up took more than {} s", crate::shell_warm_up::WARM_SHELLS_WAIT.as_secs())),
+    use crate::shell_warm_up::{warm_shells, WarmShellsError};
+    match warm_shells(sandbox.agent(), user).await {
+        Ok(()) => {}
+        Err(e @ WarmShellsError::Agent(_)) => tracing::debug!(sandbox = %sandbox.id(), "warming a pooled sandbox's shell up: {e}"),
+        Err(e @ WarmShellsError::Timeout) => return Err(e.to_string()),
     }
     let service = async {
         let template = &artifacts.template;
