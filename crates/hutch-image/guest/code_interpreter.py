@@ -15,6 +15,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import zmq
 from jupyter_client import KernelManager
 from jupyter_client.kernelspec import KernelSpecManager
 
@@ -90,6 +91,73 @@ def kernel_for(language):
     raise LookupError(f"no kernel for language '{language}' is installed (installed: {', '.join(sorted(specs))})")
 
 
+class Channels:
+    """A kernel's shell and IOPub sockets: plain blocking ZeroMQ, framed and signed by
+    the kernel's own session. Not jupyter_client's BlockingKernelClient: its 7.x (the
+    one Debian has) runs every send, receive and liveness check through a nested
+    asyncio loop, which under TCG cost ~30 ms of each cell (docs/BENCHMARKS.md)."""
+
+    def __init__(self, km):
+        self.session = km.session
+        self.shell = km.connect_shell(identity=self.session.bsession)
+        self.iopub = km.connect_iopub()
+
+    def send(self, msg_type, content):
+        return self.session.send(self.shell, msg_type, content)["header"]["msg_id"]
+
+    def execute(self, code, silent=False, store_history=True):
+        """Sends an execute request; returns its id. Its reply on the shell socket is
+        not read (results come on IOPub): `discard_replies` drops it later."""
+        return self.send("execute_request", {
+            "code": code, "silent": silent, "store_history": store_history and not silent,
+            "user_expressions": {}, "allow_stdin": False, "stop_on_error": True,
+        })
+
+    def receive(self, socket, timeout, parents=None):
+        """The next message on `socket` within `timeout` seconds (queue.Empty if none).
+        With `parents`, a message answering none of those requests comes back as None,
+        its parent read without checking the signature or decoding the rest."""
+        if not socket.poll(timeout * 1000):
+            raise queue.Empty
+        _, frames = self.session.feed_identities(socket.recv_multipart())
+        if parents is not None and json.loads(frames[2]).get("msg_id") not in parents:
+            return None
+        return self.session.deserialize(frames)
+
+    def discard_replies(self):
+        while self.shell.poll(0):
+            self.shell.recv_multipart()
+
+    def wait_ready(self, alive, timeout):
+        """As jupyter_client's wait_for_ready: a kernel_info reply on the shell socket,
+        then any IOPub message, which proves this subscription is in place (a message
+        published before it would be lost)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.send("kernel_info_request", {})
+            try:
+                reply = self.receive(self.shell, 1)
+            except queue.Empty:
+                reply = None
+            if reply is not None and reply["msg_type"] == "kernel_info_reply":
+                try:
+                    self.receive(self.iopub, 0.2)
+                    break
+                except queue.Empty:
+                    pass
+            if not alive():
+                raise RuntimeError("the kernel exited before it answered")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the kernel did not answer within {timeout} s")
+        while self.iopub.poll(0):
+            self.iopub.recv_multipart()
+        self.discard_replies()
+
+    def close(self):
+        self.shell.close(linger=0)
+        self.iopub.close(linger=0)
+
+
 class Context:
     def __init__(self, language, cwd):
         self.id = str(uuid.uuid4())
@@ -108,19 +176,24 @@ class Context:
         if os.path.exists(KERNEL_OOM_DEFAULT) and spec.argv[:1] != [KERNEL_OOM_DEFAULT]:
             spec.argv = [KERNEL_OOM_DEFAULT, *spec.argv]
         self.km.start_kernel(cwd=self.cwd if os.path.isdir(self.cwd) else "/")
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=300)
-        self.prepare()
+        self.connect()
 
     def restart(self):
-        self.kc.stop_channels()
+        self.channels.close()
         self.applied = {}
         self.km.restart_kernel(now=True)
-        self.kc = self.km.client()
-        self.kc.start_channels()
-        self.kc.wait_for_ready(timeout=300)
+        self.connect()
+
+    def connect(self):
+        self.channels = Channels(self.km)
+        self.channels.wait_ready(self.alive, timeout=300)
         self.prepare()
+
+    def alive(self):
+        # The kernel's process, polled directly: KernelManager.is_alive goes through
+        # an asyncio loop (see Channels).
+        process = getattr(self.km.provisioner, "process", None)
+        return process.poll() is None if process is not None else self.km.is_alive()
 
     def prepare(self):
         """What a new kernel runs before any cell (in its own namespace, not the user's)."""
@@ -132,7 +205,7 @@ class Context:
             self.run_silently(JS_REQUIRE % json.dumps(os.path.join(self.cwd, "")))
 
     def shutdown(self):
-        self.kc.stop_channels()
+        self.channels.close()
         self.km.shutdown_kernel(now=True)
 
     def describe(self):
@@ -140,14 +213,14 @@ class Context:
 
     def run_silently(self, code):
         if code:
-            self.kc.execute(code, silent=True, store_history=False)
+            self.channels.execute(code, silent=True)
 
     def execute(self, code, env_vars, emit, store_history=True):
         """Runs `code`, calling emit(obj) per NDJSON line; emit raises when the client left.
         Without `store_history` (the template's warm-up) the cell is not counted, so a
         user's first cell is number 1."""
         with self.lock:
-            if not self.km.is_alive():
+            if not self.alive():
                 self.restart()
                 emit({"type": "error", "name": "KernelRestarted", "value": "the kernel had died and was restarted; its state is gone", "traceback": ""})
             base = sandbox_envs()
@@ -156,20 +229,23 @@ class Context:
                 self.run_silently(env_code(self.language, base, [k for k in self.applied if k not in base]))
                 self.applied = base
             self.run_silently(env_code(self.language, env_vars) if env_vars else None)
-            msg_id = self.kc.execute(code, store_history=store_history)
+            self.channels.discard_replies()
+            msg_id = self.channels.execute(code, store_history=store_history)
             barrier = None
             last = time.monotonic()
             try:
                 while True:
                     try:
-                        msg = self.kc.get_iopub_msg(timeout=1)
+                        msg = self.channels.receive(self.channels.iopub, 1, parents=(msg_id, barrier))
                     except queue.Empty:
-                        if not self.km.is_alive():
+                        if not self.alive():
                             emit({"type": "error", "name": "KernelDied", "value": "the kernel died during execution", "traceback": ""})
                             break
                         if time.monotonic() - last > KEEPALIVE:
                             emit({"type": "keepalive"})
                             last = time.monotonic()
+                        continue
+                    if msg is None:
                         continue
                     parent = msg.get("parent_header", {}).get("msg_id")
                     if barrier is not None and parent == barrier:
@@ -193,7 +269,7 @@ class Context:
                             break
                         # Deno's kernel can publish a cell's result after its idle
                         # status; once a second cell's output is through, the first's is.
-                        barrier = self.kc.execute('console.log("")', store_history=False)
+                        barrier = self.channels.execute('console.log("")', store_history=False)
             except BaseException:
                 # The client went away or timed out: stop the code, keep the kernel.
                 self.km.interrupt_kernel()
@@ -209,10 +285,10 @@ class Context:
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
             try:
-                msg = self.kc.get_iopub_msg(timeout=1)
+                msg = self.channels.receive(self.channels.iopub, 1, parents=(msg_id,))
             except queue.Empty:
                 continue
-            if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            if msg is not None and msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
                 return
 
 
