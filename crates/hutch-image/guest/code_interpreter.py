@@ -107,10 +107,16 @@ class Channels:
 
     def execute(self, code, silent=False, store_history=True):
         """Sends an execute request; returns its id. Its reply on the shell socket is
-        not read (results come on IOPub): `discard_replies` drops it later."""
+        not read (results come on IOPub): `discard_replies` drops it later.
+        Never `stop_on_error`: after a failed cell the kernel would abort every request
+        that reaches it before it stops aborting (ipykernel's `_abort_queues`), and a
+        cell sent right after an error or an interrupt (the next `run_code`, or the
+        silent one that restores a cell's envs) came back with no result and no
+        error. This server sends a context one cell at a time, so there is no queue
+        of the user's to stop."""
         return self.send("execute_request", {
             "code": code, "silent": silent, "store_history": store_history and not silent,
-            "user_expressions": {}, "allow_stdin": False, "stop_on_error": True,
+            "user_expressions": {}, "allow_stdin": False, "stop_on_error": False,
         })
 
     def receive(self, socket, timeout, parents=None):
