@@ -32,6 +32,9 @@ IDENTITY = "/run/hutch/sandbox.json"
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Run in each Python kernel as it starts: E2B's extra result representations.
 PYTHON_FORMATTERS = "/usr/lib/hutch/ipython_formatters.py"
+# Run in each Python kernel as it starts: the sandbox's environment set before each cell
+# by the kernel itself (the other languages get it from `execute`, by a silent cell).
+PYTHON_SANDBOX_ENV = "/usr/lib/hutch/ipython_sandbox_env.py"
 KERNEL_OOM_DEFAULT = "/usr/lib/hutch/kernel-oom-default"
 JS_REQUIRE = 'import { createRequire as _hutchRequire } from "node:module"; globalThis.require ??= _hutchRequire(%s);'
 # Languages whose kernel (Deno's) may publish a result after the cell's idle status.
@@ -203,8 +206,12 @@ class Context:
 
     def prepare(self):
         """What a new kernel runs before any cell (in its own namespace, not the user's)."""
-        if self.language == "python" and os.path.exists(PYTHON_FORMATTERS):
-            self.run_silently(f"exec(open({PYTHON_FORMATTERS!r}).read(), {{'__name__': 'hutch_formatters'}})")
+        # Whether the kernel sets the sandbox's environment itself, before each cell.
+        self.own_env = self.language == "python" and os.path.exists(PYTHON_SANDBOX_ENV)
+        if self.language == "python":
+            for path, name in ((PYTHON_FORMATTERS, "hutch_formatters"), (PYTHON_SANDBOX_ENV, "hutch_sandbox_env")):
+                if os.path.exists(path):
+                    self.run_silently(f"exec(open({path!r}).read(), {{'__name__': {name!r}}})")
         elif self.language in ("javascript", "typescript"):
             # Deno's kernel has ES modules and top-level await; code written for Node
             # also calls require(), which resolves from the context's directory.
@@ -229,8 +236,8 @@ class Context:
             if not self.alive():
                 self.restart()
                 emit({"type": "error", "name": "KernelRestarted", "value": "the kernel had died and was restarted; its state is gone", "traceback": ""})
-            base = sandbox_envs()
-            if base != self.applied:
+            base = sandbox_envs() if env_vars or not self.own_env else None
+            if not self.own_env and base != self.applied:
                 # A new sandbox (restored from the snapshot, or a pooled one taken).
                 self.run_silently(env_code(self.language, base, [k for k in self.applied if k not in base]))
                 self.applied = base

@@ -87,6 +87,7 @@ pub const RECIPES: &[Recipe] = &[
         files: &[
             ("usr/lib/hutch/code_interpreter.py", include_str!("../guest/code_interpreter.py"), 0o755),
             ("usr/lib/hutch/ipython_formatters.py", include_str!("../guest/ipython_formatters.py"), 0o644),
+            ("usr/lib/hutch/ipython_sandbox_env.py", include_str!("../guest/ipython_sandbox_env.py"), 0o644),
             ("etc/hutch/start", CODE_INTERPRETER_START, 0o755),
             ("usr/lib/hutch/kernel-oom-default", KERNEL_OOM_DEFAULT, 0o755),
             ("usr/lib/hutch/hutch_java_kernel.py", include_str!("../guest/hutch_java_kernel.py"), 0o644),
