@@ -18,7 +18,7 @@ pub enum Sender {
 }
 
 /// The upstream connection's task: aborted when the relay ends, however it ends.
-pub struct Upstream(tokio::task::JoinHandle<()>);
+pub struct Upstream(tokio::task::JoinHandle<Result<(), hyper::Error>>);
 
 impl Drop for Upstream {
     fn drop(&mut self) {
@@ -28,9 +28,14 @@ impl Drop for Upstream {
 
 impl Upstream {
     /// Returns when the server's connection has ended (closed, GOAWAY, an error): no
-    /// request can be sent on it any more. Awaited once.
-    pub async fn ended(&mut self) {
-        let _ = (&mut self.0).await;
+    /// request can be sent on it any more; with the error, if it ended in one. Awaited
+    /// once.
+    pub async fn ended(&mut self) -> Option<String> {
+        match (&mut self.0).await {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(e) => Some(e.to_string()),
+        }
     }
 }
 
@@ -70,7 +75,7 @@ where
             let (sender, connection) = hyper::client::conn::http1::Builder::new().preserve_header_case(true).max_buf_size(HEAD_MAX).handshake::<_, Scanned>(io).await.map_err(failed)?;
             (Sender::H1(tokio::sync::Mutex::new(sender)), Upstream(tokio::spawn(async move {
                 // A 101 hands the connection to the request's upgrade (`tunnel.rs`).
-                let _ = connection.with_upgrades().await;
+                connection.with_upgrades().await
             })))
         }
         Http::H2 => {
@@ -85,9 +90,7 @@ where
                 .handshake::<_, Scanned>(io)
                 .await
                 .map_err(failed)?;
-            (Sender::H2(sender), Upstream(tokio::spawn(async move {
-                let _ = connection.await;
-            })))
+            (Sender::H2(sender), Upstream(tokio::spawn(connection)))
         }
     })
 }

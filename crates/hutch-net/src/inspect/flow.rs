@@ -2,6 +2,7 @@
 //! reach the sandbox's network log.
 
 use super::inspector::Inspector;
+use super::upstream::ClientCertificate;
 use crate::log::NetLog;
 use crate::rules::{DenyReason, Proto};
 use std::net::{IpAddr, SocketAddrV4};
@@ -20,6 +21,9 @@ pub struct Flow {
     /// The inspector now: each request follows the rules in force when it is sent.
     pub current: Current,
     pub log: NetLog,
+    /// Whether the server asked for a client certificate (set during the upstream's
+    /// handshake), which explains its failures.
+    pub client_certificate: ClientCertificate,
 }
 
 impl Flow {

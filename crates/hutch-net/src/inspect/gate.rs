@@ -104,12 +104,12 @@ where
     if !offer.iter().any(|p| p == HTTP1) {
         offer.push(HTTP1.to_vec());
     }
-    let client = flow.inspector.upstream.client_config(&offer)?;
+    let client = flow.inspector.upstream.client_config(&offer, &flow.client_certificate)?;
     let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| format!("`{host}` is not a server name: {e}"))?;
     let connect = tokio_rustls::TlsConnector::from(client).connect(name, upstream);
     let upstream = match tokio::time::timeout(HANDSHAKE_WAIT, connect).await {
         Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => return Err(upstream_failure(host, &e)),
+        Ok(Err(e)) => return Err(flow.client_certificate.failure(host, format_args!("failed the handshake ({e})")).unwrap_or_else(|| upstream_failure(host, &e))),
         Err(_) => return Err(format!("{host} did not finish its TLS handshake within {} s", HANDSHAKE_WAIT.as_secs())),
     };
     let server_speaks = Http::negotiated(upstream.get_ref().1.alpn_protocol());

@@ -43,6 +43,7 @@ where
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sender, mut upstream) = conn::connect(upstream, server_speaks, host).await?;
+    let (ending_host, ending_flow) = (host.to_string(), flow.clone());
     let sender = Arc::new(sender);
     let host = Arc::new(host.to_string());
     let tunnel = Arc::new(Tunnel::default());
@@ -75,7 +76,12 @@ where
             tokio::pin!(connection);
             tokio::select! {
                 _ = connection.as_mut() => {}
-                _ = upstream.ended() => {
+                failed = upstream.ended() => {
+                    // A server that insisted on a client certificate may end the
+                    // connection before the guest's first request reaches it.
+                    if let Some(line) = failed.and_then(|e| ending_flow.client_certificate.failure(&ending_host, format_args!("ended the connection ({e})"))) {
+                        ending_flow.refuse(&ending_host, line);
+                    }
                     if !tunnel.is_open() {
                         connection.as_mut().graceful_shutdown();
                     }
@@ -231,6 +237,12 @@ async fn forward(mut req: Request<Incoming>, sender: &conn::Sender, host: &str, 
             let form = found.get().map(|f| f.name()).unwrap_or_default();
             flow.refuse(host, format!("the request's body holds a secret's placeholder ({form}); hutch fills placeholders in headers only, so the request was cut off"));
             placeholder_refused(host)
+        }
+        Ok(Err(e)) if flow.client_certificate.asked() => {
+            if let Some(line) = flow.client_certificate.failure(host, format_args!("did not answer the request ({e})")) {
+                flow.refuse(host, line);
+            }
+            refusal(StatusCode::BAD_GATEWAY, format!("hutch: {host} wants a client certificate (mutual TLS), which hutch cannot present on a host it inspects\n"))
         }
         Ok(Err(e)) => {
             flow.refuse(host, format!("{host} did not answer the request: {e}"));

@@ -37,8 +37,22 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// (`name: value` lines, lower-cased names, in order), its own name, and the body it
 /// read whole (no answer when the body ends in an error).
 /// It speaks HTTP/2 too when `h2`, as ALPN chooses.
+/// With `clients`, it asks for a client certificate those CAs signed (mutual TLS).
 async fn https_server(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>, name: &'static str, h2: bool) -> SocketAddr {
-    let mut config = rustls::ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect("versions").with_no_client_auth().with_single_cert(vec![leaf], key).expect("cert");
+    https_server_with(leaf, key, name, h2, None).await
+}
+
+async fn https_server_with(leaf: CertificateDer<'static>, key: PrivateKeyDer<'static>, name: &'static str, h2: bool, clients: Option<CertificateDer<'static>>) -> SocketAddr {
+    let builder = rustls::ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions().expect("versions");
+    let builder = match clients {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(ca).expect("root");
+            builder.with_client_cert_verifier(rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider()).build().expect("verifier"))
+        }
+    };
+    let mut config = builder.with_single_cert(vec![leaf], key).expect("cert");
     config.alpn_protocols = if h2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -123,7 +137,7 @@ struct World {
 }
 
 async fn world() -> World {
-    let (test_ca, inspect_leaf, inspect_key) = issued(&["inspect.test", "gone.test", "bound.test"]);
+    let (test_ca, inspect_leaf, inspect_key) = issued(&["inspect.test", "gone.test", "bound.test", "mtls.test"]);
     // plain.test's CA is trusted too; untrusted.test's is not.
     let (plain_ca, plain_leaf, plain_key) = issued(&["plain.test"]);
     let (_, untrusted_leaf, untrusted_key) = issued(&["untrusted.test"]);
@@ -135,6 +149,7 @@ async fn world() -> World {
         "inspect.test": [{"transform": {"headers": {"X-Hutch-Test": "literal", "Authorization": "Bearer ${e2b.secrets.token}"}}}],
         "gone.test": [{"transform": {"headers": {"Authorization": "${e2b.secrets.missing}"}}}],
         "untrusted.test": [{}],
+        "mtls.test": [{}],
     });
     let mut transforms = Transforms::from_e2b(&rules).expect("rules");
     transforms.secrets_of = Some("key-1".into());
@@ -147,9 +162,12 @@ async fn world() -> World {
     servers.insert("inspect.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "inspect", true).await);
     servers.insert("gone.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "gone", true).await);
     // HTTP/1.1 only: a guest speaking HTTP/2 to it is relayed across versions.
-    servers.insert("bound.test", https_server(inspect_leaf, inspect_key, "bound", false).await);
+    servers.insert("bound.test", https_server(inspect_leaf.clone(), inspect_key.clone_key(), "bound", false).await);
     servers.insert("plain.test", https_server(plain_leaf, plain_key, "plain", true).await);
     servers.insert("untrusted.test", https_server(untrusted_leaf, untrusted_key, "untrusted", true).await);
+    // Wants a client certificate of a CA of its own, which hutch cannot present.
+    let (clients_ca, _, _) = issued(&[]);
+    servers.insert("mtls.test", https_server_with(inspect_leaf, inspect_key, "mtls", true, Some(clients_ca)).await);
     World { ca, inspector, servers, test_ca, _dir: dir }
 }
 
@@ -172,7 +190,7 @@ async fn through_gate(w: &World, server: &str, pinned: &[&str], log: &NetLog) ->
     let upstream = tokio::net::TcpStream::connect(w.servers[server]).await.expect("dial");
     let (guest, ours) = tokio::io::duplex(64 * 1024);
     let current = Arc::new(parking_lot::RwLock::new(Some(w.inspector.clone())));
-    let flow = Flow { dst: SocketAddrV4::new([93, 184, 216, 60].into(), 443), names: pinned.iter().map(|s| s.to_string()).collect(), inspector: w.inspector.clone(), current, log: log.clone() };
+    let flow = Flow { dst: SocketAddrV4::new([93, 184, 216, 60].into(), 443), names: pinned.iter().map(|s| s.to_string()).collect(), inspector: w.inspector.clone(), current, log: log.clone(), client_certificate: Default::default() };
     tokio::spawn(gate(ours, upstream, flow));
     guest
 }
@@ -288,6 +306,34 @@ async fn an_upstream_that_does_not_verify_or_a_missing_secret_fails_closed() {
     assert!(answer.starts_with("HTTP/1.1 502") && !answer.contains("server: gone"), "{answer}");
     assert!(!answer.contains("missing"), "the reason is the log's, not the guest's: {answer}");
     assert!(log.view().denials.iter().any(|d| d.name.as_deref() == Some("gone.test") && d.message.contains("`missing`")));
+}
+
+/// A server that wants a client certificate (mutual TLS): hutch, in the middle, has
+/// none to present, so the flow fails closed and the log says why, whichever version
+/// the guest speaks. Under TLS 1.3 the server refuses after hutch's handshake has
+/// ended, on the first read of the relayed request.
+#[tokio::test]
+async fn a_server_that_wants_a_client_certificate_fails_closed_and_the_log_says_why() {
+    let w = world().await;
+    let wants_certificate = |log: &NetLog| log.view().denials.iter().any(|d| d.name.as_deref() == Some("mtls.test") && d.message.contains("client certificate (mutual TLS)"));
+    let log = NetLog::default();
+    let seen = guest_request(&w, "mtls.test", "mtls.test", &["mtls.test"], &[ca_cert(&w)], &get("mtls.test", ""), &log).await;
+    assert!(!seen.answer.as_deref().unwrap_or_default().contains("server: mtls"), "{:?}", seen.answer);
+    assert!(wants_certificate(&log), "HTTP/1.1: {:?}", log.view().denials);
+    let log = NetLog::default();
+    let guest = through_gate(&w, "mtls.test", &["mtls.test"], &log).await;
+    let run = async {
+        let tls = guest_tls(&[ca_cert(&w)], &[b"h2"]).connect(ServerName::try_from("mtls.test").expect("name"), guest).await.map_err(|e| e.to_string())?;
+        let (mut sender, connection) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
+        tokio::spawn(connection);
+        let req = ::http::Request::get("https://mtls.test/").body(http_body_util::Empty::<Bytes>::new()).expect("request");
+        let answer = sender.send_request(req).await.map_err(|e| e.to_string())?;
+        let body = http_body_util::BodyExt::collect(answer.into_body()).await.map_err(|e| e.to_string())?.to_bytes();
+        Ok::<_, String>(String::from_utf8_lossy(&body).into_owned())
+    };
+    let answer = tokio::time::timeout(DEADLINE, run).await.expect("the flow ends within the deadline");
+    assert!(!answer.as_deref().unwrap_or_default().contains("server: mtls"), "{answer:?}");
+    assert!(wants_certificate(&log), "HTTP/2: {:?}", log.view().denials);
 }
 
 #[test]

@@ -5,6 +5,7 @@
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The protocols inspected flows speak, by their ALPN names.
@@ -33,6 +34,43 @@ impl Http {
             Http::H1 => HTTP1,
             Http::H2 => H2,
         }
+    }
+}
+
+/// Whether one flow's server asked for a client certificate (mutual TLS), which hutch,
+/// in the middle, cannot present, and whether the flow's failure for it was logged.
+/// Servers that only ask (and go on without one) work; one that insists fails the
+/// flow, under TLS 1.3 only after hutch's handshake, on the first read.
+#[derive(Clone, Debug, Default)]
+pub struct ClientCertificate(Arc<AtomicU8>);
+
+const ASKED: u8 = 1;
+const LOGGED: u8 = 2;
+
+impl ClientCertificate {
+    pub fn asked(&self) -> bool {
+        self.0.load(Ordering::Relaxed) != 0
+    }
+
+    /// The log's line for a failure of a flow whose server asked for a client
+    /// certificate: `Some` the first time only, `None` when it did not ask.
+    pub fn failure(&self, host: &str, what: std::fmt::Arguments) -> Option<String> {
+        self.0.compare_exchange(ASKED, LOGGED, Ordering::Relaxed, Ordering::Relaxed).ok().map(|_| format!("{host} asked for a client certificate (mutual TLS), which an inspected flow cannot present, and {what}"))
+    }
+}
+
+/// Presents no certificate, as rustls's default resolver does, and notes the request.
+#[derive(Debug)]
+struct Asked(ClientCertificate);
+
+impl rustls::client::ResolvesClientCert for Asked {
+    fn resolve(&self, _: &[&[u8]], _: &[rustls::SignatureScheme]) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        let _ = self.0 .0.compare_exchange(0, ASKED, Ordering::Relaxed, Ordering::Relaxed);
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        false
     }
 }
 
@@ -69,11 +107,13 @@ impl Upstream {
     }
 
     /// The client configuration offering `protocols` (ALPN names, the guest's own
-    /// list: ALPN is kept), made from one read of the roots.
-    pub fn client_config(&self, protocols: &[Vec<u8>]) -> Result<Arc<rustls::ClientConfig>, String> {
+    /// list: ALPN is kept), made from one read of the roots. It presents no client
+    /// certificate; `asked` learns whether the server wanted one.
+    pub fn client_config(&self, protocols: &[Vec<u8>], asked: &ClientCertificate) -> Result<Arc<rustls::ClientConfig>, String> {
         let base = self.config.get_or_init(|| self.make()).clone()?;
         let mut config = (*base).clone();
         config.alpn_protocols = protocols.to_vec();
+        config.client_auth_cert_resolver = Arc::new(Asked(asked.clone()));
         Ok(Arc::new(config))
     }
 

@@ -368,7 +368,7 @@ impl Stack {
             self.dev.tx.extend(packets::refuse_syn(&frame));
             return;
         }
-        let gate = self.inspected(dst).map(|(inspector, names)| inspect::flow::Flow { dst, names, inspector, current: self.shared.inspector.clone(), log: self.shared.log.clone() });
+        let gate = self.inspected(dst).map(|(inspector, names)| inspect::flow::Flow { dst, names, inspector, current: self.shared.inspector.clone(), log: self.shared.log.clone(), client_certificate: Default::default() });
         let proxy = self.shared.proxy.read().clone();
         // Through a proxy, the proxy reaches the destination; hutch dials only the proxy.
         let dial = match proxy {
