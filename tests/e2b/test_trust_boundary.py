@@ -312,31 +312,54 @@ def test_one_key_cannot_take_the_whole_server(tmp_path):
     shutil.rmtree(home, ignore_errors=True)
 
 
+# Answers with how it was reached (the TLS version, or `plain`) and the Host it got;
+# argv: the port, then a certificate and key to serve HTTPS.
 HOST_ECHO = """
-import http.server
+import http.server, ssl, sys
 class Echo(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = self.headers.get("Host", "").encode()
+        how = self.connection.version() if hasattr(self.connection, "version") else "plain"
+        body = f"{how} {self.headers.get('Host', '')}".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
-http.server.HTTPServer(("0.0.0.0", 8006), Echo).serve_forever()
+server = http.server.HTTPServer(("0.0.0.0", int(sys.argv[1])), Echo)
+if len(sys.argv) > 2:
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(sys.argv[2], sys.argv[3])
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
 """
+SELF_SIGNED = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout /tmp/k.pem -out /tmp/c.pem -subj /CN=guest -days 1"
 
 
 def test_mask_request_host_is_the_host_header_a_port_sees(server):
-    sbx = Sandbox.create("base", network={"mask_request_host": "app.internal:${PORT}"})
+    """E2B's ingress settings: maskRequestHost is the Host a port's server gets, and
+    httpsPorts makes the proxy's hop to a port TLS (a self-signed certificate works)."""
+    sbx = Sandbox.create("base", network={"mask_request_host": "app.internal:${PORT}", "https_ports": [8443, 8007]})
     plain = Sandbox.create("base")
     try:
         for s in (sbx, plain):
             s.files.write("/tmp/host_echo.py", HOST_ECHO)
-            s.commands.run("python3 /tmp/host_echo.py", background=True)
+            s.commands.run("python3 /tmp/host_echo.py 8006", background=True)
+        sbx.commands.run(f"{SELF_SIGNED} 2>/dev/null && exec python3 /tmp/host_echo.py 8443 /tmp/c.pem /tmp/k.pem", background=True)
+        sbx.commands.run("python3 /tmp/host_echo.py 8007", background=True)
         got = port_answer(server, {"Host": f"8006-{sbx.sandbox_id}.sandbox.test"}, "/", "the Host echo on port 8006")
-        assert got.text == "app.internal:8006"
-        # Without the setting the guest sees the client's own Host.
+        assert got.text == "plain app.internal:8006"
+        got = port_answer(server, {"Host": f"8443-{sbx.sandbox_id}.sandbox.test"}, "/", "the HTTPS Host echo on port 8443")
+        assert got.text == "TLSv1.3 app.internal:8443"
+        # A port in httpsPorts whose server speaks plain HTTP: a 502 that says so.
+        wait_until(lambda: ":8007 " in sbx.commands.run("ss -ltn").stdout, "the plain server on 8007 to listen", timeout=60, interval=0.3)
+        r = httpx.get(server.url + "/", headers={"Host": f"8007-{sbx.sandbox_id}.sandbox.test"}, timeout=30)
+        assert r.status_code == 502 and "httpsPorts" in r.json()["message"] and r.json()["port"] == 8007, r.text
+        # A network update replaces the egress rules and keeps the ingress settings.
+        sbx.update_network({"allow_out": ["192.0.2.1"], "deny_out": ["0.0.0.0/0"]})
+        again = httpx.get(server.url + "/", headers={"Host": f"8443-{sbx.sandbox_id}.sandbox.test"}, timeout=30)
+        assert again.text == "TLSv1.3 app.internal:8443", again.text
+        # Without the settings the guest sees the client's own Host, over plain HTTP.
         client_host = f"8006-{plain.sandbox_id}.sandbox.test"
-        assert port_answer(server, {"Host": client_host}, "/", "the unmasked Host echo").text == client_host
+        assert port_answer(server, {"Host": client_host}, "/", "the unmasked Host echo").text == f"plain {client_host}"
     finally:
         sbx.kill()
         plain.kill()

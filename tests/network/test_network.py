@@ -236,6 +236,8 @@ def test_networking_survives_pause_resume_and_fork(server, net_world):
     ({"network": {"egressProxy": {"address": "127.0.0.1:1080"}}}, "network.egressProxy.address", "an address sandboxes may not reach"),
     ({"network": {"egressProxy": {"address": "socks.test:1080", "password": "p"}}}, "network.egressProxy.password", "without a username"),
     ({"network": {"egressProxy": {"address": "socks.test:1080", "tls": True}}}, "network.egressProxy.tls", "without TLS"),
+    ({"network": {"httpsPorts": [443, 0]}}, "network.httpsPorts", "`0` is not a port"),
+    ({"network": {"httpsPorts": [70000]}}, "network.httpsPorts", "from 1 to 65535"),
     ({"network": {"rules": {"*": [{}]}}}, "network.rules.*", "is not a host"),
     ({"network": {"rules": {"a.test": [{}, {}]}}}, "network.rules.a.test", "a host takes one rule"),
     ({"network": {"rules": {"a.test": [{"transform": {"headers": {"X": "v\r\nEvil: 1"}}}]}}}, "network.rules.a.test.transform.headers.X", "CR, LF"),

@@ -23,6 +23,10 @@ pub struct E2bNetwork {
     /// Ingress: the Host header the proxy sends, `${PORT}` replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_request_host: Option<String>,
+    /// Ingress: ports whose own server speaks HTTPS; the proxy's hop to them is TLS
+    /// (the guest's certificate unchecked, as on E2B, so a self-signed one works).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_ports: Option<Vec<i64>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rules: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -90,6 +94,22 @@ impl E2bNetwork {
     /// The Host header the proxy sends to `port`, when `maskRequestHost` is set.
     pub fn request_host(&self, port: u16) -> Option<String> {
         self.mask_request_host.as_ref().map(|m| m.replace(PORT_PLACEHOLDER, &port.to_string()))
+    }
+
+    /// Whether the proxy reaches `port` over TLS (`httpsPorts`).
+    pub fn serves_https(&self, port: u16) -> bool {
+        self.https_ports.iter().flatten().any(|p| *p == i64::from(port))
+    }
+}
+
+/// `httpsPorts` names ports (1-65535), at most as many as there are.
+fn check_https_ports(ports: &[i64]) -> Result<(), E2bNetworkError> {
+    if ports.len() > usize::from(u16::MAX) {
+        return Err(bad("network.httpsPorts", "lists more ports than there are"));
+    }
+    match ports.iter().find(|p| !(1..=i64::from(u16::MAX)).contains(*p)) {
+        Some(p) => Err(bad("network.httpsPorts", format!("`{p}` is not a port; give ports from 1 to 65535"))),
+        None => Ok(()),
     }
 }
 
@@ -164,6 +184,7 @@ pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> 
     if let Some(mask) = &net.mask_request_host {
         check_request_host(mask)?;
     }
+    check_https_ports(net.https_ports.as_deref().unwrap_or_default())?;
     let mut names = Vec::new();
     let mut allowed = Vec::new();
     for entry in net.allow_out.iter().flatten() {
@@ -202,6 +223,20 @@ mod tests {
             deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn https_ports_are_ports_and_an_update_keeps_the_ingress_settings() {
+        let ports = |p: &[i64]| E2bNetwork { https_ports: Some(p.to_vec()), mask_request_host: Some("app:${PORT}".into()), ..Default::default() };
+        assert!(ports(&[443, 8443]).serves_https(8443) && !ports(&[443]).serves_https(8443));
+        assert_eq!(policy(None, Some(&ports(&[0]))).expect_err("port 0").field, "network.httpsPorts");
+        assert_eq!(policy(None, Some(&ports(&[65536]))).expect_err("too big").field, "network.httpsPorts");
+        let created = crate::Settings::from_e2b(Some(true), Some(ports(&[8443]))).expect("created");
+        let update = crate::Settings::from_e2b(Some(true), Some(net(&["192.0.2.1"], &[ALL_TRAFFIC]))).expect("update");
+        let kept = update.keeping_ingress_of(&created);
+        let shown = kept.e2b.and_then(|e| e.network).expect("network");
+        assert_eq!((shown.https_ports, shown.mask_request_host.as_deref()), (Some(vec![8443]), Some("app:${PORT}")));
+        assert_eq!(shown.allow_out, Some(vec!["192.0.2.1".to_string()]), "the update's egress");
     }
 
     #[test]

@@ -36,6 +36,24 @@ pub struct E2bSettings {
 }
 
 impl Settings {
+    /// An update's settings, keeping the ingress of the ones they replace
+    /// (`maskRequestHost`, `httpsPorts`) where the update gives none: E2B's network
+    /// update replaces the egress rules, and its SDKs send no ingress with it.
+    pub fn keeping_ingress_of(mut self, recorded: &Settings) -> Settings {
+        let Some(old) = recorded.e2b.as_ref().and_then(|e| e.network.as_ref()) else { return self };
+        if old.mask_request_host.is_none() && old.https_ports.is_none() {
+            return self;
+        }
+        let net = self.e2b.get_or_insert_with(E2bSettings::default).network.get_or_insert_with(E2bNetwork::default);
+        if net.mask_request_host.is_none() {
+            net.mask_request_host = old.mask_request_host.clone();
+        }
+        if net.https_ports.is_none() {
+            net.https_ports = old.https_ports.clone();
+        }
+        self
+    }
+
     pub fn native(policy: Policy) -> Settings {
         Settings { policy, transforms: Transforms::default(), egress_proxy: None, e2b: None }
     }

@@ -81,6 +81,9 @@ pub enum ProxyError {
     AgentTimeout { sandbox: String, waited: Duration },
     #[error("The sandbox is running but port is not open")]
     PortClosed { sandbox: String, port: u16 },
+    /// A port in `httpsPorts` whose server did not speak TLS.
+    #[error("port {port} is in the sandbox's httpsPorts, but its server did not complete a TLS handshake ({cause}); serve HTTPS on it, or create the sandbox without it in httpsPorts")]
+    PortTls { sandbox: String, port: u16, cause: String },
     #[error("the server relays {max} upgraded connections at most; try again later")]
     TooManySplices { max: usize },
 }
@@ -97,7 +100,8 @@ impl ProxyError {
             | ProxyError::Paused { .. }
             | ProxyError::ResumeFailed { .. }
             | ProxyError::Failed { .. }
-            | ProxyError::PortClosed { .. } => StatusCode::BAD_GATEWAY,
+            | ProxyError::PortClosed { .. }
+            | ProxyError::PortTls { .. } => StatusCode::BAD_GATEWAY,
         }
     }
 
@@ -112,7 +116,8 @@ impl ProxyError {
             | ProxyError::Failed { sandbox, .. }
             | ProxyError::PrivatePort { sandbox }
             | ProxyError::AgentTimeout { sandbox, .. }
-            | ProxyError::PortClosed { sandbox, .. } => Some(sandbox),
+            | ProxyError::PortClosed { sandbox, .. }
+            | ProxyError::PortTls { sandbox, .. } => Some(sandbox),
             ProxyError::Unsigned
             | ProxyError::BadExpiration
             | ProxyError::BadSignature
@@ -124,7 +129,7 @@ impl ProxyError {
 
     fn body(&self) -> serde_json::Value {
         let mut body = json!({ "code": self.status().as_u16(), "message": self.to_string() });
-        if let ProxyError::PortClosed { port, .. } = self {
+        if let ProxyError::PortClosed { port, .. } | ProxyError::PortTls { port, .. } = self {
             body["port"] = json!(port);
         }
         if let Some(id) = self.sandbox() {

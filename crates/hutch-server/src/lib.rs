@@ -7,6 +7,7 @@ mod app;
 mod auth;
 mod dto;
 mod error;
+mod guest_tls;
 mod listener;
 mod per_key;
 mod proxy;

@@ -152,8 +152,8 @@ async fn relay(state: &AppState, target: Target, req: Request) -> Result<Respons
                 return Err(ProxyError::PrivatePort { sandbox: target.sandbox });
             }
         }
-        let host = state.manager.request_host(&target.sandbox, target.port);
-        return tunnel(agent, target, req, host).await;
+        let route = state.manager.port_route(&target.sandbox, target.port);
+        return tunnel(agent, target, req, route).await;
     }
     let (parts, body) = req.into_parts();
     let path = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
@@ -187,11 +187,18 @@ async fn relay(state: &AppState, target: Target, req: Request) -> Result<Respons
 /// its caller a 504 instead of a request that never ends.
 const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// HTTP/1.1 over a tunnel to the guest port; upgrades (WebSocket) are spliced through.
-/// `host` replaces the client's Host header (E2B's `maskRequestHost`).
-async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request, host: Option<String>) -> Result<Response, ProxyError> {
+/// HTTP/1.1 over a tunnel to the guest port (inside TLS for E2B's `httpsPorts`);
+/// upgrades (WebSocket) are spliced through. The route's host replaces the client's
+/// Host header (E2B's `maskRequestHost`).
+async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request, route: hutch_core::manager::PortRoute) -> Result<Response, ProxyError> {
     let closed = || ProxyError::PortClosed { sandbox: target.sandbox.clone(), port: target.port };
     let io = agent.tunnel(target.port).await.map_err(|_| closed())?;
+    let io = if route.tls {
+        let tls = crate::guest_tls::connect(io).await.map_err(|cause| ProxyError::PortTls { sandbox: target.sandbox.clone(), port: target.port, cause })?;
+        tokio_util::either::Either::Left(tls)
+    } else {
+        tokio_util::either::Either::Right(io)
+    };
     let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(io)).await.map_err(|_| closed())?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
@@ -212,7 +219,7 @@ async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request
     for name in HUTCH_CREDENTIALS {
         upstream.headers_mut().remove(*name);
     }
-    if let Some(value) = host.and_then(|h| http::HeaderValue::from_str(&h).ok()) {
+    if let Some(value) = route.host.and_then(|h| http::HeaderValue::from_str(&h).ok()) {
         upstream.headers_mut().insert(http::header::HOST, value);
     }
     if !wants_upgrade {

@@ -11,6 +11,15 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// How the data proxy reaches one port of a sandbox (E2B's ingress settings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortRoute {
+    /// The Host header it sends (`maskRequestHost`); None keeps the client's.
+    pub host: Option<String>,
+    /// Whether the port's own server speaks HTTPS (`httpsPorts`): the hop is TLS.
+    pub tls: bool,
+}
+
 /// How long a sandbox resumed by traffic lives at least (E2B's 5 minutes).
 const AUTO_RESUME_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -32,12 +41,13 @@ impl SandboxManager {
 
     /// The token port traffic to sandbox `id` must carry, if its ports are private
     /// (None too when there is no such sandbox: the proxy answers that itself).
-    /// The Host header the data proxy sends to the sandbox's `port` (E2B's
-    /// `maskRequestHost`), read from its record; None keeps the client's.
-    pub fn request_host(&self, id: &str, port: u16) -> Option<String> {
-        let dir = self.shown(id).map(|l| l.row.dir.clone())?;
-        let settings = crate::sandbox::layout::recorded_network(Path::new(&dir)).ok()?;
-        settings.e2b?.network?.request_host(port)
+    /// How the data proxy reaches the sandbox's `port`, read from its record.
+    pub fn port_route(&self, id: &str, port: u16) -> PortRoute {
+        let recorded = self.shown(id).and_then(|l| crate::sandbox::layout::recorded_network(Path::new(&l.row.dir)).ok());
+        match recorded.and_then(|s| s.e2b).and_then(|e| e.network) {
+            Some(net) => PortRoute { host: net.request_host(port), tls: net.serves_https(port) },
+            None => PortRoute::default(),
+        }
     }
 
     pub fn traffic_token(&self, id: &str) -> Option<String> {

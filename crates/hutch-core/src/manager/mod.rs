@@ -37,6 +37,7 @@ pub(crate) use error::unknown_template;
 pub use listing::{started, ListFilter, ListOrder};
 use live::Live;
 pub use pause_kinds::{Connected, OnResume};
+pub use data_plane::PortRoute;
 pub use config::MAX_FORKS;
 
 use crate::artifacts::{Artifacts, ArtifactsError};
@@ -393,6 +394,7 @@ impl SandboxManager {
         // sandbox's life, as the guest's variables still hold their placeholders.
         let recorded = crate::sandbox::layout::recorded_network(Path::new(&dir)).map_err(|e| ManagerError::Internal(format!("reading the network settings: {}", hutch_proto::error_chain(&e))))?;
         settings.transforms = settings.transforms.keeping_bindings_of(&recorded.transforms);
+        let mut settings = settings.keeping_ingress_of(&recorded);
         self.check_rules(key_id, &mut settings).await?;
         if !settings.transforms.is_empty() && !Path::new(&dir).join(hutch_net::inspect::ca::CA_CERT_FILE).exists() {
             return Err(ManagerError::InvalidArgument(
