@@ -100,6 +100,20 @@ impl E2bNetwork {
     pub fn serves_https(&self, port: u16) -> bool {
         self.https_ports.iter().flatten().any(|p| *p == i64::from(port))
     }
+
+    /// How the data proxy reaches `port`.
+    pub fn route(&self, port: u16) -> PortRoute {
+        PortRoute { host: self.request_host(port), tls: self.serves_https(port) }
+    }
+}
+
+/// How the data proxy reaches one port of a sandbox (E2B's ingress settings).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortRoute {
+    /// The Host header it sends (`maskRequestHost`); None keeps the client's.
+    pub host: Option<String>,
+    /// Whether the port's own server speaks HTTPS (`httpsPorts`): the hop is TLS.
+    pub tls: bool,
 }
 
 /// `httpsPorts` names ports (1-65535), at most as many as there are.

@@ -190,7 +190,7 @@ const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// HTTP/1.1 over a tunnel to the guest port (inside TLS for E2B's `httpsPorts`);
 /// upgrades (WebSocket) are spliced through. The route's host replaces the client's
 /// Host header (E2B's `maskRequestHost`).
-async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request, route: hutch_core::manager::PortRoute) -> Result<Response, ProxyError> {
+async fn tunnel(agent: hutch_envd::AgentClient, target: Target, mut req: Request, route: hutch_net::e2b::PortRoute) -> Result<Response, ProxyError> {
     let closed = || ProxyError::PortClosed { sandbox: target.sandbox.clone(), port: target.port };
     let io = agent.tunnel(target.port).await.map_err(|_| closed())?;
     let io = if route.tls {

@@ -6,19 +6,11 @@ use super::live::Live;
 use super::pause_kinds::{Connected, OnResume};
 use super::{state, ManagerError, PauseMode, SandboxManager};
 use hutch_envd::AgentClient;
+use hutch_net::e2b::PortRoute;
 use hutch_proto::agent::Metrics;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// How the data proxy reaches one port of a sandbox (E2B's ingress settings).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PortRoute {
-    /// The Host header it sends (`maskRequestHost`); None keeps the client's.
-    pub host: Option<String>,
-    /// Whether the port's own server speaks HTTPS (`httpsPorts`): the hop is TLS.
-    pub tls: bool,
-}
 
 /// How long a sandbox resumed by traffic lives at least (E2B's 5 minutes).
 const AUTO_RESUME_TIMEOUT: Duration = Duration::from_secs(300);
@@ -44,10 +36,7 @@ impl SandboxManager {
     /// How the data proxy reaches the sandbox's `port`, read from its record.
     pub fn port_route(&self, id: &str, port: u16) -> PortRoute {
         let recorded = self.shown(id).and_then(|l| crate::sandbox::layout::recorded_network(Path::new(&l.row.dir)).ok());
-        match recorded.and_then(|s| s.e2b).and_then(|e| e.network) {
-            Some(net) => PortRoute { host: net.request_host(port), tls: net.serves_https(port) },
-            None => PortRoute::default(),
-        }
+        recorded.and_then(|s| s.e2b).and_then(|e| e.network).map(|net| net.route(port)).unwrap_or_default()
     }
 
     pub fn traffic_token(&self, id: &str) -> Option<String> {

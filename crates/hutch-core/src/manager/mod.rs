@@ -37,7 +37,6 @@ pub(crate) use error::unknown_template;
 pub use listing::{started, ListFilter, ListOrder};
 use live::Live;
 pub use pause_kinds::{Connected, OnResume};
-pub use data_plane::PortRoute;
 pub use config::MAX_FORKS;
 
 use crate::artifacts::{Artifacts, ArtifactsError};
