@@ -238,6 +238,8 @@ def test_networking_survives_pause_resume_and_fork(server, net_world):
     ({"network": {"egressProxy": {"address": "socks.test:1080", "tls": True}}}, "network.egressProxy.tls", "without TLS"),
     ({"network": {"httpsPorts": [443, 0]}}, "network.httpsPorts", "`0` is not a port"),
     ({"network": {"httpsPorts": [70000]}}, "network.httpsPorts", "from 1 to 65535"),
+    ({"egress": ["allow@public"], "network": {"httpsPorts": [0]}}, "network.httpsPorts", "not a port"),
+    ({"network": {"httpsPorts": [443] * 257}}, "network.httpsPorts", "at most 256"),
     ({"network": {"rules": {"*": [{}]}}}, "network.rules.*", "is not a host"),
     ({"network": {"rules": {"a.test": [{}, {}]}}}, "network.rules.a.test", "a host takes one rule"),
     ({"network": {"rules": {"a.test": [{"transform": {"headers": {"X": "v\r\nEvil: 1"}}}]}}}, "network.rules.a.test.transform.headers.X", "CR, LF"),

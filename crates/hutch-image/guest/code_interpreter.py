@@ -218,8 +218,12 @@ class Context:
             self.run_silently(JS_REQUIRE % json.dumps(os.path.join(self.cwd, "")))
 
     def shutdown(self):
-        self.channels.close()
+        # The kernel first: a cell running in another thread sees it gone within a
+        # second and lets go of the lock; its sockets are closed only under the lock,
+        # as ZeroMQ sockets are not for two threads at once.
         self.km.shutdown_kernel(now=True)
+        with self.lock:
+            self.channels.close()
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}

@@ -35,12 +35,21 @@ def _sandbox_env_hook():
                 values = json.load(f).get("envVars") or {}
         except (OSError, ValueError, AttributeError):
             values = {}
-        values = {str(k): str(v) for k, v in values.items() if "=" not in str(k) and "\0" not in str(k) + str(v)}
+        if not isinstance(values, dict):
+            values = {}
+        # Only what a process environment can hold: a name without `=` or NUL (and not
+        # empty), a value without NUL. Each is set on its own, so one refused by the
+        # OS leaves the others set and this cell unharmed.
+        values = {str(k): str(v) for k, v in values.items() if str(k) and "=" not in str(k) and "\0" not in str(k) + str(v)}
         for name in [n for n in applied if n not in values]:
             os.environ.pop(name, None)
-        os.environ.update(values)
-        applied.clear()
-        applied.update(values)
+            del applied[name]
+        for name, value in values.items():
+            try:
+                os.environ[name] = value
+                applied[name] = value
+            except (ValueError, OSError):
+                pass
 
     # pre_execute, not pre_run_cell: it fires for silent cells too, so a cell's own
     # envs (set by a silent cell the server sends first) are never undone by it.

@@ -83,7 +83,8 @@ fn check_request_host(mask: &str) -> Result<(), E2bNetworkError> {
     if fits {
         Ok(())
     } else {
-        Err(bad("network.maskRequestHost", format!("`{mask}` is not a host with an optional port (letters, digits, `.-_:[]` and `${{PORT}}`), e.g. `localhost:${{PORT}}`")))
+        let shown: String = mask.escape_debug().take(64).collect();
+        Err(bad("network.maskRequestHost", format!("`{shown}` is not a host with an optional port (letters, digits, `.-_:[]` and `${{PORT}}`, at most 261 bytes), e.g. `localhost:${{PORT}}`")))
     }
 }
 
@@ -116,10 +117,13 @@ pub struct PortRoute {
     pub tls: bool,
 }
 
-/// `httpsPorts` names ports (1-65535), at most as many as there are.
+/// How many ports `httpsPorts` may list: the data proxy reads them on each request.
+const HTTPS_PORTS_MAX: usize = 256;
+
+/// `httpsPorts` names ports (1-65535), at most `HTTPS_PORTS_MAX` of them.
 fn check_https_ports(ports: &[i64]) -> Result<(), E2bNetworkError> {
-    if ports.len() > usize::from(u16::MAX) {
-        return Err(bad("network.httpsPorts", "lists more ports than there are"));
+    if ports.len() > HTTPS_PORTS_MAX {
+        return Err(bad("network.httpsPorts", format!("lists {} ports; give at most {HTTPS_PORTS_MAX}", ports.len())));
     }
     match ports.iter().find(|p| !(1..=i64::from(u16::MAX)).contains(*p)) {
         Some(p) => Err(bad("network.httpsPorts", format!("`{p}` is not a port; give ports from 1 to 65535"))),
@@ -187,18 +191,23 @@ pub fn transforms(net: Option<&E2bNetwork>) -> Result<Transforms, E2bNetworkErro
     }
 }
 
-/// The rules for E2B's settings. `allow_internet_access` absent means no egress: the
-/// official SDKs always send it (true unless told otherwise).
-pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> Result<Policy, E2bNetworkError> {
-    let empty = E2bNetwork::default();
-    let net = net.unwrap_or(&empty);
+/// What `network` holds besides egress rules, checked whichever rules come with it
+/// (E2B's or hutch's own `egress`): `dnsServers` (refused), and the ingress settings.
+pub fn check_extras(net: &E2bNetwork) -> Result<(), E2bNetworkError> {
     if net.dns_servers.as_ref().is_some_and(|d| !d.is_empty()) {
         return Err(bad("network.dnsServers", "hutch's gateway answers the sandbox's DNS itself (so name rules and rebinding protection hold); leave dnsServers out"));
     }
     if let Some(mask) = &net.mask_request_host {
         check_request_host(mask)?;
     }
-    check_https_ports(net.https_ports.as_deref().unwrap_or_default())?;
+    check_https_ports(net.https_ports.as_deref().unwrap_or_default())
+}
+
+/// The rules for E2B's settings. `allow_internet_access` absent means no egress: the
+/// official SDKs always send it (true unless told otherwise).
+pub fn policy(allow_internet_access: Option<bool>, net: Option<&E2bNetwork>) -> Result<Policy, E2bNetworkError> {
+    let empty = E2bNetwork::default();
+    let net = net.unwrap_or(&empty);
     let mut names = Vec::new();
     let mut allowed = Vec::new();
     for entry in net.allow_out.iter().flatten() {
@@ -243,8 +252,11 @@ mod tests {
     fn https_ports_are_ports_and_an_update_keeps_the_ingress_settings() {
         let ports = |p: &[i64]| E2bNetwork { https_ports: Some(p.to_vec()), mask_request_host: Some("app:${PORT}".into()), ..Default::default() };
         assert!(ports(&[443, 8443]).serves_https(8443) && !ports(&[443]).serves_https(8443));
-        assert_eq!(policy(None, Some(&ports(&[0]))).expect_err("port 0").field, "network.httpsPorts");
-        assert_eq!(policy(None, Some(&ports(&[65536]))).expect_err("too big").field, "network.httpsPorts");
+        assert_eq!(check_extras(&ports(&[0])).expect_err("port 0").field, "network.httpsPorts");
+        assert_eq!(check_extras(&ports(&[65536])).expect_err("too big").field, "network.httpsPorts");
+        assert_eq!(check_extras(&ports(&[443; 257])).expect_err("too many").field, "network.httpsPorts");
+        // With hutch's own egress rules too.
+        assert!(crate::Settings::with_e2b_extras(Policy::public(), Some(&ports(&[0]))).is_err());
         let created = crate::Settings::from_e2b(Some(true), Some(ports(&[8443]))).expect("created");
         let update = crate::Settings::from_e2b(Some(true), Some(net(&["192.0.2.1"], &[ALL_TRAFFIC]))).expect("update");
         let kept = update.keeping_ingress_of(&created);
@@ -257,9 +269,9 @@ mod tests {
     fn mask_request_host_becomes_a_host_header_per_port() {
         let mask = |m: &str| E2bNetwork { mask_request_host: Some(m.into()), ..Default::default() };
         assert_eq!(mask("localhost:${PORT}").request_host(8080).as_deref(), Some("localhost:8080"));
-        assert!(policy(Some(true), Some(&mask("app.internal"))).is_ok());
+        assert!(crate::Settings::from_e2b(Some(true), Some(mask("app.internal"))).is_ok());
         for bad_host in ["", "a b", "x/y", "user@host", "host\r\nX-Injected: 1"] {
-            let err = policy(Some(true), Some(&mask(bad_host))).expect_err("a bad maskRequestHost is refused");
+            let err = crate::Settings::from_e2b(Some(true), Some(mask(bad_host))).expect_err("a bad maskRequestHost is refused");
             assert_eq!(err.field, "network.maskRequestHost", "{bad_host:?}");
         }
     }

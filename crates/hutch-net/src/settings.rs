@@ -69,6 +69,9 @@ impl Settings {
     /// `policy`, with the header rules and egress proxy of E2B's `network` (kept, without
     /// the proxy's password, to show back).
     pub fn with_e2b_extras(policy: Policy, network: Option<&E2bNetwork>) -> Result<Settings, E2bNetworkError> {
+        if let Some(net) = network {
+            e2b::check_extras(net)?;
+        }
         Ok(Settings {
             policy,
             transforms: e2b::transforms(network)?,

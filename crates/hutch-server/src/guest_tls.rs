@@ -17,12 +17,16 @@ const HANDSHAKE_WAIT: Duration = Duration::from_secs(10);
 static CONNECTOR: LazyLock<tokio_rustls::TlsConnector> = LazyLock::new(|| {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifier = Arc::new(AnyCertificate(provider.clone()));
-    let config = rustls::ClientConfig::builder_with_provider(provider)
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("ring supports rustls's default protocol versions")
         .dangerous()
         .with_custom_certificate_verifier(verifier)
         .with_no_client_auth();
+    // No resumption: every hop goes to the same name (no SNI), so a session ticket one
+    // sandbox's server issued would be offered to every other sandbox's, a channel
+    // between tenants.
+    config.resumption = rustls::client::Resumption::disabled();
     tokio_rustls::TlsConnector::from(Arc::new(config))
 });
 

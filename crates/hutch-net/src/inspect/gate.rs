@@ -109,6 +109,8 @@ where
     let connect = tokio_rustls::TlsConnector::from(client).connect(name, upstream);
     let upstream = match tokio::time::timeout(HANDSHAKE_WAIT, connect).await {
         Ok(Ok(tls)) => tls,
+        // A server certificate that does not verify is that, whatever else it asked.
+        Ok(Err(e)) if matches!(tls_error(&e), Some(rustls::Error::InvalidCertificate(_))) => return Err(upstream_failure(host, &e)),
         Ok(Err(e)) => return Err(flow.client_certificate.failure(host, format_args!("failed the handshake ({e})")).unwrap_or_else(|| upstream_failure(host, &e))),
         Err(_) => return Err(format!("{host} did not finish its TLS handshake within {} s", HANDSHAKE_WAIT.as_secs())),
     };
